@@ -1,0 +1,215 @@
+//! `sidecar-injector explain`: for each pod, whether it would be injected and why, in words or JSON.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::inject::{PodDecision, decide_all};
+use super::{CliError, OfflineArgs, OutputFormat};
+use crate::engine::status::InjectionStatus;
+use crate::engine::{Choice, Outcome};
+
+/// The explanation of one pod, as printed by `-o json`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Explanation {
+    /// `file: document N (Kind name)`.
+    pub object: String,
+    /// Namespace the pod was judged in.
+    pub namespace: String,
+    /// `inject`, `upToDate`, `outOfScope` or `denied`.
+    pub result: &'static str,
+    /// One sentence on the result.
+    pub message: String,
+    /// Templates considered, with the verdict on each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub templates: Option<Value>,
+    /// What the injection adds (or added, when up to date), as in the status annotation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<InjectionStatus>,
+    /// Warnings (ignored overrides and the like).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+fn choice_json(choice: &Choice) -> Value {
+    json!({
+        "source": choice.source,
+        "verdicts": choice.verdicts.iter().map(|(name, verdict)| {
+            let mut v = serde_json::to_value(verdict).expect("verdicts serialize");
+            v["name"] = json!(name);
+            v
+        }).collect::<Vec<_>>(),
+    })
+}
+
+fn explain_one(found: PodDecision, labels_known: bool) -> Explanation {
+    let decision = &found.decision;
+    let (result, message, status) = match &decision.outcome {
+        Outcome::OutOfScope(reason) => ("outOfScope", format!("not injected: {reason}"), None),
+        Outcome::UpToDate(status) => (
+            "upToDate",
+            "already injected with the current templates; nothing to change".to_owned(),
+            Some(status.clone()),
+        ),
+        Outcome::Inject(injection) if injection.status.templates.is_empty() => (
+            "inject",
+            format!(
+                "no template would be injected: {}",
+                injection.status.reason.clone().unwrap_or_default()
+            ),
+            Some(injection.status.clone()),
+        ),
+        Outcome::Inject(injection) => (
+            "inject",
+            format!(
+                "would inject {}",
+                injection
+                    .status
+                    .templates
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Some(injection.status.clone()),
+        ),
+        Outcome::Denied(denial) => (
+            "denied",
+            format!("would be refused: {}", found.denial_message(denial)),
+            None,
+        ),
+    };
+    let mut warnings = decision.warnings.clone();
+    if !labels_known && !matches!(decision.outcome, Outcome::OutOfScope(_)) {
+        warnings.push(
+            "namespace labels not given (--namespace-labels): the namespace counts as opted in"
+                .to_owned(),
+        );
+    }
+    Explanation {
+        object: found.label,
+        namespace: found.namespace,
+        result,
+        message,
+        templates: decision.choice.as_ref().map(choice_json),
+        status,
+        warnings,
+    }
+}
+
+fn text(explanations: &[Explanation], decisions: &[Option<Choice>]) -> String {
+    let mut out = String::new();
+    for (e, choice) in explanations.iter().zip(decisions) {
+        out.push_str(&format!(
+            "{} in namespace {}\n  {}\n",
+            e.object, e.namespace, e.message
+        ));
+        if let Some(choice) = choice {
+            out.push_str(&format!("  templates ({}):\n", choice.source));
+            let width = choice
+                .verdicts
+                .iter()
+                .map(|(n, _)| n.len())
+                .max()
+                .unwrap_or(0);
+            for (name, verdict) in &choice.verdicts {
+                out.push_str(&format!("    {name:width$}  {verdict}\n"));
+            }
+        }
+        if let Some(status) = e.status.as_ref().filter(|s| !s.templates.is_empty()) {
+            let lines = [
+                (
+                    "sidecars (native, in initContainers)",
+                    &status.native_sidecars,
+                ),
+                ("init containers", &status.init_containers),
+                ("sidecar containers", &status.containers),
+                ("volumes", &status.volumes),
+                ("labels", &status.labels),
+                ("annotations", &status.annotations),
+            ];
+            out.push_str(if e.result == "upToDate" {
+                "  added earlier:\n"
+            } else {
+                "  adds:\n"
+            });
+            for (what, names) in lines {
+                let names: Vec<&String> = if what == "init containers" {
+                    names
+                        .iter()
+                        .filter(|n| !status.native_sidecars.contains(n))
+                        .collect()
+                } else {
+                    names.iter().collect()
+                };
+                if !names.is_empty() {
+                    out.push_str(&format!(
+                        "    {what}: {}\n",
+                        names
+                            .iter()
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                }
+            }
+            for (container, additions) in &status.app_containers {
+                let mut parts = Vec::new();
+                if !additions.env.is_empty() {
+                    parts.push(format!("env {}", additions.env.join(", ")));
+                }
+                if !additions.volume_mounts.is_empty() {
+                    parts.push(format!("mounts {}", additions.volume_mounts.join(", ")));
+                }
+                out.push_str(&format!(
+                    "    into container {container}: {}\n",
+                    parts.join("; ")
+                ));
+            }
+            for skip in &status.skipped {
+                let container = skip
+                    .container
+                    .as_ref()
+                    .map(|c| format!(" in container {c}"))
+                    .unwrap_or_default();
+                let owner = if skip.owner == "pod" {
+                    "the pod already has one".to_owned()
+                } else {
+                    format!("{} already added one", skip.owner)
+                };
+                out.push_str(&format!(
+                    "    skipped {} {:?}{container} from template {}: {owner}\n",
+                    skip.kind.describe(),
+                    skip.name,
+                    skip.template
+                ));
+            }
+        }
+        for warning in &e.warnings {
+            out.push_str(&format!("  warning: {warning}\n"));
+        }
+        out.push('\n');
+    }
+    if explanations.is_empty() {
+        out.push_str("no pods found (kinds with pods: Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob)\n");
+    }
+    out
+}
+
+/// Runs `explain` and returns what to print.
+pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliError> {
+    let mut explanations = Vec::new();
+    let mut choices = Vec::new();
+    decide_all(args, |_, decision| {
+        if let Some(found) = decision {
+            choices.push(found.decision.choice.clone());
+            explanations.push(explain_one(found, args.namespace_labels.is_some()));
+        }
+    })?;
+    Ok(match format {
+        OutputFormat::Json => {
+            serde_json::to_string_pretty(&explanations).expect("explanations serialize") + "\n"
+        }
+        OutputFormat::Text => text(&explanations, &choices),
+    })
+}

@@ -1,0 +1,235 @@
+//! The command line: argument definitions and the offline commands (`inject`, `explain`,
+//! `check-templates`). These read files, call the engine and print; every decision is the engine's.
+
+mod check;
+mod explain;
+mod inject;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::engine::template::embedded_sources;
+use crate::engine::{ClusterFacts, NamespaceFacts, TemplateError, TemplateSet, TemplateSource};
+
+pub use check::check_templates;
+pub use explain::explain;
+pub use inject::inject;
+
+/// sidecar-injector: injects sidecars into Kubernetes pods from templates.
+#[derive(Debug, Parser)]
+#[command(name = "sidecar-injector", version, about, propagate_version = true)]
+pub struct Cli {
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Inject into the pods of YAML manifests and print the result (like `istioctl kube-inject`).
+    Inject(OfflineArgs),
+    /// Say for each pod whether it would be injected, with which templates, and why.
+    Explain {
+        #[command(flatten)]
+        args: OfflineArgs,
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
+    /// Parse and test-render templates; exit 1 naming the template, line and problem of each error.
+    CheckTemplates {
+        /// A directory of `<name>.yaml` templates, or one template file.
+        path: PathBuf,
+    },
+}
+
+/// Output formats of `explain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// Human text.
+    Text,
+    /// JSON for machines.
+    Json,
+}
+
+/// Inputs shared by `inject` and `explain`.
+#[derive(Debug, Clone, Args)]
+pub struct OfflineArgs {
+    /// Manifest file with one or many YAML documents, or `-` for stdin.
+    #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
+    pub file: String,
+    /// Directory of templates (`<name>.yaml`); the embedded defaults when absent.
+    #[arg(long, value_name = "DIR")]
+    pub templates: Option<PathBuf>,
+    /// Namespace for objects that do not name one.
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    pub namespace: String,
+    /// The namespace's labels; without them the namespace counts as opted in.
+    #[arg(long, value_name = "k=v,...", value_parser = parse_key_values)]
+    pub namespace_labels: Option<BTreeMap<String, String>>,
+    /// The namespace's annotations (e.g. `sidecar-injector.io/templates=a,b` needs quoting).
+    #[arg(long, value_name = "k=v,...", value_parser = parse_key_values)]
+    pub namespace_annotations: Option<BTreeMap<String, String>>,
+    /// Kubernetes version of the target cluster (decides native sidecars for `sidecarMode: auto`).
+    #[arg(long, value_name = "1.33", value_parser = parse_kube_version)]
+    pub kube_version: Option<ClusterFacts>,
+}
+
+impl OfflineArgs {
+    /// Namespace facts for a namespace named `name`.
+    pub fn namespace_facts(&self, name: &str) -> NamespaceFacts {
+        let annotations = self.namespace_annotations.clone().unwrap_or_default();
+        match &self.namespace_labels {
+            Some(labels) => NamespaceFacts::known(name, labels.clone(), annotations),
+            None => NamespaceFacts {
+                annotations,
+                ..NamespaceFacts::unknown(name)
+            },
+        }
+    }
+
+    /// The cluster facts from `--kube-version`, or a recent cluster.
+    pub fn cluster(&self) -> ClusterFacts {
+        self.kube_version.unwrap_or_default()
+    }
+}
+
+/// Parses `k=v,k2=v2`. A value may contain commas when the next item has no `=`
+/// (`sidecar-injector.io/templates=a,b`).
+pub fn parse_key_values(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut map = BTreeMap::new();
+    let mut last: Option<String> = None;
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => {
+                let key = key.trim().to_owned();
+                map.insert(key.clone(), value.to_owned());
+                last = Some(key);
+            }
+            _ => match last.as_ref().and_then(|k| map.get_mut(k)) {
+                Some(value) => {
+                    value.push(',');
+                    value.push_str(part);
+                }
+                None => return Err(format!("{part:?} is not key=value")),
+            },
+        }
+    }
+    Ok(map)
+}
+
+fn parse_kube_version(text: &str) -> Result<ClusterFacts, String> {
+    ClusterFacts::from_version_string(text)
+        .ok_or_else(|| format!("{text:?} is not a Kubernetes version like 1.33"))
+}
+
+/// A CLI failure: one or more messages, exit status 1.
+#[derive(Debug)]
+pub struct CliError(pub Vec<String>);
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join("\n"))
+    }
+}
+
+impl std::error::Error for CliError {}
+
+impl CliError {
+    fn one(message: impl Into<String>) -> Self {
+        CliError(vec![message.into()])
+    }
+}
+
+impl From<Vec<TemplateError>> for CliError {
+    fn from(errors: Vec<TemplateError>) -> Self {
+        CliError(errors.iter().map(ToString::to_string).collect())
+    }
+}
+
+/// Reads `path` (`-` is stdin).
+pub fn read_input(path: &str) -> Result<String, CliError> {
+    let mut text = String::new();
+    let result = if path == "-" {
+        std::io::stdin().read_to_string(&mut text).map(|_| ())
+    } else {
+        std::fs::read_to_string(path).map(|t| text = t)
+    };
+    result.map_err(|e| CliError::one(format!("{}: {e}", display_path(path))))?;
+    Ok(text)
+}
+
+fn display_path(path: &str) -> &str {
+    if path == "-" { "<stdin>" } else { path }
+}
+
+/// The template sources in a directory (`*.yaml`, name = file stem) or a single file.
+pub fn template_sources_from(path: &Path) -> Result<Vec<TemplateSource>, CliError> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).map_err(|e| CliError::one(format!("{}: {e}", p.display())))
+    };
+    let source = |p: &Path| -> Result<TemplateSource, CliError> {
+        let name = p
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        Ok(TemplateSource {
+            name,
+            text: read(p)?,
+        })
+    };
+    if path.is_file() {
+        return Ok(vec![source(path)?]);
+    }
+    let entries =
+        std::fs::read_dir(path).map_err(|e| CliError::one(format!("{}: {e}", path.display())))?;
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    paths.sort();
+    if paths.is_empty() {
+        return Err(CliError::one(format!(
+            "{}: no *.yaml templates in this directory",
+            path.display()
+        )));
+    }
+    paths.iter().map(|p| source(p)).collect()
+}
+
+/// Loads the templates from `--templates DIR` or the embedded defaults; any error fails.
+pub fn load_templates(dir: Option<&Path>) -> Result<TemplateSet, CliError> {
+    let sources = match dir {
+        Some(dir) => template_sources_from(dir)?,
+        None => embedded_sources(),
+    };
+    let (set, errors) = TemplateSet::load(sources);
+    if errors.is_empty() {
+        Ok(set)
+    } else {
+        Err(errors.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_values_parse_with_commas_inside_values() {
+        let parsed =
+            parse_key_values("team=shop,sidecar-injector.io/templates=a,b,c,env=prod").unwrap();
+        assert_eq!(parsed["team"], "shop");
+        assert_eq!(parsed["sidecar-injector.io/templates"], "a,b,c");
+        assert_eq!(parsed["env"], "prod");
+        assert_eq!(parse_key_values("x").unwrap_err(), "\"x\" is not key=value");
+        assert!(parse_key_values("").unwrap().is_empty());
+    }
+}

@@ -1,0 +1,115 @@
+//! What the engine knows about the world outside the pod: the namespace and the cluster. The shell
+//! fills these from a watched cache (webhook), from flags (CLI) or leaves them unknown.
+
+use std::collections::BTreeMap;
+
+/// Labels and annotations of the pod's namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NamespaceFacts {
+    /// Namespace name.
+    pub name: String,
+    /// Namespace labels.
+    pub labels: BTreeMap<String, String>,
+    /// Namespace annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// Whether the labels are known. When they are not (no cluster, no flags), the namespace counts
+    /// as opted in: the API server's namespaceSelector has already filtered the request.
+    pub labels_known: bool,
+}
+
+impl NamespaceFacts {
+    /// A namespace whose labels are not known.
+    pub fn unknown(name: &str) -> Self {
+        NamespaceFacts {
+            name: name.to_owned(),
+            labels_known: false,
+            ..NamespaceFacts::default()
+        }
+    }
+
+    /// A namespace with known labels and annotations.
+    pub fn known(
+        name: &str,
+        labels: BTreeMap<String, String>,
+        annotations: BTreeMap<String, String>,
+    ) -> Self {
+        NamespaceFacts {
+            name: name.to_owned(),
+            labels,
+            annotations,
+            labels_known: true,
+        }
+    }
+}
+
+/// What the engine needs to know about the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterFacts {
+    /// Whether init containers with `restartPolicy: Always` (native sidecars) are supported.
+    pub native_sidecars: bool,
+}
+
+impl Default for ClusterFacts {
+    /// Unknown clusters are assumed to be recent (native sidecars are GA since 1.33, on by
+    /// default since 1.29).
+    fn default() -> Self {
+        ClusterFacts {
+            native_sidecars: true,
+        }
+    }
+}
+
+impl ClusterFacts {
+    /// Facts for a Kubernetes version, as reported by `/version` (`major` "1", `minor` "33" or
+    /// "33+").
+    pub fn from_version(major: &str, minor: &str) -> Option<Self> {
+        let major: u32 = major.trim().parse().ok()?;
+        let minor: u32 = minor.trim().trim_end_matches('+').parse().ok()?;
+        Some(ClusterFacts {
+            native_sidecars: (major, minor) >= (1, 29),
+        })
+    }
+
+    /// Facts for a version written `1.33` or `v1.33.2`.
+    pub fn from_version_string(version: &str) -> Option<Self> {
+        let mut parts = version.trim().trim_start_matches('v').split('.');
+        Self::from_version(parts.next()?, parts.next()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn native_sidecars_start_at_1_29() {
+        let cases = [
+            ("1", "28", false),
+            ("1", "29", true),
+            ("1", "33+", true),
+            ("2", "0", true),
+            ("1", "x", false),
+        ];
+        for (major, minor, native) in cases {
+            let facts = ClusterFacts::from_version(major, minor);
+            assert_eq!(
+                facts.map(|f| f.native_sidecars).unwrap_or(false),
+                native,
+                "{major}.{minor}"
+            );
+        }
+        assert_eq!(
+            ClusterFacts::from_version_string("v1.28.3"),
+            Some(ClusterFacts {
+                native_sidecars: false
+            })
+        );
+        assert_eq!(
+            ClusterFacts::from_version_string("1.33"),
+            Some(ClusterFacts {
+                native_sidecars: true
+            })
+        );
+        assert_eq!(ClusterFacts::from_version_string("banana"), None);
+    }
+}

@@ -1,0 +1,228 @@
+//! The pure core: templates, selection, rendering, the injection plan and its patch, and the
+//! post-mutation validation. No IO, no async, no clock: everything here is a function of its inputs,
+//! so the webhook, the CLI (`inject`, `explain`, `check-templates`) and the validating checks all
+//! call the same code and can never disagree.
+//!
+//! Entry point: [`Engine::evaluate`] takes a pod and the facts about its namespace and cluster and
+//! returns a [`Decision`]: out of scope, already up to date, a patch to apply, or a denial.
+
+pub mod facts;
+pub mod inject;
+pub mod names;
+pub mod pod;
+pub mod render;
+pub mod select;
+pub mod status;
+pub mod template;
+pub mod validate;
+pub mod workload;
+pub mod yaml;
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+pub use facts::{ClusterFacts, NamespaceFacts};
+pub use inject::{Injection, PlannedTemplate};
+pub use pod::PodShapeError;
+pub use render::{RenderError, RenderedTemplate};
+pub use select::{Choice, ChoiceSource, OutOfScope, TemplateVerdict};
+pub use status::InjectionStatus;
+pub use template::{Template, TemplateError, TemplateSet, TemplateSource};
+
+use status::TemplateRef;
+
+/// The injection engine: the templates in service plus the namespaces it never touches.
+#[derive(Debug, Clone, Default)]
+pub struct Engine {
+    /// Templates in service.
+    pub templates: TemplateSet,
+    /// Namespaces excluded besides kube-system, kube-public and kube-node-lease (normally the
+    /// injector's own).
+    pub excluded_namespaces: Vec<String>,
+}
+
+/// One pod to decide about.
+#[derive(Debug, Clone)]
+pub struct PodRequest {
+    /// The pod as submitted (raw JSON, so unknown fields survive).
+    pub pod: Arc<Value>,
+    /// Its namespace.
+    pub namespace: NamespaceFacts,
+    /// The cluster.
+    pub cluster: ClusterFacts,
+}
+
+/// What the engine decided for a pod.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// Which templates were considered and why each was or was not chosen (absent when the pod is
+    /// out of scope or malformed).
+    pub choice: Option<Choice>,
+    /// The outcome.
+    pub outcome: Outcome,
+    /// Things the user should know that do not stop the injection (ignored overrides, an
+    /// unreadable previous status).
+    pub warnings: Vec<String>,
+}
+
+/// The outcome of [`Engine::evaluate`].
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// Not considered for injection.
+    OutOfScope(OutOfScope),
+    /// The pod's status annotation already lists exactly the templates and hashes it would get.
+    UpToDate(InjectionStatus),
+    /// Apply this patch. The status may list no templates (nothing matched); the patch then only
+    /// writes the status annotation, which says why.
+    Inject(Injection),
+    /// Refuse the pod, with a message for its author.
+    Denied(Denial),
+}
+
+/// Why a pod is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denial {
+    /// The pod's JSON is malformed.
+    Shape(PodShapeError),
+    /// An annotation names templates that do not exist.
+    UnknownTemplates {
+        /// The missing names.
+        missing: Vec<String>,
+        /// What exists.
+        known: Vec<String>,
+        /// Which annotation named them.
+        source: ChoiceSource,
+    },
+    /// A template failed to render for this pod, or an override annotation is invalid.
+    Render(RenderError),
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Denial::Shape(e) => write!(f, "sidecar-injector: the pod is malformed: {e}"),
+            Denial::UnknownTemplates {
+                missing,
+                known,
+                source,
+            } => write!(
+                f,
+                "sidecar-injector: {} on the {} names unknown template(s) {}; known templates: {}",
+                names::TEMPLATES_ANNOTATION,
+                if *source == ChoiceSource::PodAnnotation {
+                    "pod"
+                } else {
+                    "namespace"
+                },
+                missing.join(", "),
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            ),
+            Denial::Render(e) => write!(f, "sidecar-injector: cannot inject: {e}"),
+        }
+    }
+}
+
+impl Engine {
+    /// An engine serving `templates`, never touching `excluded_namespaces` (besides the system ones).
+    pub fn new(templates: TemplateSet, excluded_namespaces: Vec<String>) -> Self {
+        Engine {
+            templates,
+            excluded_namespaces,
+        }
+    }
+
+    /// Decides what to do with a pod.
+    pub fn evaluate(&self, request: &PodRequest) -> Decision {
+        let mut warnings = Vec::new();
+        let decision = |choice, outcome, warnings| Decision {
+            choice,
+            outcome,
+            warnings,
+        };
+        let pod = &*request.pod;
+        let (labels, annotations) = match (
+            pod::string_map(pod, "labels"),
+            pod::string_map(pod, "annotations"),
+        ) {
+            (Ok(l), Ok(a)) => (l, a),
+            (Err(e), _) | (_, Err(e)) => {
+                return decision(None, Outcome::Denied(Denial::Shape(e)), warnings);
+            }
+        };
+        if let Err(reason) = select::scope(
+            &labels,
+            &annotations,
+            &request.namespace,
+            &self.excluded_namespaces,
+        ) {
+            return decision(None, Outcome::OutOfScope(reason), warnings);
+        }
+        let choice = select::choose(&self.templates, &labels, &annotations, &request.namespace);
+        let missing: Vec<String> = choice.missing().map(str::to_owned).collect();
+        if !missing.is_empty() {
+            let denial = Denial::UnknownTemplates {
+                missing,
+                known: self.templates.names().map(str::to_owned).collect(),
+                source: choice.source.clone(),
+            };
+            return decision(Some(choice), Outcome::Denied(denial), warnings);
+        }
+        let selected: Vec<&Arc<Template>> = choice
+            .selected()
+            .filter_map(|name| self.templates.get(name))
+            .collect();
+        let refs: Vec<TemplateRef> = selected
+            .iter()
+            .map(|t| TemplateRef {
+                name: t.name.clone(),
+                hash: t.hash.clone(),
+            })
+            .collect();
+        let previous = match annotations
+            .get(names::STATUS_ANNOTATION)
+            .map(|s| InjectionStatus::parse(s))
+        {
+            None => None,
+            Some(Ok(status)) => Some(status),
+            Some(Err(e)) => {
+                warnings.push(format!(
+                    "the existing {} annotation is not valid ({e}); it is replaced",
+                    names::STATUS_ANNOTATION
+                ));
+                None
+            }
+        };
+        if let Some(previous) = previous.as_ref().filter(|p| p.is_current(&refs)) {
+            return decision(Some(choice), Outcome::UpToDate(previous.clone()), warnings);
+        }
+        let pod_value = render::pod_value(request.pod.clone());
+        let mut planned = Vec::with_capacity(selected.len());
+        for template in selected {
+            match render::render(template, &pod_value, &annotations, &request.namespace) {
+                Ok(mut rendered) => {
+                    warnings.append(&mut rendered.warnings);
+                    planned.push(PlannedTemplate {
+                        rendered,
+                        native_sidecars: template
+                            .sidecar_mode
+                            .is_native(request.cluster.native_sidecars),
+                    });
+                }
+                Err(e) => {
+                    return decision(Some(choice), Outcome::Denied(Denial::Render(e)), warnings);
+                }
+            }
+        }
+        let reason = planned.is_empty().then(|| choice.summary_of_none());
+        match inject::plan(pod, previous.as_ref(), &planned, reason) {
+            Ok(injection) => decision(Some(choice), Outcome::Inject(injection), warnings),
+            Err(e) => decision(Some(choice), Outcome::Denied(Denial::Shape(e)), warnings),
+        }
+    }
+}

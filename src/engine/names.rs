@@ -1,0 +1,35 @@
+//! The names of the product contract: label and annotation keys that manifests, policies, tests and
+//! users' scripts depend on. Nothing else in the crate spells these strings.
+
+/// Prefix of every label and annotation the injector reads or writes.
+pub const PREFIX: &str = "sidecar-injector.io/";
+
+/// Namespace label that opts a namespace in (`enabled`) and pod label that opts a pod out (`disabled`).
+pub const INJECT_LABEL: &str = "sidecar-injector.io/inject";
+/// Value of [`INJECT_LABEL`] on a namespace that opts in.
+pub const INJECT_ENABLED: &str = "enabled";
+/// Value of [`INJECT_LABEL`] on a pod that opts out.
+pub const INJECT_DISABLED: &str = "disabled";
+
+/// Annotation on a namespace or a pod (the pod's wins) naming the templates to inject: `"a,b"`.
+pub const TEMPLATES_ANNOTATION: &str = "sidecar-injector.io/templates";
+
+/// Status annotation written on every pod the injector decided about (see `engine::status`).
+pub const STATUS_ANNOTATION: &str = "sidecar-injector.io/status";
+
+/// Label written on every pod that received at least one template.
+pub const INJECTED_LABEL: &str = "sidecar-injector.io/injected";
+
+/// Label that marks template ConfigMaps in the injector's namespace.
+pub const TEMPLATES_CONFIGMAP_LABEL: &str = "sidecar-injector.io/templates";
+
+/// Annotation the kubelet puts on mirror pods (static pods reflected into the API server).
+pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// Namespaces the injector never touches, besides its own.
+pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
+
+/// The annotation key of a per-pod value override: `sidecar-injector.io/<template>.<value>`.
+pub fn override_annotation(template: &str, value: &str) -> String {
+    format!("{PREFIX}{template}.{value}")
+}

@@ -1,0 +1,168 @@
+//! The status annotation (`sidecar-injector.io/status`): what the injector did to a pod.
+//!
+//! It names each injected template with its content hash (to detect staleness and make re-admission
+//! a no-op) and every item the injection added (to undo or redo exactly that, and for the
+//! validating checks). The JSON is compact and its top-level lists are flat on purpose: the
+//! ValidatingAdmissionPolicy in `deploy/` reads `"containers":[...]`, `"initContainers":[...]` and
+//! `"nativeSidecars":[...]` with CEL regexes, since CEL cannot parse JSON.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The content of the status annotation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InjectionStatus {
+    /// Injected templates, in injection order.
+    pub templates: Vec<TemplateRef>,
+    /// Containers added beside the app (classic sidecars).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<String>,
+    /// Init containers added, including native sidecars.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub init_containers: Vec<String>,
+    /// The init containers above that are native sidecars (`restartPolicy: Always`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub native_sidecars: Vec<String>,
+    /// Volumes added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
+    /// Label keys added (besides `sidecar-injector.io/injected`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<String>,
+    /// Annotation keys added (besides this one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub annotations: Vec<String>,
+    /// Env vars and volume mounts added, per app container.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub app_containers: BTreeMap<String, AppContainerAdditions>,
+    /// Items a template wanted to add but the pod (or an earlier template) already had.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<Skipped>,
+    /// Why no template was injected, when none was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A template and the content hash it had when injected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateRef {
+    /// Template name.
+    pub name: String,
+    /// Template content hash.
+    pub hash: String,
+}
+
+/// Env vars and mounts added to one app container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppContainerAdditions {
+    /// Env var names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Mount paths.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<String>,
+}
+
+/// The kind of an injected item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ItemKind {
+    /// A pod label.
+    Label,
+    /// A pod annotation.
+    Annotation,
+    /// An init container.
+    InitContainer,
+    /// A sidecar container.
+    Sidecar,
+    /// A pod volume.
+    Volume,
+    /// An env var of an app container.
+    Env,
+    /// A volume mount of an app container (identified by mount path).
+    VolumeMount,
+}
+
+impl ItemKind {
+    /// Human name for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ItemKind::Label => "label",
+            ItemKind::Annotation => "annotation",
+            ItemKind::InitContainer => "init container",
+            ItemKind::Sidecar => "sidecar",
+            ItemKind::Volume => "volume",
+            ItemKind::Env => "env var",
+            ItemKind::VolumeMount => "volume mount",
+        }
+    }
+}
+
+/// An item not added because of a name conflict; the pod's own item won.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// Template that wanted to add it.
+    pub template: String,
+    /// Kind of item.
+    pub kind: ItemKind,
+    /// Its name (key, mount path).
+    pub name: String,
+    /// The app container, for env vars and mounts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// Who had it first: `pod` or `template:<name>`.
+    pub owner: String,
+}
+
+impl InjectionStatus {
+    /// Parses the annotation value.
+    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// The annotation value (compact JSON).
+    pub fn to_annotation(&self) -> String {
+        serde_json::to_string(self).expect("the status always serializes")
+    }
+
+    /// Whether the injection recorded here is what `templates` would inject now.
+    pub fn is_current(&self, templates: &[TemplateRef]) -> bool {
+        self.templates == templates
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layout_the_policy_reads_is_stable() {
+        let status = InjectionStatus {
+            templates: vec![TemplateRef {
+                name: "logs".into(),
+                hash: "0123456789abcdef".into(),
+            }],
+            containers: vec!["a".into(), "b".into()],
+            init_containers: vec!["proxy".into()],
+            native_sidecars: vec!["proxy".into()],
+            app_containers: [(
+                "web".to_owned(),
+                AppContainerAdditions {
+                    env: vec!["X".into()],
+                    volume_mounts: vec![],
+                },
+            )]
+            .into(),
+            ..Default::default()
+        };
+        let text = status.to_annotation();
+        assert_eq!(
+            text,
+            r#"{"templates":[{"name":"logs","hash":"0123456789abcdef"}],"containers":["a","b"],"initContainers":["proxy"],"nativeSidecars":["proxy"],"appContainers":{"web":{"env":["X"]}}}"#
+        );
+        assert_eq!(InjectionStatus::parse(&text).unwrap(), status);
+    }
+}

@@ -1,0 +1,752 @@
+//! Templates: the YAML format operators write, parsed once into a compiled, immutable [`Template`].
+//!
+//! A template is valid YAML *before* rendering. Its structure (every key, every list item) comes
+//! from the YAML alone; MiniJinja expressions live only inside string scalars and are compiled here,
+//! once, so a request only evaluates them. This is what makes the safety rule hold by construction:
+//! a rendered string is never parsed again, so nothing from a pod, a namespace or an annotation can
+//! add a key or an item. The one typed substitution is a scalar that is exactly a reference into
+//! `values` (`"{{ values.port }}"`), whose value comes from the template itself or from an override
+//! coerced to the default's scalar type (see `render`).
+//!
+//! A set of templates ([`TemplateSet`]) is what the webhook, the CLI and the validating checks share;
+//! [`TemplateSet::update`] keeps the last good version of a template whose new text is broken.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::Selector;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::render::{self, CompiledText};
+use super::yaml::{SourceNode, SourceValue};
+
+/// The longest template name: `<template>.<value>` must fit the 63 characters of an annotation name.
+const MAX_TEMPLATE_NAME: usize = 40;
+
+/// An error in a template, naming the template, the line (when known) and the problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateError {
+    /// Template name.
+    pub template: String,
+    /// 1-based line in the template's YAML, when known.
+    pub line: Option<u64>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl TemplateError {
+    pub(crate) fn at(template: &str, line: u64, message: impl Into<String>) -> Self {
+        TemplateError {
+            template: template.to_owned(),
+            line: (line > 0).then_some(line),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for TemplateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(
+                f,
+                "template \"{}\" line {line}: {}",
+                self.template, self.message
+            ),
+            None => write!(f, "template \"{}\": {}", self.template, self.message),
+        }
+    }
+}
+
+impl std::error::Error for TemplateError {}
+
+/// How a template's `sidecars` are added to the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SidecarMode {
+    /// Init containers with `restartPolicy: Always` (Kubernetes 1.29+), so Jobs complete.
+    Native,
+    /// Classic containers beside the app.
+    Container,
+    /// Native when the cluster supports it, classic otherwise.
+    Auto,
+}
+
+impl SidecarMode {
+    /// Whether sidecars become native sidecars on a cluster that does (or does not) support them.
+    pub fn is_native(self, cluster_supports_native: bool) -> bool {
+        match self {
+            SidecarMode::Native => true,
+            SidecarMode::Container => false,
+            SidecarMode::Auto => cluster_supports_native,
+        }
+    }
+}
+
+/// A label selector as written in the template, with the matcher built from it.
+#[derive(Debug, Clone)]
+pub struct TemplateSelector {
+    /// The selector in Kubernetes syntax (`app in (web),tier!=db`), for explanations.
+    pub text: String,
+    pub(crate) selector: Selector,
+}
+
+impl TemplateSelector {
+    /// Whether the labels match, with Kubernetes LabelSelector semantics.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        use kube::core::SelectorExt;
+        self.selector.matches(labels)
+    }
+}
+
+/// One compiled piece of a template's `inject` tree.
+#[derive(Debug)]
+pub(crate) enum Piece {
+    /// A subtree without expressions, rendered by cloning.
+    Literal(Value),
+    /// A string scalar with expressions; renders to a string.
+    Text(CompiledText),
+    /// A scalar that is exactly `{{ values.a.b }}`; renders to that value with its type.
+    ValueRef { line: u64, path: Vec<String> },
+    /// A list whose items may carry `when:`.
+    Seq(Vec<SeqItem>),
+    /// A mapping, keys literal.
+    Map(Vec<(String, Piece)>),
+}
+
+/// An item of a list, kept only when its `when:` condition (if any) is true.
+#[derive(Debug)]
+pub(crate) struct SeqItem {
+    pub(crate) when: Option<CompiledText>,
+    pub(crate) piece: Piece,
+}
+
+/// What a template injects, compiled.
+#[derive(Debug, Default)]
+pub(crate) struct InjectSpec {
+    pub(crate) labels: Vec<(String, Piece)>,
+    pub(crate) annotations: Vec<(String, Piece)>,
+    pub(crate) init_containers: Vec<SeqItem>,
+    pub(crate) sidecars: Vec<SeqItem>,
+    pub(crate) volumes: Vec<SeqItem>,
+    pub(crate) env: Vec<SeqItem>,
+    pub(crate) volume_mounts: Vec<SeqItem>,
+}
+
+/// A parsed, compiled and checked template.
+#[derive(Debug)]
+pub struct Template {
+    /// Template name (the ConfigMap key or file name without `.yaml`).
+    pub name: String,
+    /// Human description.
+    pub description: String,
+    /// Injected when no `sidecar-injector.io/templates` annotation names templates.
+    pub default: bool,
+    /// Optional selector on pod labels.
+    pub pod_selector: Option<TemplateSelector>,
+    /// Optional selector on namespace labels.
+    pub namespace_selector: Option<TemplateSelector>,
+    /// Native or classic sidecars.
+    pub sidecar_mode: SidecarMode,
+    /// Default values, referenced as `values.<key>`.
+    pub values: serde_json::Map<String, Value>,
+    /// Values a pod may override by annotation.
+    pub overridable: Vec<String>,
+    /// Content hash of the template (canonical JSON of the parsed document, so comments and
+    /// formatting do not count); recorded in the status annotation to detect stale pods.
+    pub hash: String,
+    pub(crate) inject: InjectSpec,
+    pub(crate) expressions: render::Expressions,
+}
+
+impl Template {
+    /// Parses, compiles and test-renders a template. The error names the template, the line and the
+    /// problem.
+    pub fn load(name: &str, source: &str) -> Result<Template, TemplateError> {
+        validate_template_name(name)?;
+        let root = SourceNode::parse(source).map_err(|e| TemplateError {
+            template: name.to_owned(),
+            line: e.line,
+            message: e.message,
+        })?;
+        let template = Compiler::new(name).template(&root)?;
+        render::check(&template)?;
+        Ok(template)
+    }
+}
+
+fn validate_template_name(name: &str) -> Result<(), TemplateError> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_TEMPLATE_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if valid {
+        Ok(())
+    } else {
+        Err(TemplateError {
+            template: name.to_owned(),
+            line: None,
+            message: format!(
+                "invalid template name: use lowercase letters, digits and '-', at most {MAX_TEMPLATE_NAME} characters, starting and ending with a letter or digit"
+            ),
+        })
+    }
+}
+
+fn is_identifier(key: &str) -> bool {
+    let mut bytes = key.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Turns the line-annotated YAML tree into a [`Template`], reporting the first error with its line.
+struct Compiler<'a> {
+    name: &'a str,
+    expressions: render::ExpressionsBuilder,
+}
+
+impl<'a> Compiler<'a> {
+    fn new(name: &'a str) -> Self {
+        Compiler {
+            name,
+            expressions: render::ExpressionsBuilder::default(),
+        }
+    }
+
+    fn err(&self, line: u64, message: impl Into<String>) -> TemplateError {
+        TemplateError::at(self.name, line, message)
+    }
+
+    fn template(mut self, root: &SourceNode) -> Result<Template, TemplateError> {
+        let entries = self.mapping(root, "the template")?;
+        let mut template = Template {
+            name: self.name.to_owned(),
+            description: String::new(),
+            default: false,
+            pod_selector: None,
+            namespace_selector: None,
+            sidecar_mode: SidecarMode::Auto,
+            values: serde_json::Map::new(),
+            overridable: Vec::new(),
+            hash: content_hash(root),
+            inject: InjectSpec::default(),
+            expressions: render::Expressions::default(),
+        };
+        let mut overridable_node = None;
+        for (key, node) in entries {
+            match key.as_str() {
+                "description" => template.description = self.plain_string(node, key)?,
+                "default" => match node.value {
+                    SourceValue::Bool(b) => template.default = b,
+                    _ => {
+                        return Err(self.err(
+                            node.line,
+                            format!("default must be true or false, not {}", node.type_name()),
+                        ));
+                    }
+                },
+                "podSelector" => template.pod_selector = self.selector(node, key)?,
+                "namespaceSelector" => template.namespace_selector = self.selector(node, key)?,
+                "sidecarMode" => {
+                    template.sidecar_mode = match self.plain_string(node, key)?.as_str() {
+                        "native" => SidecarMode::Native,
+                        "container" => SidecarMode::Container,
+                        "auto" => SidecarMode::Auto,
+                        other => {
+                            return Err(self.err(
+                                node.line,
+                                format!(
+                                    "sidecarMode must be native, container or auto, not {other:?}"
+                                ),
+                            ));
+                        }
+                    }
+                }
+                "values" => {
+                    self.mapping(node, key)?;
+                    let Value::Object(values) = node.to_json() else {
+                        unreachable!("checked to be a mapping")
+                    };
+                    template.values = values;
+                }
+                "overridable" => overridable_node = Some(node),
+                "inject" => template.inject = self.inject(node)?,
+                other => {
+                    return Err(self.err(
+                        node.line,
+                        format!(
+                            "unknown key {other:?} (expected description, default, podSelector, namespaceSelector, sidecarMode, values, overridable, inject)"
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(node) = overridable_node {
+            template.overridable = self.overridable(node, &template.values)?;
+        }
+        self.check_value_refs(&template.inject, &template.values)?;
+        template.expressions = self.expressions.build();
+        Ok(template)
+    }
+
+    fn mapping<'n>(
+        &self,
+        node: &'n SourceNode,
+        what: &str,
+    ) -> Result<&'n [(String, SourceNode)], TemplateError> {
+        match &node.value {
+            SourceValue::Map(entries) => Ok(entries),
+            SourceValue::Null => Ok(&[]),
+            _ => Err(self.err(
+                node.line,
+                format!("{what} must be a mapping, not {}", node.type_name()),
+            )),
+        }
+    }
+
+    fn plain_string(&self, node: &SourceNode, key: &str) -> Result<String, TemplateError> {
+        match &node.value {
+            SourceValue::String(s) => Ok(s.clone()),
+            SourceValue::Null => Ok(String::new()),
+            _ => Err(self.err(
+                node.line,
+                format!("{key} must be a string, not {}", node.type_name()),
+            )),
+        }
+    }
+
+    fn selector(
+        &self,
+        node: &SourceNode,
+        key: &str,
+    ) -> Result<Option<TemplateSelector>, TemplateError> {
+        if matches!(node.value, SourceValue::Null) {
+            return Ok(None);
+        }
+        self.mapping(node, key)?;
+        let label_selector: LabelSelector =
+            serde_json::from_value(node.to_json()).map_err(|e| {
+                self.err(
+                    node.line,
+                    format!("{key} is not a valid LabelSelector: {e}"),
+                )
+            })?;
+        let selector = Selector::try_from(label_selector).map_err(|e| {
+            self.err(
+                node.line,
+                format!("{key} is not a valid LabelSelector: {e}"),
+            )
+        })?;
+        Ok(Some(TemplateSelector {
+            text: selector.to_string(),
+            selector,
+        }))
+    }
+
+    fn overridable(
+        &self,
+        node: &SourceNode,
+        values: &serde_json::Map<String, Value>,
+    ) -> Result<Vec<String>, TemplateError> {
+        let SourceValue::Seq(items) = &node.value else {
+            return Err(self.err(
+                node.line,
+                format!(
+                    "overridable must be a list of value names, not {}",
+                    node.type_name()
+                ),
+            ));
+        };
+        let mut names = Vec::new();
+        for item in items {
+            let SourceValue::String(name) = &item.value else {
+                return Err(self.err(item.line, "overridable must list value names (strings)"));
+            };
+            match values.get(name) {
+                None => {
+                    return Err(self.err(
+                        item.line,
+                        format!("overridable names {name:?}, which is not in values"),
+                    ));
+                }
+                Some(Value::Array(_) | Value::Object(_)) => {
+                    return Err(self.err(
+                        item.line,
+                        format!("value {name:?} is a list or mapping; only scalar values can be overridable"),
+                    ));
+                }
+                Some(_) => {}
+            }
+            if !is_identifier(name)
+                || super::names::override_annotation(self.name, name).len()
+                    - super::names::PREFIX.len()
+                    > 63
+            {
+                return Err(self.err(
+                    item.line,
+                    format!(
+                        "overridable value {name:?} must be an identifier (letters, digits, '_') short enough for the annotation name \"{}.{name}\" to fit 63 characters",
+                        self.name
+                    ),
+                ));
+            }
+            names.push(name.clone());
+        }
+        Ok(names)
+    }
+
+    fn inject(&mut self, node: &SourceNode) -> Result<InjectSpec, TemplateError> {
+        let mut spec = InjectSpec::default();
+        for (key, child) in self.mapping(node, "inject")? {
+            match key.as_str() {
+                "labels" => spec.labels = self.string_map(child, "inject.labels")?,
+                "annotations" => spec.annotations = self.string_map(child, "inject.annotations")?,
+                "initContainers" => {
+                    spec.init_containers = self.items(child, "inject.initContainers", &["name"])?
+                }
+                "sidecars" => spec.sidecars = self.items(child, "inject.sidecars", &["name"])?,
+                "volumes" => spec.volumes = self.items(child, "inject.volumes", &["name"])?,
+                "appContainers" => {
+                    for (key, grandchild) in self.mapping(child, "inject.appContainers")? {
+                        match key.as_str() {
+                            "env" => {
+                                spec.env =
+                                    self.items(grandchild, "inject.appContainers.env", &["name"])?
+                            }
+                            "volumeMounts" => {
+                                spec.volume_mounts = self.items(
+                                    grandchild,
+                                    "inject.appContainers.volumeMounts",
+                                    &["name", "mountPath"],
+                                )?
+                            }
+                            other => {
+                                return Err(self.err(
+                                    grandchild.line,
+                                    format!("unknown key {other:?} in inject.appContainers (expected env, volumeMounts)"),
+                                ));
+                            }
+                        }
+                    }
+                }
+                other => {
+                    return Err(self.err(
+                        child.line,
+                        format!(
+                            "unknown key {other:?} in inject (expected labels, annotations, initContainers, sidecars, volumes, appContainers)"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(spec)
+    }
+
+    fn string_map(
+        &mut self,
+        node: &SourceNode,
+        what: &str,
+    ) -> Result<Vec<(String, Piece)>, TemplateError> {
+        let mut out = Vec::new();
+        for (key, value) in self.mapping(node, what)? {
+            if matches!(value.value, SourceValue::Seq(_) | SourceValue::Map(_)) {
+                return Err(self.err(
+                    value.line,
+                    format!("{what}.{key} must be a string, not {}", value.type_name()),
+                ));
+            }
+            out.push((key.clone(), self.piece(value)?));
+        }
+        Ok(out)
+    }
+
+    /// A list of mappings (containers, volumes, env vars, mounts), each with the `required` keys.
+    fn items(
+        &mut self,
+        node: &SourceNode,
+        what: &str,
+        required: &[&str],
+    ) -> Result<Vec<SeqItem>, TemplateError> {
+        let items = match &node.value {
+            SourceValue::Seq(items) => items.as_slice(),
+            SourceValue::Null => &[],
+            _ => {
+                return Err(self.err(
+                    node.line,
+                    format!("{what} must be a list, not {}", node.type_name()),
+                ));
+            }
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            let entries = match &item.value {
+                SourceValue::Map(entries) => entries,
+                _ => {
+                    return Err(self.err(
+                        item.line,
+                        format!(
+                            "each item of {what} must be a mapping, not {}",
+                            item.type_name()
+                        ),
+                    ));
+                }
+            };
+            for key in required {
+                if !entries.iter().any(|(k, _)| k == key) {
+                    return Err(self.err(item.line, format!("an item of {what} has no {key}")));
+                }
+            }
+            out.push(self.seq_item(item)?);
+        }
+        Ok(out)
+    }
+
+    fn seq_item(&mut self, item: &SourceNode) -> Result<SeqItem, TemplateError> {
+        let SourceValue::Map(entries) = &item.value else {
+            return Ok(SeqItem {
+                when: None,
+                piece: self.piece(item)?,
+            });
+        };
+        let mut when = None;
+        let mut rest = Vec::with_capacity(entries.len());
+        for (key, value) in entries {
+            if key == "when" {
+                when = Some(self.condition(value)?);
+            } else {
+                rest.push((key.clone(), value.clone()));
+            }
+        }
+        let piece = self.piece(&SourceNode {
+            line: item.line,
+            value: SourceValue::Map(rest),
+        })?;
+        Ok(SeqItem { when, piece })
+    }
+
+    fn condition(&mut self, node: &SourceNode) -> Result<CompiledText, TemplateError> {
+        let expression = match &node.value {
+            SourceValue::String(s) => render::single_expression(s).ok_or_else(|| {
+                self.err(node.line, format!("when must be exactly one expression, like \"{{{{ values.enabled }}}}\", not {s:?}"))
+            })?,
+            SourceValue::Bool(b) => b.to_string(),
+            _ => return Err(self.err(node.line, format!("when must be an expression string or a boolean, not {}", node.type_name()))),
+        };
+        self.expressions
+            .condition(self.name, node.line, &expression)
+    }
+
+    fn piece(&mut self, node: &SourceNode) -> Result<Piece, TemplateError> {
+        let piece = match &node.value {
+            SourceValue::String(s) if render::has_expression(s) => match render::value_reference(s)
+            {
+                Some(path) => Piece::ValueRef {
+                    line: node.line,
+                    path,
+                },
+                None => Piece::Text(self.expressions.text(self.name, node.line, s)?),
+            },
+            SourceValue::Seq(items) => {
+                let items = items
+                    .iter()
+                    .map(|i| self.seq_item(i))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if items
+                    .iter()
+                    .all(|i| i.when.is_none() && matches!(i.piece, Piece::Literal(_)))
+                {
+                    Piece::Literal(Value::Array(
+                        items
+                            .into_iter()
+                            .map(|i| match i.piece {
+                                Piece::Literal(v) => v,
+                                _ => unreachable!(),
+                            })
+                            .collect(),
+                    ))
+                } else {
+                    Piece::Seq(items)
+                }
+            }
+            SourceValue::Map(entries) => {
+                let entries = entries
+                    .iter()
+                    .map(|(k, v)| Ok((k.clone(), self.piece(v)?)))
+                    .collect::<Result<Vec<_>, TemplateError>>()?;
+                if entries.iter().all(|(_, p)| matches!(p, Piece::Literal(_))) {
+                    Piece::Literal(Value::Object(
+                        entries
+                            .into_iter()
+                            .map(|(k, p)| match p {
+                                Piece::Literal(v) => (k, v),
+                                _ => unreachable!(),
+                            })
+                            .collect(),
+                    ))
+                } else {
+                    Piece::Map(entries)
+                }
+            }
+            _ => Piece::Literal(node.to_json()),
+        };
+        Ok(piece)
+    }
+
+    /// Every `{{ values.x.y }}` must name a value the template defines, so a typo fails at load time.
+    fn check_value_refs(
+        &self,
+        spec: &InjectSpec,
+        values: &serde_json::Map<String, Value>,
+    ) -> Result<(), TemplateError> {
+        fn walk(
+            piece: &Piece,
+            check: &mut dyn FnMut(u64, &[String]) -> Result<(), TemplateError>,
+        ) -> Result<(), TemplateError> {
+            match piece {
+                Piece::ValueRef { line, path } => check(*line, path),
+                Piece::Seq(items) => items.iter().try_for_each(|i| walk(&i.piece, check)),
+                Piece::Map(entries) => entries.iter().try_for_each(|(_, p)| walk(p, check)),
+                Piece::Literal(_) | Piece::Text(_) => Ok(()),
+            }
+        }
+        let mut check = |line: u64, path: &[String]| {
+            if render::lookup_path(values, path).is_some() {
+                Ok(())
+            } else {
+                Err(self.err(
+                    line,
+                    format!("values.{} is not defined in values", path.join(".")),
+                ))
+            }
+        };
+        let pieces = spec.labels.iter().chain(&spec.annotations).map(|(_, p)| p);
+        let items = spec
+            .init_containers
+            .iter()
+            .chain(&spec.sidecars)
+            .chain(&spec.volumes)
+            .chain(&spec.env)
+            .chain(&spec.volume_mounts)
+            .map(|i| &i.piece);
+        pieces.chain(items).try_for_each(|p| walk(p, &mut check))
+    }
+}
+
+fn content_hash(root: &SourceNode) -> String {
+    let canonical = root.to_json().to_string();
+    let digest = Sha256::digest(canonical.as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A named source of one template: where it came from (for messages) and its YAML text.
+#[derive(Debug, Clone)]
+pub struct TemplateSource {
+    /// Template name.
+    pub name: String,
+    /// YAML text.
+    pub text: String,
+}
+
+/// The templates in service, by name. Cheap to clone (templates are shared).
+#[derive(Debug, Clone, Default)]
+pub struct TemplateSet {
+    templates: BTreeMap<String, Arc<Template>>,
+}
+
+impl TemplateSet {
+    /// Loads every source; returns the templates that loaded and the errors of those that did not.
+    pub fn load(
+        sources: impl IntoIterator<Item = TemplateSource>,
+    ) -> (TemplateSet, Vec<TemplateError>) {
+        TemplateSet::default().update(sources)
+    }
+
+    /// The set that results from replacing this one's templates by `sources`: templates absent from
+    /// `sources` are dropped, a template whose new text fails keeps its last good version (and its
+    /// error is returned), templates that load are replaced.
+    pub fn update(
+        &self,
+        sources: impl IntoIterator<Item = TemplateSource>,
+    ) -> (TemplateSet, Vec<TemplateError>) {
+        let mut templates = BTreeMap::new();
+        let mut errors = Vec::new();
+        for source in sources {
+            if templates.contains_key(&source.name) {
+                errors.push(TemplateError {
+                    template: source.name.clone(),
+                    line: None,
+                    message: "defined more than once; the first definition is used".into(),
+                });
+                continue;
+            }
+            let unchanged = self
+                .templates
+                .get(&source.name)
+                .filter(|t| t.hash == hash_of_source(&source.text).unwrap_or_default());
+            match unchanged {
+                Some(previous) => {
+                    templates.insert(source.name, previous.clone());
+                }
+                None => match Template::load(&source.name, &source.text) {
+                    Ok(template) => {
+                        templates.insert(source.name, Arc::new(template));
+                    }
+                    Err(error) => {
+                        if let Some(previous) = self.templates.get(&source.name) {
+                            templates.insert(source.name, previous.clone());
+                        }
+                        errors.push(error);
+                    }
+                },
+            }
+        }
+        (TemplateSet { templates }, errors)
+    }
+
+    /// The template of that name.
+    pub fn get(&self, name: &str) -> Option<&Arc<Template>> {
+        self.templates.get(name)
+    }
+
+    /// Templates in name order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Template>> {
+        self.templates.values()
+    }
+
+    /// Template names in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.templates.keys().map(String::as_str)
+    }
+
+    /// Number of templates.
+    pub fn len(&self) -> usize {
+        self.templates.len()
+    }
+
+    /// Whether there are no templates.
+    pub fn is_empty(&self) -> bool {
+        self.templates.is_empty()
+    }
+}
+
+/// The content hash a source would get, without compiling it (used to skip recompiling unchanged
+/// templates on every ConfigMap event).
+fn hash_of_source(text: &str) -> Option<String> {
+    SourceNode::parse(text).ok().map(|root| content_hash(&root))
+}
+
+/// The default templates, from `templates/` at build time.
+pub fn embedded_sources() -> Vec<TemplateSource> {
+    include!(concat!(env!("OUT_DIR"), "/embedded_templates.rs"))
+        .iter()
+        .map(|(name, text)| TemplateSource {
+            name: (*name).to_owned(),
+            text: (*text).to_owned(),
+        })
+        .collect()
+}

@@ -1,0 +1,454 @@
+//! The validating checks: a pod after every mutator has run, and template ConfigMaps.
+//!
+//! For a pod in scope the checks are, in order:
+//! 1. it carries a readable status annotation (else the injection did not happen);
+//! 2. every container and init container the status names exists, and every native sidecar still
+//!    has `restartPolicy: Always`;
+//! 3. when the status names the templates and hashes this replica serves, the injection is
+//!    recomputed from the pod minus what the status says was injected, and every field the
+//!    templates set must still hold its value. Fields added by other mutators (defaults, extra env,
+//!    extra mounts) are fine; changed or removed ones are not.
+//!
+//! A status naming other template hashes is allowed with a warning: during a template rollout the
+//! mutating call may have reached a replica whose cache is a second ahead of this one, and a
+//! validating check must not turn that race into a refused pod.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::status::{InjectionStatus, TemplateRef};
+use super::template::{TemplateError, TemplateSet, TemplateSource};
+use super::{Engine, Outcome, PodRequest, names, pod, select};
+
+/// The verdict of a validating check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Allowed, possibly with warnings for the user.
+    Allowed(Vec<String>),
+    /// Denied with a message naming what is wrong.
+    Denied(String),
+}
+
+/// Message when an in-scope pod has no status annotation; the ValidatingAdmissionPolicy in
+/// `deploy/` uses the same words.
+pub const NOT_INJECTED_MESSAGE: &str = "sidecar injection did not happen: is the sidecar-injector running? (the namespace is opted in with sidecar-injector.io/inject=enabled and the pod has no sidecar-injector.io/status annotation)";
+
+/// Checks a pod as stored after all mutations.
+pub fn validate_pod(engine: &Engine, request: &PodRequest) -> Verdict {
+    let pod = &*request.pod;
+    let (labels, annotations) = match (
+        pod::string_map(pod, "labels"),
+        pod::string_map(pod, "annotations"),
+    ) {
+        (Ok(l), Ok(a)) => (l, a),
+        (Err(e), _) | (_, Err(e)) => return Verdict::Denied(format!("the pod is malformed: {e}")),
+    };
+    if select::scope(
+        &labels,
+        &annotations,
+        &request.namespace,
+        &engine.excluded_namespaces,
+    )
+    .is_err()
+    {
+        return Verdict::Allowed(Vec::new());
+    }
+    let Some(text) = annotations.get(names::STATUS_ANNOTATION) else {
+        return Verdict::Denied(NOT_INJECTED_MESSAGE.to_owned());
+    };
+    let status = match InjectionStatus::parse(text) {
+        Ok(status) => status,
+        Err(e) => {
+            return Verdict::Denied(format!(
+                "the {} annotation is not valid: {e}",
+                names::STATUS_ANNOTATION
+            ));
+        }
+    };
+    if let Err(message) = check_named_items(pod, &status) {
+        return Verdict::Denied(message);
+    }
+    let choice = select::choose(&engine.templates, &labels, &annotations, &request.namespace);
+    let current: Vec<TemplateRef> = choice
+        .selected()
+        .filter_map(|n| engine.templates.get(n))
+        .map(|t| TemplateRef {
+            name: t.name.clone(),
+            hash: t.hash.clone(),
+        })
+        .collect();
+    if !status.is_current(&current) {
+        return Verdict::Allowed(vec![format!(
+            "the pod was injected with templates [{}] but this injector now serves [{}]; its sidecars were not compared with the templates",
+            describe_refs(&status.templates),
+            describe_refs(&current)
+        )]);
+    }
+    match compare_with_templates(engine, request, &status) {
+        Ok(()) => Verdict::Allowed(Vec::new()),
+        Err(message) => Verdict::Denied(message),
+    }
+}
+
+fn describe_refs(refs: &[TemplateRef]) -> String {
+    refs.iter()
+        .map(|r| format!("{}@{}", r.name, r.hash))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn find_named<'p>(items: Option<&'p Vec<Value>>, name: &str) -> Option<&'p Value> {
+    items?
+        .iter()
+        .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
+}
+
+fn check_named_items(pod: &Value, status: &InjectionStatus) -> Result<(), String> {
+    let containers = pod::list(pod, "containers").map_err(|e| e.to_string())?;
+    let init = pod::list(pod, "initContainers").map_err(|e| e.to_string())?;
+    for name in &status.containers {
+        if find_named(containers, name).is_none() {
+            return Err(format!(
+                "injected sidecar container {name:?} was removed from the pod after injection"
+            ));
+        }
+    }
+    for name in &status.init_containers {
+        if find_named(init, name).is_none() {
+            return Err(format!(
+                "injected init container {name:?} was removed from the pod after injection"
+            ));
+        }
+    }
+    for name in &status.native_sidecars {
+        let policy = find_named(init, name)
+            .and_then(|c| c.get("restartPolicy"))
+            .and_then(Value::as_str);
+        if policy != Some("Always") {
+            return Err(format!(
+                "native sidecar {name:?} lost restartPolicy: Always after injection (it is {}), so it would block the pod's start",
+                policy.map_or("unset".to_owned(), |p| format!("{p:?}"))
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Recomputes the injection for the pod without its injected parts and checks every field the
+/// templates set.
+fn compare_with_templates(
+    engine: &Engine,
+    request: &PodRequest,
+    status: &InjectionStatus,
+) -> Result<(), String> {
+    let original = strip_injection(&request.pod, status);
+    let base_request = PodRequest {
+        pod: Arc::new(original.clone()),
+        ..request.clone()
+    };
+    let injection = match engine.evaluate(&base_request).outcome {
+        Outcome::Inject(injection) => injection,
+        // The templates fail for this pod now; the mutating call would have refused it, so there is
+        // nothing trustworthy to compare against.
+        _ => return Ok(()),
+    };
+    let mut expected = original;
+    json_patch::patch(&mut expected, &injection.patch)
+        .map_err(|e| format!("internal error recomputing the injection: {e}"))?;
+    let actual = &*request.pod;
+    let spec = |pod: &Value, list: &str| pod::list(pod, list).ok().flatten().cloned();
+    let (expected_init, actual_init) = (
+        spec(&expected, "initContainers"),
+        spec(actual, "initContainers"),
+    );
+    let (expected_containers, actual_containers) =
+        (spec(&expected, "containers"), spec(actual, "containers"));
+    let (expected_volumes, actual_volumes) = (spec(&expected, "volumes"), spec(actual, "volumes"));
+    let named: [(&str, &[String], &Option<Vec<Value>>, &Option<Vec<Value>>); 3] = [
+        (
+            "init container",
+            &injection.status.init_containers,
+            &expected_init,
+            &actual_init,
+        ),
+        (
+            "sidecar container",
+            &injection.status.containers,
+            &expected_containers,
+            &actual_containers,
+        ),
+        (
+            "volume",
+            &injection.status.volumes,
+            &expected_volumes,
+            &actual_volumes,
+        ),
+    ];
+    for (kind, names, expected_items, actual_items) in named {
+        for name in names {
+            let want = find_named(expected_items.as_ref(), name);
+            let have = find_named(actual_items.as_ref(), name);
+            match (want, have) {
+                (Some(want), Some(have)) => {
+                    if let Some(diff) = first_difference(want, have, "") {
+                        return Err(format!(
+                            "injected {kind} {name:?} was changed after injection: {diff}"
+                        ));
+                    }
+                }
+                (Some(_), None) => {
+                    return Err(format!(
+                        "injected {kind} {name:?} was removed after injection"
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    for (container, additions) in &injection.status.app_containers {
+        let want = find_named(expected_containers.as_ref(), container);
+        let have = find_named(actual_containers.as_ref(), container);
+        let (Some(want), Some(have)) = (want, have) else {
+            continue;
+        };
+        for env in &additions.env {
+            let pick = |c: &Value| {
+                c.get("env")
+                    .and_then(Value::as_array)
+                    .and_then(|e| e.iter().find(|v| v["name"] == env.as_str()))
+                    .cloned()
+            };
+            match (pick(want), pick(have)) {
+                (Some(w), Some(h)) => {
+                    if let Some(diff) = first_difference(&w, &h, "") {
+                        return Err(format!(
+                            "env var {env:?} injected into container {container:?} was changed after injection: {diff}"
+                        ));
+                    }
+                }
+                (Some(_), None) => {
+                    return Err(format!(
+                        "env var {env:?} injected into container {container:?} was removed after injection"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        for path in &additions.volume_mounts {
+            let pick = |c: &Value| {
+                c.get("volumeMounts")
+                    .and_then(Value::as_array)
+                    .and_then(|m| m.iter().find(|v| v["mountPath"] == path.as_str()))
+                    .cloned()
+            };
+            match (pick(want), pick(have)) {
+                (Some(w), Some(h)) => {
+                    if let Some(diff) = first_difference(&w, &h, "") {
+                        return Err(format!(
+                            "volume mount {path:?} injected into container {container:?} was changed after injection: {diff}"
+                        ));
+                    }
+                }
+                (Some(_), None) => {
+                    return Err(format!(
+                        "volume mount {path:?} injected into container {container:?} was removed after injection"
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The pod as it was before the injection the status describes.
+pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
+    let mut pod = pod.clone();
+    let retain_unnamed = |list: Option<&mut Value>, names: &[String]| {
+        if let Some(Value::Array(items)) = list {
+            items.retain(|item| {
+                !item
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| names.iter().any(|x| x == n))
+            });
+        }
+    };
+    if let Some(spec) = pod.get_mut("spec") {
+        retain_unnamed(spec.get_mut("containers"), &status.containers);
+        retain_unnamed(spec.get_mut("initContainers"), &status.init_containers);
+        retain_unnamed(spec.get_mut("volumes"), &status.volumes);
+        if spec
+            .get("initContainers")
+            .and_then(Value::as_array)
+            .is_some_and(Vec::is_empty)
+        {
+            spec.as_object_mut().map(|s| s.remove("initContainers"));
+        }
+        if spec
+            .get("volumes")
+            .and_then(Value::as_array)
+            .is_some_and(Vec::is_empty)
+        {
+            spec.as_object_mut().map(|s| s.remove("volumes"));
+        }
+        if let Some(Value::Array(containers)) = spec.get_mut("containers") {
+            for container in containers {
+                let name = container
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                let Some(additions) = status.app_containers.get(&name) else {
+                    continue;
+                };
+                if let Some(Value::Array(env)) = container.get_mut("env") {
+                    env.retain(|e| {
+                        !e.get("name")
+                            .and_then(Value::as_str)
+                            .is_some_and(|n| additions.env.iter().any(|x| x == n))
+                    });
+                }
+                if let Some(Value::Array(mounts)) = container.get_mut("volumeMounts") {
+                    mounts.retain(|m| {
+                        !m.get("mountPath")
+                            .and_then(Value::as_str)
+                            .is_some_and(|p| additions.volume_mounts.iter().any(|x| x == p))
+                    });
+                }
+            }
+        }
+    }
+    if let Some(Value::Object(metadata)) = pod.get_mut("metadata") {
+        if let Some(Value::Object(labels)) = metadata.get_mut("labels") {
+            labels.remove(names::INJECTED_LABEL);
+            for key in &status.labels {
+                labels.remove(key);
+            }
+        }
+        if let Some(Value::Object(annotations)) = metadata.get_mut("annotations") {
+            annotations.remove(names::STATUS_ANNOTATION);
+            for key in &status.annotations {
+                annotations.remove(key);
+            }
+        }
+    }
+    pod
+}
+
+/// The first field of `expected` that `actual` does not hold, as `path: is X, the template sets Y`.
+/// Objects may have extra keys; lists of named objects are matched by name; other lists of objects
+/// item by item (extra trailing items allowed); lists of scalars must be equal. Resource quantities
+/// compare by value (`1000m` equals `1`), because the API server rewrites them in canonical form.
+pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<String> {
+    let here = |p: &str| {
+        if p.is_empty() {
+            "the item".to_owned()
+        } else {
+            p.trim_start_matches('.').to_owned()
+        }
+    };
+    match (expected, actual) {
+        (Value::Object(want), Value::Object(have)) => {
+            want.iter().find_map(|(key, w)| match have.get(key) {
+                None => Some(format!("{} was removed", here(&format!("{path}.{key}")))),
+                Some(h) => first_difference(w, h, &format!("{path}.{key}")),
+            })
+        }
+        (Value::Array(want), Value::Array(have))
+            if want.iter().all(Value::is_object) && !want.is_empty() =>
+        {
+            let by_name = want
+                .iter()
+                .all(|w| w.get("name").is_some_and(Value::is_string));
+            want.iter().enumerate().find_map(|(i, w)| {
+                let found = if by_name {
+                    have.iter().find(|h| h.get("name") == w.get("name"))
+                } else {
+                    have.get(i)
+                };
+                match found {
+                    None => Some(format!("{} was removed", here(&format!("{path}[{i}]")))),
+                    Some(h) => first_difference(w, h, &format!("{path}[{i}]")),
+                }
+            })
+        }
+        (Value::String(w), Value::String(h))
+            if w != h && path.contains("resources") && quantities_equal(w, h) =>
+        {
+            None
+        }
+        (w, h) if w == h => None,
+        (w, h) => Some(format!("{} is {h}, the template sets {w}", here(path))),
+    }
+}
+
+fn quantity(text: &str) -> Option<f64> {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let multiplier = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse().ok()?),
+        _ => return None,
+    };
+    Some(number * multiplier)
+}
+
+fn quantities_equal(a: &str, b: &str) -> bool {
+    match (quantity(a), quantity(b)) {
+        (Some(x), Some(y)) => (x - y).abs() <= f64::EPSILON * x.abs().max(y.abs()).max(1.0),
+        _ => false,
+    }
+}
+
+/// Checks the data of a template ConfigMap: every `<name>.yaml` key must load. Returns warnings
+/// for keys that are not templates, or every template error.
+pub fn validate_template_data(
+    data: &BTreeMap<String, String>,
+) -> Result<Vec<String>, Vec<TemplateError>> {
+    let (sources, warnings) = template_sources(data);
+    let (_, errors) = TemplateSet::load(sources);
+    if errors.is_empty() {
+        Ok(warnings)
+    } else {
+        Err(errors)
+    }
+}
+
+/// The templates in a ConfigMap's data (`<name>.yaml` keys), and warnings for the other keys.
+pub fn template_sources(data: &BTreeMap<String, String>) -> (Vec<TemplateSource>, Vec<String>) {
+    let mut sources = Vec::new();
+    let mut warnings = Vec::new();
+    for (key, text) in data {
+        match key.strip_suffix(".yaml") {
+            Some(name) => sources.push(TemplateSource {
+                name: name.to_owned(),
+                text: text.clone(),
+            }),
+            None => warnings.push(format!(
+                "key {key:?} is ignored: only keys named <template>.yaml hold templates"
+            )),
+        }
+    }
+    (sources, warnings)
+}

@@ -1,0 +1,32 @@
+//! The `sidecar-injector` binary: parses the command line and hands over to the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use sidecar_injector::cli::{self, Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Inject(args) => cli::inject(args).map(|(yaml, warnings)| {
+            for warning in warnings {
+                eprintln!("warning: {warning}");
+            }
+            yaml
+        }),
+        Command::Explain { args, output } => cli::explain(args, *output),
+        Command::CheckTemplates { path } => cli::check_templates(path),
+    };
+    match result {
+        Ok(output) => {
+            print!("{output}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            for line in error.0 {
+                eprintln!("error: {line}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
