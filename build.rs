@@ -15,20 +15,9 @@ fn main() {
     let mut code = String::from("[\n");
     for path in entries {
         println!("cargo:rerun-if-changed={}", path.display());
-        let name = path
-            .file_stem()
-            .unwrap()
-            .to_str()
-            .expect("UTF-8 template file name");
-        code.push_str(&format!(
-            "    ({name:?}, include_str!({:?})),\n",
-            path.display().to_string()
-        ));
+        let name = path.file_stem().unwrap().to_str().expect("UTF-8 template file name");
+        code.push_str(&format!("    ({name:?}, include_str!({:?})),\n", path.display().to_string()));
     }
     code.push(']');
-    fs::write(
-        Path::new(&env::var("OUT_DIR").unwrap()).join("embedded_templates.rs"),
-        code,
-    )
-    .unwrap();
+    fs::write(Path::new(&env::var("OUT_DIR").unwrap()).join("embedded_templates.rs"), code).unwrap();
 }

@@ -15,13 +15,7 @@ pub fn check_templates(path: &Path) -> Result<String, CliError> {
     Ok(set
         .iter()
         .map(|t| {
-            format!(
-                "ok  {} ({}{}, hash {})\n",
-                t.name,
-                if t.default { "default, " } else { "" },
-                t.description,
-                t.hash
-            )
+            format!("ok  {} ({}{}, hash {})\n", t.name, if t.default { "default, " } else { "" }, t.description, t.hash)
         })
         .collect())
 }

@@ -53,38 +53,22 @@ fn explain_one(found: PodDecision, labels_known: bool) -> Explanation {
         ),
         Outcome::Inject(injection) if injection.status.templates.is_empty() => (
             "inject",
-            format!(
-                "no template would be injected: {}",
-                injection.status.reason.clone().unwrap_or_default()
-            ),
+            format!("no template would be injected: {}", injection.status.reason.clone().unwrap_or_default()),
             Some(injection.status.clone()),
         ),
         Outcome::Inject(injection) => (
             "inject",
             format!(
                 "would inject {}",
-                injection
-                    .status
-                    .templates
-                    .iter()
-                    .map(|t| t.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                injection.status.templates.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
             ),
             Some(injection.status.clone()),
         ),
-        Outcome::Denied(denial) => (
-            "denied",
-            format!("would be refused: {}", found.denial_message(denial)),
-            None,
-        ),
+        Outcome::Denied(denial) => ("denied", format!("would be refused: {}", found.denial_message(denial)), None),
     };
     let mut warnings = decision.warnings.clone();
     if !labels_known && !matches!(decision.outcome, Outcome::OutOfScope(_)) {
-        warnings.push(
-            "namespace labels not given (--namespace-labels): the namespace counts as opted in"
-                .to_owned(),
-        );
+        warnings.push("namespace labels not given (--namespace-labels): the namespace counts as opted in".to_owned());
     }
     Explanation {
         object: found.label,
@@ -100,56 +84,34 @@ fn explain_one(found: PodDecision, labels_known: bool) -> Explanation {
 fn text(explanations: &[Explanation], decisions: &[Option<Choice>]) -> String {
     let mut out = String::new();
     for (e, choice) in explanations.iter().zip(decisions) {
-        out.push_str(&format!(
-            "{} in namespace {}\n  {}\n",
-            e.object, e.namespace, e.message
-        ));
+        out.push_str(&format!("{} in namespace {}\n  {}\n", e.object, e.namespace, e.message));
         if let Some(choice) = choice {
             out.push_str(&format!("  templates ({}):\n", choice.source));
-            let width = choice
-                .verdicts
-                .iter()
-                .map(|(n, _)| n.len())
-                .max()
-                .unwrap_or(0);
+            let width = choice.verdicts.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
             for (name, verdict) in &choice.verdicts {
                 out.push_str(&format!("    {name:width$}  {verdict}\n"));
             }
         }
         if let Some(status) = e.status.as_ref().filter(|s| !s.templates.is_empty()) {
             let lines = [
-                (
-                    "sidecars (native, in initContainers)",
-                    &status.native_sidecars,
-                ),
+                ("sidecars (native, in initContainers)", &status.native_sidecars),
                 ("init containers", &status.init_containers),
                 ("sidecar containers", &status.containers),
                 ("volumes", &status.volumes),
                 ("labels", &status.labels),
                 ("annotations", &status.annotations),
             ];
-            out.push_str(if e.result == "upToDate" {
-                "  added earlier:\n"
-            } else {
-                "  adds:\n"
-            });
+            out.push_str(if e.result == "upToDate" { "  added earlier:\n" } else { "  adds:\n" });
             for (what, names) in lines {
                 let names: Vec<&String> = if what == "init containers" {
-                    names
-                        .iter()
-                        .filter(|n| !status.native_sidecars.contains(n))
-                        .collect()
+                    names.iter().filter(|n| !status.native_sidecars.contains(n)).collect()
                 } else {
                     names.iter().collect()
                 };
                 if !names.is_empty() {
                     out.push_str(&format!(
                         "    {what}: {}\n",
-                        names
-                            .iter()
-                            .map(|s| s.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        names.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
                     ));
                 }
             }
@@ -161,17 +123,10 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>]) -> String {
                 if !additions.volume_mounts.is_empty() {
                     parts.push(format!("mounts {}", additions.volume_mounts.join(", ")));
                 }
-                out.push_str(&format!(
-                    "    into container {container}: {}\n",
-                    parts.join("; ")
-                ));
+                out.push_str(&format!("    into container {container}: {}\n", parts.join("; ")));
             }
             for skip in &status.skipped {
-                let container = skip
-                    .container
-                    .as_ref()
-                    .map(|c| format!(" in container {c}"))
-                    .unwrap_or_default();
+                let container = skip.container.as_ref().map(|c| format!(" in container {c}")).unwrap_or_default();
                 let owner = if skip.owner == "pod" {
                     "the pod already has one".to_owned()
                 } else {
@@ -191,7 +146,9 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>]) -> String {
         out.push('\n');
     }
     if explanations.is_empty() {
-        out.push_str("no pods found (kinds with pods: Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob)\n");
+        out.push_str(
+            "no pods found (kinds with pods: Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob)\n",
+        );
     }
     out
 }
@@ -207,9 +164,7 @@ pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliEr
         }
     })?;
     Ok(match format {
-        OutputFormat::Json => {
-            serde_json::to_string_pretty(&explanations).expect("explanations serialize") + "\n"
-        }
+        OutputFormat::Json => serde_json::to_string_pretty(&explanations).expect("explanations serialize") + "\n",
         OutputFormat::Text => text(&explanations, &choices),
     })
 }

@@ -25,10 +25,7 @@ impl PodDecision {
     /// The denial as a message naming the file, document and field.
     pub fn denial_message(&self, denial: &Denial) -> String {
         match denial {
-            Denial::Shape(e) => format!(
-                "{}: {}{}: {}",
-                self.label, self.field_prefix, e.field, e.message
-            ),
+            Denial::Shape(e) => format!("{}: {}{}: {}", self.label, self.field_prefix, e.field, e.message),
             other => format!("{}: {other}", self.label),
         }
     }
@@ -43,39 +40,21 @@ pub(crate) fn decide_all(
     let text = read_input(&args.file)?;
     let engine = Engine::new(load_templates(args.templates.as_deref())?, Vec::new());
     let file = display_path(&args.file);
-    let mut documents =
-        yaml::parse_documents(&text).map_err(|e| CliError::one(format!("{file}: {e}")))?;
+    let mut documents = yaml::parse_documents(&text).map_err(|e| CliError::one(format!("{file}: {e}")))?;
     for (index, document) in documents.iter_mut().enumerate() {
         let mut each = |doc: &mut Value, item: Option<usize>| {
             let Some(pod) = workload::pod_of(doc) else {
                 return visit(doc, None);
             };
             let label = match item {
-                Some(i) => format!(
-                    "{file}: document {} item {i} ({})",
-                    index + 1,
-                    workload::describe(doc)
-                ),
-                None => format!(
-                    "{file}: document {} ({})",
-                    index + 1,
-                    workload::describe(doc)
-                ),
+                Some(i) => format!("{file}: document {} item {i} ({})", index + 1, workload::describe(doc)),
+                None => format!("{file}: document {} ({})", index + 1, workload::describe(doc)),
             };
-            let namespace = workload::namespace_of(doc)
-                .unwrap_or(&args.namespace)
-                .to_owned();
-            let request = PodRequest {
-                pod: Arc::new(pod),
-                namespace: args.namespace_facts(&namespace),
-                cluster: args.cluster(),
-            };
+            let namespace = workload::namespace_of(doc).unwrap_or(&args.namespace).to_owned();
+            let request =
+                PodRequest { pod: Arc::new(pod), namespace: args.namespace_facts(&namespace), cluster: args.cluster() };
             let decision = engine.evaluate(&request);
-            let kind = doc
-                .get("kind")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
+            let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default().to_owned();
             visit(
                 doc,
                 Some(PodDecision {
@@ -106,31 +85,18 @@ pub fn inject(args: &OfflineArgs) -> Result<(String, Vec<String>), CliError> {
     let mut warnings = Vec::new();
     let documents = decide_all(args, |doc, decision| {
         let Some(found) = decision else { return };
-        warnings.extend(
-            found
-                .decision
-                .warnings
-                .iter()
-                .map(|w| format!("{}: {w}", found.label)),
-        );
+        warnings.extend(found.decision.warnings.iter().map(|w| format!("{}: {w}", found.label)));
         match &found.decision.outcome {
             Outcome::Inject(injection) => {
                 let mut pod = (*found.pod).clone();
                 match json_patch::patch(&mut pod, &injection.patch) {
                     Ok(()) => workload::set_pod(doc, pod),
-                    Err(e) => errors.push(format!(
-                        "{}: internal error applying the patch: {e}",
-                        found.label
-                    )),
+                    Err(e) => errors.push(format!("{}: internal error applying the patch: {e}", found.label)),
                 }
             }
             Outcome::Denied(denial) => errors.push(found.denial_message(denial)),
             Outcome::OutOfScope(_) | Outcome::UpToDate(_) => {}
         }
     })?;
-    if errors.is_empty() {
-        Ok((yaml::to_yaml_documents(&documents), warnings))
-    } else {
-        Err(CliError(errors))
-    }
+    if errors.is_empty() { Ok((yaml::to_yaml_documents(&documents), warnings)) } else { Err(CliError(errors)) }
 }

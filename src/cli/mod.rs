@@ -86,10 +86,7 @@ impl OfflineArgs {
         let annotations = self.namespace_annotations.clone().unwrap_or_default();
         match &self.namespace_labels {
             Some(labels) => NamespaceFacts::known(name, labels.clone(), annotations),
-            None => NamespaceFacts {
-                annotations,
-                ..NamespaceFacts::unknown(name)
-            },
+            None => NamespaceFacts { annotations, ..NamespaceFacts::unknown(name) },
         }
     }
 
@@ -124,8 +121,7 @@ pub fn parse_key_values(text: &str) -> Result<BTreeMap<String, String>, String> 
 }
 
 fn parse_kube_version(text: &str) -> Result<ClusterFacts, String> {
-    ClusterFacts::from_version_string(text)
-        .ok_or_else(|| format!("{text:?} is not a Kubernetes version like 1.33"))
+    ClusterFacts::from_version_string(text).ok_or_else(|| format!("{text:?} is not a Kubernetes version like 1.33"))
 }
 
 /// A CLI failure: one or more messages, exit status 1.
@@ -170,25 +166,15 @@ fn display_path(path: &str) -> &str {
 
 /// The template sources in a directory (`*.yaml`, name = file stem) or a single file.
 pub fn template_sources_from(path: &Path) -> Result<Vec<TemplateSource>, CliError> {
-    let read = |p: &Path| {
-        std::fs::read_to_string(p).map_err(|e| CliError::one(format!("{}: {e}", p.display())))
-    };
+    let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| CliError::one(format!("{}: {e}", p.display())));
     let source = |p: &Path| -> Result<TemplateSource, CliError> {
-        let name = p
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or_default()
-            .to_owned();
-        Ok(TemplateSource {
-            name,
-            text: read(p)?,
-        })
+        let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
+        Ok(TemplateSource { name, text: read(p)? })
     };
     if path.is_file() {
         return Ok(vec![source(path)?]);
     }
-    let entries =
-        std::fs::read_dir(path).map_err(|e| CliError::one(format!("{}: {e}", path.display())))?;
+    let entries = std::fs::read_dir(path).map_err(|e| CliError::one(format!("{}: {e}", path.display())))?;
     let mut paths: Vec<PathBuf> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
@@ -196,10 +182,7 @@ pub fn template_sources_from(path: &Path) -> Result<Vec<TemplateSource>, CliErro
         .collect();
     paths.sort();
     if paths.is_empty() {
-        return Err(CliError::one(format!(
-            "{}: no *.yaml templates in this directory",
-            path.display()
-        )));
+        return Err(CliError::one(format!("{}: no *.yaml templates in this directory", path.display())));
     }
     paths.iter().map(|p| source(p)).collect()
 }
@@ -211,11 +194,7 @@ pub fn load_templates(dir: Option<&Path>) -> Result<TemplateSet, CliError> {
         None => embedded_sources(),
     };
     let (set, errors) = TemplateSet::load(sources);
-    if errors.is_empty() {
-        Ok(set)
-    } else {
-        Err(errors.into())
-    }
+    if errors.is_empty() { Ok(set) } else { Err(errors.into()) }
 }
 
 #[cfg(test)]
@@ -224,8 +203,7 @@ mod tests {
 
     #[test]
     fn key_values_parse_with_commas_inside_values() {
-        let parsed =
-            parse_key_values("team=shop,sidecar-injector.io/templates=a,b,c,env=prod").unwrap();
+        let parsed = parse_key_values("team=shop,sidecar-injector.io/templates=a,b,c,env=prod").unwrap();
         assert_eq!(parsed["team"], "shop");
         assert_eq!(parsed["sidecar-injector.io/templates"], "a,b,c");
         assert_eq!(parsed["env"], "prod");

@@ -20,25 +20,12 @@ pub struct NamespaceFacts {
 impl NamespaceFacts {
     /// A namespace whose labels are not known.
     pub fn unknown(name: &str) -> Self {
-        NamespaceFacts {
-            name: name.to_owned(),
-            labels_known: false,
-            ..NamespaceFacts::default()
-        }
+        NamespaceFacts { name: name.to_owned(), labels_known: false, ..NamespaceFacts::default() }
     }
 
     /// A namespace with known labels and annotations.
-    pub fn known(
-        name: &str,
-        labels: BTreeMap<String, String>,
-        annotations: BTreeMap<String, String>,
-    ) -> Self {
-        NamespaceFacts {
-            name: name.to_owned(),
-            labels,
-            annotations,
-            labels_known: true,
-        }
+    pub fn known(name: &str, labels: BTreeMap<String, String>, annotations: BTreeMap<String, String>) -> Self {
+        NamespaceFacts { name: name.to_owned(), labels, annotations, labels_known: true }
     }
 }
 
@@ -53,9 +40,7 @@ impl Default for ClusterFacts {
     /// Unknown clusters are assumed to be recent (native sidecars are GA since 1.33, on by
     /// default since 1.29).
     fn default() -> Self {
-        ClusterFacts {
-            native_sidecars: true,
-        }
+        ClusterFacts { native_sidecars: true }
     }
 }
 
@@ -65,9 +50,7 @@ impl ClusterFacts {
     pub fn from_version(major: &str, minor: &str) -> Option<Self> {
         let major: u32 = major.trim().parse().ok()?;
         let minor: u32 = minor.trim().trim_end_matches('+').parse().ok()?;
-        Some(ClusterFacts {
-            native_sidecars: (major, minor) >= (1, 29),
-        })
+        Some(ClusterFacts { native_sidecars: (major, minor) >= (1, 29) })
     }
 
     /// Facts for a version written `1.33` or `v1.33.2`.
@@ -83,33 +66,13 @@ mod tests {
 
     #[test]
     fn native_sidecars_start_at_1_29() {
-        let cases = [
-            ("1", "28", false),
-            ("1", "29", true),
-            ("1", "33+", true),
-            ("2", "0", true),
-            ("1", "x", false),
-        ];
+        let cases = [("1", "28", false), ("1", "29", true), ("1", "33+", true), ("2", "0", true), ("1", "x", false)];
         for (major, minor, native) in cases {
             let facts = ClusterFacts::from_version(major, minor);
-            assert_eq!(
-                facts.map(|f| f.native_sidecars).unwrap_or(false),
-                native,
-                "{major}.{minor}"
-            );
+            assert_eq!(facts.map(|f| f.native_sidecars).unwrap_or(false), native, "{major}.{minor}");
         }
-        assert_eq!(
-            ClusterFacts::from_version_string("v1.28.3"),
-            Some(ClusterFacts {
-                native_sidecars: false
-            })
-        );
-        assert_eq!(
-            ClusterFacts::from_version_string("1.33"),
-            Some(ClusterFacts {
-                native_sidecars: true
-            })
-        );
+        assert_eq!(ClusterFacts::from_version_string("v1.28.3"), Some(ClusterFacts { native_sidecars: false }));
+        assert_eq!(ClusterFacts::from_version_string("1.33"), Some(ClusterFacts { native_sidecars: true }));
         assert_eq!(ClusterFacts::from_version_string("banana"), None);
     }
 }

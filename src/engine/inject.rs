@@ -51,10 +51,7 @@ pub fn plan(
 ) -> Result<Injection, PodShapeError> {
     let empty = InjectionStatus::default();
     let previous = previous.unwrap_or(&empty);
-    if !matches!(
-        pod.get("metadata"),
-        None | Some(Value::Null | Value::Object(_))
-    ) {
+    if !matches!(pod.get("metadata"), None | Some(Value::Null | Value::Object(_))) {
         return Err(shape_error("metadata", "must be an object"));
     }
     if !matches!(pod.get("spec"), Some(Value::Object(_))) {
@@ -62,8 +59,7 @@ pub fn plan(
     }
     let labels = pod::string_map(pod, "labels")?;
     let annotations = pod::string_map(pod, "annotations")?;
-    let containers = pod::list(pod, "containers")?
-        .ok_or_else(|| shape_error("spec.containers", "is missing"))?;
+    let containers = pod::list(pod, "containers")?.ok_or_else(|| shape_error("spec.containers", "is missing"))?;
     let init_containers = pod::list(pod, "initContainers")?;
     let volumes = pod::list(pod, "volumes")?;
     let container_names = pod::names(Some(containers), "spec.containers")?;
@@ -79,10 +75,7 @@ pub fn plan(
     let mut status = InjectionStatus {
         templates: templates
             .iter()
-            .map(|t| TemplateRef {
-                name: t.rendered.name.clone(),
-                hash: t.rendered.hash.clone(),
-            })
+            .map(|t| TemplateRef { name: t.rendered.name.clone(), hash: t.rendered.hash.clone() })
             .collect(),
         reason: templates.is_empty().then_some(reason_if_none).flatten(),
         ..InjectionStatus::default()
@@ -94,20 +87,10 @@ pub fn plan(
         .enumerate()
         .filter(|(i, _)| !removed_containers.contains(i))
         .map(|(_, n)| *n)
-        .chain(
-            init_names
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !removed_init.contains(i))
-                .map(|(_, n)| *n),
-        )
+        .chain(init_names.iter().enumerate().filter(|(i, _)| !removed_init.contains(i)).map(|(_, n)| *n))
         .collect();
-    let mut taken_volumes: Taken = volume_names
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !removed_volumes.contains(i))
-        .map(|(_, n)| *n)
-        .collect();
+    let mut taken_volumes: Taken =
+        volume_names.iter().enumerate().filter(|(i, _)| !removed_volumes.contains(i)).map(|(_, n)| *n).collect();
     let kept_labels: BTreeMap<&str, &str> = labels
         .iter()
         .filter(|(k, _)| !previous.labels.contains(k) && k.as_str() != names::INJECTED_LABEL)
@@ -115,21 +98,11 @@ pub fn plan(
         .collect();
     let kept_annotations: BTreeMap<&str, &str> = annotations
         .iter()
-        .filter(|(k, _)| {
-            !previous.annotations.contains(k) && k.as_str() != names::STATUS_ANNOTATION
-        })
+        .filter(|(k, _)| !previous.annotations.contains(k) && k.as_str() != names::STATUS_ANNOTATION)
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let mut taken_labels: Taken = kept_labels
-        .keys()
-        .copied()
-        .chain([names::INJECTED_LABEL])
-        .collect();
-    let mut taken_annotations: Taken = kept_annotations
-        .keys()
-        .copied()
-        .chain([names::STATUS_ANNOTATION])
-        .collect();
+    let mut taken_labels: Taken = kept_labels.keys().copied().chain([names::INJECTED_LABEL]).collect();
+    let mut taken_annotations: Taken = kept_annotations.keys().copied().chain([names::STATUS_ANNOTATION]).collect();
 
     // App containers that stay, with their index once the previous sidecars are gone.
     let mut app_containers = Vec::new();
@@ -152,18 +125,11 @@ pub fn plan(
             .enumerate()
             .map(|(i, m)| match m.get("mountPath") {
                 Some(Value::String(p)) => Ok(p.as_str()),
-                _ => Err(shape_error(
-                    format!("{field}.volumeMounts[{i}].mountPath"),
-                    "must be a string",
-                )),
+                _ => Err(shape_error(format!("{field}.volumeMounts[{i}].mountPath"), "must be a string")),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let removed_env = prev
-            .map(|p| indexes_named(&env_names, &p.env))
-            .unwrap_or_default();
-        let removed_mounts = prev
-            .map(|p| indexes_named(&mount_paths, &p.volume_mounts))
-            .unwrap_or_default();
+        let removed_env = prev.map(|p| indexes_named(&env_names, &p.env)).unwrap_or_default();
+        let removed_mounts = prev.map(|p| indexes_named(&mount_paths, &p.volume_mounts)).unwrap_or_default();
         app_containers.push(AppContainer {
             name,
             new_index: index - removed_containers.iter().filter(|r| **r < index).count(),
@@ -278,23 +244,12 @@ pub fn plan(
     }
     status.labels = added_labels.keys().cloned().collect();
     status.annotations = added_annotations.keys().cloned().collect();
-    for app in app_containers
-        .iter()
-        .filter(|a| !a.added_env.is_empty() || !a.added_mounts.is_empty())
-    {
+    for app in app_containers.iter().filter(|a| !a.added_env.is_empty() || !a.added_mounts.is_empty()) {
         status.app_containers.insert(
             app.name.to_owned(),
             AppContainerAdditions {
-                env: app
-                    .added_env
-                    .iter()
-                    .map(|e| rendered_name(e).to_owned())
-                    .collect(),
-                volume_mounts: app
-                    .added_mounts
-                    .iter()
-                    .map(|m| mount_path(m).to_owned())
-                    .collect(),
+                env: app.added_env.iter().map(|e| rendered_name(e).to_owned()).collect(),
+                volume_mounts: app.added_mounts.iter().map(|m| mount_path(m).to_owned()).collect(),
             },
         );
     }
@@ -305,30 +260,17 @@ pub fn plan(
         builder.add(&["metadata"], Value::Object(Default::default()));
     }
     let injected = !templates.is_empty();
-    let mut label_removals: Vec<&str> = previous
-        .labels
-        .iter()
-        .map(String::as_str)
-        .filter(|k| labels.contains_key(*k))
-        .collect();
+    let mut label_removals: Vec<&str> =
+        previous.labels.iter().map(String::as_str).filter(|k| labels.contains_key(*k)).collect();
     if !injected && labels.contains_key(names::INJECTED_LABEL) && !previous.templates.is_empty() {
         label_removals.push(names::INJECTED_LABEL);
     }
     if injected {
         added_labels.insert(names::INJECTED_LABEL.to_owned(), "true".to_owned());
     }
-    builder.string_map(
-        "labels",
-        pod.get("metadata").and_then(|m| m.get("labels")),
-        &label_removals,
-        added_labels,
-    );
-    let annotation_removals: Vec<&str> = previous
-        .annotations
-        .iter()
-        .map(String::as_str)
-        .filter(|k| annotations.contains_key(*k))
-        .collect();
+    builder.string_map("labels", pod.get("metadata").and_then(|m| m.get("labels")), &label_removals, added_labels);
+    let annotation_removals: Vec<&str> =
+        previous.annotations.iter().map(String::as_str).filter(|k| annotations.contains_key(*k)).collect();
     added_annotations.insert(names::STATUS_ANNOTATION.to_owned(), status.to_annotation());
     builder.string_map(
         "annotations",
@@ -338,11 +280,7 @@ pub fn plan(
     );
 
     builder.removals(&["spec", "initContainers"], &removed_init);
-    builder.insert_front(
-        &["spec", "initContainers"],
-        init_containers.is_some(),
-        new_init,
-    );
+    builder.insert_front(&["spec", "initContainers"], init_containers.is_some(), new_init);
 
     builder.removals(&["spec", "containers"], &removed_containers);
     for app in &app_containers {
@@ -353,10 +291,7 @@ pub fn plan(
             app.has_env,
             app.added_env.iter().map(|v| (*v).clone()).collect(),
         );
-        builder.removals(
-            &["spec", "containers", &index, "volumeMounts"],
-            &app.removed_mounts,
-        );
+        builder.removals(&["spec", "containers", &index, "volumeMounts"], &app.removed_mounts);
         builder.append(
             &["spec", "containers", &index, "volumeMounts"],
             app.has_mounts,
@@ -368,10 +303,7 @@ pub fn plan(
     builder.removals(&["spec", "volumes"], &removed_volumes);
     builder.append(&["spec", "volumes"], volumes.is_some(), new_volumes);
 
-    Ok(Injection {
-        patch: builder.ops,
-        status,
-    })
+    Ok(Injection { patch: builder.ops, status })
 }
 
 struct AppContainer<'p> {
@@ -393,11 +325,7 @@ struct Taken(HashMap<String, String>);
 
 impl<'a> FromIterator<&'a str> for Taken {
     fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
-        Taken(
-            iter.into_iter()
-                .map(|n| (n.to_owned(), "pod".to_owned()))
-                .collect(),
-        )
+        Taken(iter.into_iter().map(|n| (n.to_owned(), "pod".to_owned())).collect())
     }
 }
 
@@ -418,36 +346,21 @@ fn rendered_name(item: &Value) -> &str {
 }
 
 fn mount_path(mount: &Value) -> &str {
-    mount
-        .get("mountPath")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
+    mount.get("mountPath").and_then(Value::as_str).unwrap_or_default()
 }
 
-fn named_list<'c>(
-    container: &'c Value,
-    field: &str,
-    container_field: &str,
-) -> Result<&'c [Value], PodShapeError> {
+fn named_list<'c>(container: &'c Value, field: &str, container_field: &str) -> Result<&'c [Value], PodShapeError> {
     match container.get(field) {
         None | Some(Value::Null) => Ok(&[]),
         Some(Value::Array(items)) => Ok(items),
-        Some(_) => Err(shape_error(
-            format!("{container_field}.{field}"),
-            "must be a list",
-        )),
+        Some(_) => Err(shape_error(format!("{container_field}.{field}"), "must be a list")),
     }
 }
 
 /// Indexes of the items whose name is in `wanted` (each wanted name matches once, first first).
 fn indexes_named(names: &[&str], wanted: &[String]) -> Vec<usize> {
     let mut wanted: HashSet<&str> = wanted.iter().map(String::as_str).collect();
-    names
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| wanted.remove(**n))
-        .map(|(i, _)| i)
-        .collect()
+    names.iter().enumerate().filter(|(_, n)| wanted.remove(**n)).map(|(i, _)| i).collect()
 }
 
 #[derive(Default)]
@@ -461,16 +374,11 @@ impl Builder {
     }
 
     fn add(&mut self, path: &[&str], value: Value) {
-        self.ops.push(PatchOperation::Add(AddOperation {
-            path: Self::pointer(path),
-            value,
-        }));
+        self.ops.push(PatchOperation::Add(AddOperation { path: Self::pointer(path), value }));
     }
 
     fn remove(&mut self, path: &[&str]) {
-        self.ops.push(PatchOperation::Remove(RemoveOperation {
-            path: Self::pointer(path),
-        }));
+        self.ops.push(PatchOperation::Remove(RemoveOperation { path: Self::pointer(path) }));
     }
 
     /// Removes the items at `indexes` (ascending) of the list at `path`.
@@ -526,10 +434,7 @@ impl Builder {
                 self.add(&["metadata", section, &key], Value::String(value));
             }
         } else if !additions.is_empty() {
-            let map = additions
-                .into_iter()
-                .map(|(k, v)| (k, Value::String(v)))
-                .collect();
+            let map = additions.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
             self.add(&["metadata", section], Value::Object(map));
         }
     }

@@ -18,6 +18,11 @@ pub mod validate;
 pub mod workload;
 pub mod yaml;
 
+#[cfg(test)]
+mod test_support;
+#[cfg(test)]
+mod tests;
+
 use std::fmt;
 use std::sync::Arc;
 
@@ -103,25 +108,13 @@ impl fmt::Display for Denial {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Denial::Shape(e) => write!(f, "sidecar-injector: the pod is malformed: {e}"),
-            Denial::UnknownTemplates {
-                missing,
-                known,
-                source,
-            } => write!(
+            Denial::UnknownTemplates { missing, known, source } => write!(
                 f,
                 "sidecar-injector: {} on the {} names unknown template(s) {}; known templates: {}",
                 names::TEMPLATES_ANNOTATION,
-                if *source == ChoiceSource::PodAnnotation {
-                    "pod"
-                } else {
-                    "namespace"
-                },
+                if *source == ChoiceSource::PodAnnotation { "pod" } else { "namespace" },
                 missing.join(", "),
-                if known.is_empty() {
-                    "none".to_owned()
-                } else {
-                    known.join(", ")
-                }
+                if known.is_empty() { "none".to_owned() } else { known.join(", ") }
             ),
             Denial::Render(e) => write!(f, "sidecar-injector: cannot inject: {e}"),
         }
@@ -131,36 +124,21 @@ impl fmt::Display for Denial {
 impl Engine {
     /// An engine serving `templates`, never touching `excluded_namespaces` (besides the system ones).
     pub fn new(templates: TemplateSet, excluded_namespaces: Vec<String>) -> Self {
-        Engine {
-            templates,
-            excluded_namespaces,
-        }
+        Engine { templates, excluded_namespaces }
     }
 
     /// Decides what to do with a pod.
     pub fn evaluate(&self, request: &PodRequest) -> Decision {
         let mut warnings = Vec::new();
-        let decision = |choice, outcome, warnings| Decision {
-            choice,
-            outcome,
-            warnings,
-        };
+        let decision = |choice, outcome, warnings| Decision { choice, outcome, warnings };
         let pod = &*request.pod;
-        let (labels, annotations) = match (
-            pod::string_map(pod, "labels"),
-            pod::string_map(pod, "annotations"),
-        ) {
+        let (labels, annotations) = match (pod::string_map(pod, "labels"), pod::string_map(pod, "annotations")) {
             (Ok(l), Ok(a)) => (l, a),
             (Err(e), _) | (_, Err(e)) => {
                 return decision(None, Outcome::Denied(Denial::Shape(e)), warnings);
             }
         };
-        if let Err(reason) = select::scope(
-            &labels,
-            &annotations,
-            &request.namespace,
-            &self.excluded_namespaces,
-        ) {
+        if let Err(reason) = select::scope(&labels, &annotations, &request.namespace, &self.excluded_namespaces) {
             return decision(None, Outcome::OutOfScope(reason), warnings);
         }
         let choice = select::choose(&self.templates, &labels, &annotations, &request.namespace);
@@ -173,21 +151,10 @@ impl Engine {
             };
             return decision(Some(choice), Outcome::Denied(denial), warnings);
         }
-        let selected: Vec<&Arc<Template>> = choice
-            .selected()
-            .filter_map(|name| self.templates.get(name))
-            .collect();
-        let refs: Vec<TemplateRef> = selected
-            .iter()
-            .map(|t| TemplateRef {
-                name: t.name.clone(),
-                hash: t.hash.clone(),
-            })
-            .collect();
-        let previous = match annotations
-            .get(names::STATUS_ANNOTATION)
-            .map(|s| InjectionStatus::parse(s))
-        {
+        let selected: Vec<&Arc<Template>> = choice.selected().filter_map(|name| self.templates.get(name)).collect();
+        let refs: Vec<TemplateRef> =
+            selected.iter().map(|t| TemplateRef { name: t.name.clone(), hash: t.hash.clone() }).collect();
+        let previous = match annotations.get(names::STATUS_ANNOTATION).map(|s| InjectionStatus::parse(s)) {
             None => None,
             Some(Ok(status)) => Some(status),
             Some(Err(e)) => {
@@ -209,9 +176,7 @@ impl Engine {
                     warnings.append(&mut rendered.warnings);
                     planned.push(PlannedTemplate {
                         rendered,
-                        native_sidecars: template
-                            .sidecar_mode
-                            .is_native(request.cluster.native_sidecars),
+                        native_sidecars: template.sidecar_mode.is_native(request.cluster.native_sidecars),
                     });
                 }
                 Err(e) => {

@@ -25,10 +25,7 @@ impl fmt::Display for PodShapeError {
 impl std::error::Error for PodShapeError {}
 
 pub(crate) fn shape_error(field: impl Into<String>, message: impl Into<String>) -> PodShapeError {
-    PodShapeError {
-        field: field.into(),
-        message: message.into(),
-    }
+    PodShapeError { field: field.into(), message: message.into() }
 }
 
 /// A string map such as `metadata.labels`; absent or null is empty.
@@ -48,10 +45,7 @@ pub fn string_map(pod: &Value, section: &str) -> Result<BTreeMap<String, String>
 }
 
 /// A list such as `spec.containers`; `None` when absent or null.
-pub(crate) fn list<'p>(
-    pod: &'p Value,
-    field: &str,
-) -> Result<Option<&'p Vec<Value>>, PodShapeError> {
+pub(crate) fn list<'p>(pod: &'p Value, field: &str) -> Result<Option<&'p Vec<Value>>, PodShapeError> {
     match pod.get("spec").and_then(|s| s.get(field)) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(items)) => Ok(Some(items)),
@@ -60,31 +54,16 @@ pub(crate) fn list<'p>(
 }
 
 /// The `name` of a list item (container, volume, env var).
-pub(crate) fn item_name<'i>(
-    item: &'i Value,
-    field: &str,
-    index: usize,
-) -> Result<&'i str, PodShapeError> {
+pub(crate) fn item_name<'i>(item: &'i Value, field: &str, index: usize) -> Result<&'i str, PodShapeError> {
     match item.get("name") {
         Some(Value::String(name)) => Ok(name),
-        _ => Err(shape_error(
-            format!("{field}[{index}].name"),
-            "must be a string",
-        )),
+        _ => Err(shape_error(format!("{field}[{index}].name"), "must be a string")),
     }
 }
 
 /// The names of the items of a list, in order.
-pub(crate) fn names<'p>(
-    items: Option<&'p Vec<Value>>,
-    field: &str,
-) -> Result<Vec<&'p str>, PodShapeError> {
-    items
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, item)| item_name(item, field, i))
-        .collect()
+pub(crate) fn names<'p>(items: Option<&'p Vec<Value>>, field: &str) -> Result<Vec<&'p str>, PodShapeError> {
+    items.into_iter().flatten().enumerate().map(|(i, item)| item_name(item, field, i)).collect()
 }
 
 /// The pod's name for messages: `name`, else `generateName*`, else `<unnamed>`.
@@ -92,9 +71,7 @@ pub fn display_name(pod: &Value) -> String {
     let metadata = pod.get("metadata");
     match (
         metadata.and_then(|m| m.get("name")).and_then(Value::as_str),
-        metadata
-            .and_then(|m| m.get("generateName"))
-            .and_then(Value::as_str),
+        metadata.and_then(|m| m.get("generateName")).and_then(Value::as_str),
     ) {
         (Some(name), _) if !name.is_empty() => name.to_owned(),
         (_, Some(prefix)) if !prefix.is_empty() => format!("{prefix}*"),

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::sync::Arc;
 
-use minijinja::value::{Enumerator, Object, ObjectRepr, Serde};
+use minijinja::value::{Enumerator, Object, ObjectRepr, Serde, ValueKind};
 use minijinja::{Environment, UndefinedBehavior, Value as JinjaValue};
 use serde_json::Value;
 
@@ -45,10 +45,7 @@ pub(crate) fn single_expression(s: &str) -> Option<String> {
     let inner = s.trim().strip_prefix("{{")?.strip_suffix("}}")?;
     let inner = inner.strip_prefix('-').unwrap_or(inner);
     let inner = inner.strip_suffix('-').unwrap_or(inner).trim();
-    let nested = inner.contains("{{")
-        || inner.contains("}}")
-        || inner.contains("{%")
-        || inner.contains("%}");
+    let nested = inner.contains("{{") || inner.contains("}}") || inner.contains("{%") || inner.contains("%}");
     (!inner.is_empty() && !nested).then(|| inner.to_owned())
 }
 
@@ -69,13 +66,9 @@ pub(crate) fn value_reference(s: &str) -> Option<Vec<String>> {
 }
 
 /// The value at `path` inside `values`.
-pub(crate) fn lookup_path<'v>(
-    values: &'v serde_json::Map<String, Value>,
-    path: &[String],
-) -> Option<&'v Value> {
+pub(crate) fn lookup_path<'v>(values: &'v serde_json::Map<String, Value>, path: &[String]) -> Option<&'v Value> {
     let (first, rest) = path.split_first()?;
-    rest.iter()
-        .try_fold(values.get(first)?, |v, key| v.get(key))
+    rest.iter().try_fold(values.get(first)?, |v, key| v.get(key))
 }
 
 /// A compiled expression string: its line and its name in the template's environment.
@@ -87,9 +80,16 @@ pub(crate) struct CompiledText {
 }
 
 /// The compiled expressions of one template.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Expressions {
     env: Option<Arc<Environment<'static>>>,
+}
+
+impl std::fmt::Debug for Expressions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let count = self.env.as_ref().map_or(0, |env| env.templates().count());
+        write!(f, "Expressions({count} compiled)")
+    }
 }
 
 /// Collects a template's expression strings while it is compiled.
@@ -106,39 +106,37 @@ impl Default for ExpressionsBuilder {
         env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
         env.set_fuel(Some(FUEL_PER_EXPRESSION));
         env.set_recursion_limit(64);
+        // MiniJinja prints booleans Python-style (`True`); Kubernetes and YAML spell them `true`.
+        env.set_formatter(|out, state, value| match lowercase_bool(value) {
+            Some(text) => out.write_str(text).map_err(minijinja::Error::from),
+            None => minijinja::escape_formatter(out, state, value),
+        });
+        env.add_filter("string", |value: JinjaValue| {
+            if value.is_undefined() {
+                return Err(minijinja::Error::from(minijinja::ErrorKind::UndefinedError));
+            }
+            Ok(match lowercase_bool(&value) {
+                Some(text) => JinjaValue::from(text),
+                None if value.kind() == ValueKind::String => value,
+                None => JinjaValue::from(value.to_string()),
+            })
+        });
         ExpressionsBuilder { env, count: 0 }
     }
 }
 
 impl ExpressionsBuilder {
-    fn add(
-        &mut self,
-        template: &str,
-        line: u64,
-        display: &str,
-        source: String,
-    ) -> Result<CompiledText, TemplateError> {
+    fn add(&mut self, template: &str, line: u64, display: &str, source: String) -> Result<CompiledText, TemplateError> {
         let id = self.count.to_string();
         self.count += 1;
         self.env
             .add_template_owned(id.clone(), source)
-            .map_err(|e| {
-                TemplateError::at(template, line, format!("{} in {display:?}", describe(&e)))
-            })?;
-        Ok(CompiledText {
-            line,
-            id,
-            source: display.to_owned(),
-        })
+            .map_err(|e| TemplateError::at(template, line, format!("{} in {display:?}", describe(&e))))?;
+        Ok(CompiledText { line, id, source: display.to_owned() })
     }
 
     /// A string scalar containing expressions.
-    pub(crate) fn text(
-        &mut self,
-        template: &str,
-        line: u64,
-        text: &str,
-    ) -> Result<CompiledText, TemplateError> {
+    pub(crate) fn text(&mut self, template: &str, line: u64, text: &str) -> Result<CompiledText, TemplateError> {
         self.add(template, line, text, text.to_owned())
     }
 
@@ -150,19 +148,16 @@ impl ExpressionsBuilder {
         expression: &str,
     ) -> Result<CompiledText, TemplateError> {
         let display = format!("{{{{ {expression} }}}}");
-        self.add(
-            template,
-            line,
-            &display,
-            format!("{{% if ({expression}) %}}true{{% endif %}}"),
-        )
+        self.add(template, line, &display, format!("{{% if ({expression}) %}}true{{% endif %}}"))
     }
 
     pub(crate) fn build(self) -> Expressions {
-        Expressions {
-            env: (self.count > 0).then(|| Arc::new(self.env)),
-        }
+        Expressions { env: (self.count > 0).then(|| Arc::new(self.env)) }
     }
+}
+
+fn lowercase_bool(value: &JinjaValue) -> Option<&'static str> {
+    (value.kind() == ValueKind::Bool).then(|| if value.is_true() { "true" } else { "false" })
 }
 
 fn describe(err: &minijinja::Error) -> String {
@@ -238,8 +233,7 @@ pub fn render(
     namespace: &NamespaceFacts,
 ) -> Result<RenderedTemplate, RenderError> {
     let mut warnings = Vec::new();
-    let values = effective_values(template, pod_annotations, &mut warnings)
-        .map_err(RenderError::Override)?;
+    let values = effective_values(template, pod_annotations, &mut warnings).map_err(RenderError::Override)?;
     let context = JinjaValue::from_pairs([
         ("pod", pod.clone()),
         (
@@ -247,36 +241,21 @@ pub fn render(
             JinjaValue::from_pairs([
                 ("name", JinjaValue::from(namespace.name.as_str())),
                 ("labels", JinjaValue::from(Serde(&namespace.labels))),
-                (
-                    "annotations",
-                    JinjaValue::from(Serde(&namespace.annotations)),
-                ),
+                ("annotations", JinjaValue::from(Serde(&namespace.annotations))),
             ]),
         ),
         ("values", JinjaValue::from(Serde(&values))),
-        (
-            "template",
-            JinjaValue::from_pairs([("name", JinjaValue::from(template.name.as_str()))]),
-        ),
+        ("template", JinjaValue::from_pairs([("name", JinjaValue::from(template.name.as_str()))])),
     ]);
-    let mut renderer = Renderer {
-        template,
-        context,
-        values: &values,
-        fuel_left: FUEL_PER_TEMPLATE,
-        output_left: MAX_TEMPLATE_OUTPUT,
-    };
+    let mut renderer =
+        Renderer { template, context, values: &values, fuel_left: FUEL_PER_TEMPLATE, output_left: MAX_TEMPLATE_OUTPUT };
     let spec = &template.inject;
     let err = RenderError::Template;
     Ok(RenderedTemplate {
         name: template.name.clone(),
         hash: template.hash.clone(),
-        labels: renderer
-            .string_map(&spec.labels, "inject.labels")
-            .map_err(err)?,
-        annotations: renderer
-            .string_map(&spec.annotations, "inject.annotations")
-            .map_err(err)?,
+        labels: renderer.string_map(&spec.labels, "inject.labels").map_err(err)?,
+        annotations: renderer.string_map(&spec.annotations, "inject.annotations").map_err(err)?,
         init_containers: renderer.items(&spec.init_containers).map_err(err)?,
         sidecars: renderer.items(&spec.sidecars).map_err(err)?,
         volumes: renderer.items(&spec.volumes).map_err(err)?,
@@ -337,11 +316,9 @@ fn coerce_override(default: &Value, text: &str) -> Option<Value> {
             "false" => Some(Value::Bool(false)),
             _ => None,
         },
-        Value::Number(n) if n.is_f64() => text
-            .parse::<f64>()
-            .ok()
-            .and_then(serde_json::Number::from_f64)
-            .map(Value::Number),
+        Value::Number(n) if n.is_f64() => {
+            text.parse::<f64>().ok().and_then(serde_json::Number::from_f64).map(Value::Number)
+        }
         Value::Number(_) => text.parse::<i64>().ok().map(Value::from),
         _ => Some(Value::String(text.to_owned())),
     }
@@ -361,20 +338,10 @@ impl Renderer<'_> {
     }
 
     fn text(&mut self, text: &CompiledText) -> Result<String, TemplateError> {
-        let env = self
-            .template
-            .expressions
-            .env
-            .as_ref()
-            .expect("a compiled text implies an environment");
-        let compiled = env
-            .get_template(&text.id)
-            .expect("compiled texts are registered by id");
+        let env = self.template.expressions.env.as_ref().expect("a compiled text implies an environment");
+        let compiled = env.get_template(&text.id).expect("compiled texts are registered by id");
         let limit = self.output_left.min(MAX_EXPRESSION_OUTPUT);
-        let mut out = LimitedWriter {
-            buf: Vec::new(),
-            limit,
-        };
+        let mut out = LimitedWriter { buf: Vec::new(), limit };
         let result = compiled.render_captured_to(self.context.clone(), &mut out);
         let overflowed = out.buf.len() >= limit && result.is_err();
         let captured = result.map_err(|e| {
@@ -382,49 +349,36 @@ impl Renderer<'_> {
                 format!(
                     "rendered output of {:?} is larger than {} bytes",
                     text.source,
-                    if limit == MAX_EXPRESSION_OUTPUT {
-                        MAX_EXPRESSION_OUTPUT
-                    } else {
-                        MAX_TEMPLATE_OUTPUT
-                    }
+                    if limit == MAX_EXPRESSION_OUTPUT { MAX_EXPRESSION_OUTPUT } else { MAX_TEMPLATE_OUTPUT }
                 )
             } else if e.kind() == minijinja::ErrorKind::OutOfFuel {
-                format!(
-                    "{:?} did not finish within {FUEL_PER_EXPRESSION} instructions",
-                    text.source
-                )
+                format!("{:?} did not finish within {FUEL_PER_EXPRESSION} instructions", text.source)
             } else {
                 format!("{} in {:?}", describe(&e), text.source)
             };
             self.err(text.line, message)
         })?;
-        let consumed = captured
-            .state()
-            .fuel_levels()
-            .map_or(0, |(consumed, _)| consumed);
+        let consumed = captured.state().fuel_levels().map_or(0, |(consumed, _)| consumed);
         self.fuel_left = self.fuel_left.checked_sub(consumed).ok_or_else(|| {
-            self.err(text.line, format!("the template's expressions did not finish within {FUEL_PER_TEMPLATE} instructions"))
+            self.err(
+                text.line,
+                format!("the template's expressions did not finish within {FUEL_PER_TEMPLATE} instructions"),
+            )
         })?;
         self.output_left -= out.buf.len();
-        String::from_utf8(out.buf)
-            .map_err(|_| self.err(text.line, "rendered output is not valid UTF-8"))
+        String::from_utf8(out.buf).map_err(|_| self.err(text.line, "rendered output is not valid UTF-8"))
     }
 
     fn piece(&mut self, piece: &Piece) -> Result<Value, TemplateError> {
         Ok(match piece {
             Piece::Literal(v) => v.clone(),
             Piece::Text(text) => Value::String(self.text(text)?),
-            Piece::ValueRef { line, path } => {
-                lookup_path(self.values, path).cloned().ok_or_else(|| {
-                    self.err(*line, format!("values.{} is not defined", path.join(".")))
-                })?
-            }
+            Piece::ValueRef { line, path } => lookup_path(self.values, path)
+                .cloned()
+                .ok_or_else(|| self.err(*line, format!("values.{} is not defined", path.join("."))))?,
             Piece::Seq(items) => Value::Array(self.items(items)?),
             Piece::Map(entries) => Value::Object(
-                entries
-                    .iter()
-                    .map(|(k, p)| Ok((k.clone(), self.piece(p)?)))
-                    .collect::<Result<_, TemplateError>>()?,
+                entries.iter().map(|(k, p)| Ok((k.clone(), self.piece(p)?))).collect::<Result<_, TemplateError>>()?,
             ),
         })
     }
@@ -459,10 +413,7 @@ impl Renderer<'_> {
                             Piece::ValueRef { line, .. } => *line,
                             _ => 0,
                         };
-                        return Err(self.err(
-                            line,
-                            format!("{what}.{key} must render to a string, not {other}"),
-                        ));
+                        return Err(self.err(line, format!("{what}.{key} must render to a string, not {other}")));
                     }
                 };
                 Ok((key.clone(), value))
@@ -479,8 +430,7 @@ struct LimitedWriter {
 impl Write for LimitedWriter {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         if self.buf.len() + data.len() > self.limit {
-            self.buf
-                .extend_from_slice(&data[..self.limit - self.buf.len()]);
+            self.buf.extend_from_slice(&data[..self.limit - self.buf.len()]);
             return Err(io::Error::other("output limit reached"));
         }
         self.buf.extend_from_slice(data);
@@ -491,59 +441,64 @@ impl Write for LimitedWriter {
     }
 }
 
-/// A sample pod and namespace every template must render against when it is loaded, so that syntax
-/// errors, undefined values and runaway expressions are found before any pod is admitted.
+/// Renders every template against a sample pod and namespace when it is loaded, so that runtime
+/// errors (undefined values, runaway loops, huge output, items Kubernetes would reject) are found
+/// before any pod is admitted. The sample satisfies the template's own selectors, so a template may
+/// rely on a label its podSelector requires.
 pub(crate) fn check(template: &Template) -> Result<(), TemplateError> {
+    let pod_labels = [("app".to_owned(), "example".to_owned())].into();
+    let pod_labels = match &template.pod_selector {
+        Some(selector) => selector.satisfying_labels(pod_labels),
+        None => pod_labels,
+    };
+    let namespace_labels = [(names::INJECT_LABEL.to_owned(), names::INJECT_ENABLED.to_owned())].into();
+    let namespace_labels = match &template.namespace_selector {
+        Some(selector) => selector.satisfying_labels(namespace_labels),
+        None => namespace_labels,
+    };
     let pod = Arc::new(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "example", "namespace": "default", "labels": {"app": "example"}, "annotations": {}},
+        "metadata": {"name": "example", "namespace": "default", "labels": pod_labels},
         "spec": {"containers": [{"name": "app", "image": "example:latest"}]},
     }));
-    let namespace = NamespaceFacts::unknown("default");
+    let namespace = NamespaceFacts::known("default", namespace_labels, BTreeMap::new());
     match render(template, &pod_value(pod), &BTreeMap::new(), &namespace) {
         Ok(rendered) => check_rendered(template, &rendered),
-        Err(RenderError::Template(e)) => Err(TemplateError {
-            message: format!("{} (while test-rendering against a sample pod)", e.message),
-            ..e
-        }),
+        Err(RenderError::Template(e)) => {
+            Err(TemplateError { message: format!("{} (while test-rendering against a sample pod)", e.message), ..e })
+        }
         Err(RenderError::Override(o)) => Err(TemplateError::at(&template.name, 0, o.message)),
     }
 }
 
-/// Checks the shape that the injection relies on: named items with string names.
-pub(crate) fn check_rendered(
-    template: &Template,
-    rendered: &RenderedTemplate,
-) -> Result<(), TemplateError> {
-    let sections: [(&str, &[Value], &[&str]); 5] = [
-        (
-            "inject.initContainers",
-            &rendered.init_containers,
-            &["name"],
-        ),
-        ("inject.sidecars", &rendered.sidecars, &["name"]),
-        ("inject.volumes", &rendered.volumes, &["name"]),
-        ("inject.appContainers.env", &rendered.env, &["name"]),
-        (
-            "inject.appContainers.volumeMounts",
-            &rendered.volume_mounts,
-            &["name", "mountPath"],
-        ),
+/// Checks that rendered items are what Kubernetes accepts in their place (a `Container`, a `Volume`,
+/// an `EnvVar`, a `VolumeMount`), with the field path of the first mismatch, and carry a name.
+pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -> Result<(), TemplateError> {
+    use k8s_openapi::api::core::v1::{Container, EnvVar, Volume, VolumeMount};
+
+    fn conforms<T: serde::de::DeserializeOwned>(item: &Value) -> Result<(), String> {
+        serde_path_to_error::deserialize::<_, T>(item).map(drop).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            if path == "." { inner } else { format!("{path}: {inner}") }
+        })
+    }
+    type Check = fn(&Value) -> Result<(), String>;
+    let sections: [(&str, &[Value], Check); 5] = [
+        ("inject.initContainers", &rendered.init_containers, conforms::<Container>),
+        ("inject.sidecars", &rendered.sidecars, conforms::<Container>),
+        ("inject.volumes", &rendered.volumes, conforms::<Volume>),
+        ("inject.appContainers.env", &rendered.env, conforms::<EnvVar>),
+        ("inject.appContainers.volumeMounts", &rendered.volume_mounts, conforms::<VolumeMount>),
     ];
-    for (section, items, keys) in sections {
+    for (section, items, conforms) in sections {
         for (index, item) in items.iter().enumerate() {
-            for key in keys {
-                match item.get(key) {
-                    Some(Value::String(s)) if !s.is_empty() => {}
-                    _ => {
-                        return Err(TemplateError::at(
-                            &template.name,
-                            0,
-                            format!("{section}[{index}].{key} must render to a non-empty string"),
-                        ));
-                    }
-                }
+            let fail = |message: String| TemplateError::at(&template.name, 0, format!("{section}[{index}]{message}"));
+            conforms(item).map_err(|e| fail(format!(" is not valid: {e}")))?;
+            match item.get("name") {
+                Some(Value::String(s)) if !s.is_empty() => {}
+                _ => return Err(fail(".name must render to a non-empty string".to_owned())),
             }
         }
     }
@@ -603,31 +558,29 @@ impl JsonView {
 
 impl Object for JsonView {
     fn repr(self: &Arc<Self>) -> ObjectRepr {
-        if self.node().is_array() {
-            ObjectRepr::Seq
-        } else {
-            ObjectRepr::Map
-        }
+        if self.node().is_array() { ObjectRepr::Seq } else { ObjectRepr::Map }
     }
 
     fn get_value(self: &Arc<Self>, key: &JinjaValue) -> Option<JinjaValue> {
         match self.node() {
             Value::Object(map) => {
                 let key = key.as_str()?;
-                map.contains_key(key)
-                    .then(|| self.child(PathStep::Key(key.to_owned())))
+                // `metadata.labels` and `metadata.annotations` read as empty maps when the pod has
+                // none, so `pod.metadata.labels.app is defined` works on every pod.
+                let is_metadata_map = matches!(self.path.as_slice(), [PathStep::Key(k)] if k == "metadata")
+                    && (key == "labels" || key == "annotations");
+                match map.get(key) {
+                    None | Some(Value::Null) if is_metadata_map => {
+                        Some(JinjaValue::from(BTreeMap::<String, String>::new()))
+                    }
+                    Some(_) => Some(self.child(PathStep::Key(key.to_owned()))),
+                    None => None,
+                }
             }
             Value::Array(items) => {
                 let index = key.as_i64()?;
-                let index = if index < 0 {
-                    items.len() as i64 + index
-                } else {
-                    index
-                };
-                usize::try_from(index)
-                    .ok()
-                    .filter(|i| *i < items.len())
-                    .map(|i| self.child(PathStep::Index(i)))
+                let index = if index < 0 { items.len() as i64 + index } else { index };
+                usize::try_from(index).ok().filter(|i| *i < items.len()).map(|i| self.child(PathStep::Index(i)))
             }
             _ => None,
         }
@@ -635,11 +588,318 @@ impl Object for JsonView {
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
         match self.node() {
-            Value::Object(map) => {
-                Enumerator::Values(map.keys().map(|k| JinjaValue::from(k.as_str())).collect())
-            }
+            Value::Object(map) => Enumerator::Values(map.keys().map(|k| JinjaValue::from(k.as_str())).collect()),
             Value::Array(items) => Enumerator::Seq(items.len()),
             _ => Enumerator::Empty,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::test_support::template;
+    use serde_json::json;
+
+    fn render_for(t: &Template, pod: Value, annotations: &[(&str, &str)]) -> Result<RenderedTemplate, RenderError> {
+        let annotations: BTreeMap<String, String> =
+            annotations.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+        let namespace = NamespaceFacts::known(
+            "shop",
+            [("team".to_owned(), "payments".to_owned())].into(),
+            [("owner".to_owned(), "alice".to_owned())].into(),
+        );
+        render(t, &pod_value(Arc::new(pod)), &annotations, &namespace)
+    }
+
+    fn pod() -> Value {
+        json!({
+            "metadata": {"name": "web-1", "labels": {"app": "web"}, "annotations": {"note": "hi"}},
+            "spec": {"containers": [{"name": "web", "image": "nginx"}, {"name": "sidecar-2", "image": "x"}]},
+        })
+    }
+
+    const TYPED: &str = r#"
+values:
+  port: 15001
+  ratio: 0.5
+  debug: false
+  image: envoy:1
+  resources: {limits: {memory: 64Mi}}
+overridable: [port, ratio, debug, image]
+inject:
+  sidecars:
+    - name: proxy
+      image: "{{ values.image }}"
+      ports:
+        - containerPort: "{{ values.port }}"
+      args: ["--ratio={{ values.ratio }}", "--debug={{ values.debug }}", "{{ values.port + 1 }}"]
+      env:
+        - {name: DEBUG, value: "{{ values.debug | string }}"}
+      resources: "{{ values.resources }}"
+"#;
+
+    #[test]
+    fn a_plain_value_reference_keeps_its_type_and_everything_else_is_a_string() {
+        let rendered = render_for(&template("typed", TYPED), pod(), &[]).unwrap();
+        let proxy = &rendered.sidecars[0];
+        assert_eq!(proxy["ports"][0]["containerPort"], json!(15001));
+        assert_eq!(
+            proxy["args"],
+            json!(["--ratio=0.5", "--debug=false", "15002"]),
+            "an expression is not a plain reference"
+        );
+        assert_eq!(proxy["env"][0]["value"], json!("false"), "a filter makes it text");
+        assert_eq!(proxy["resources"], json!({"limits": {"memory": "64Mi"}}), "trusted structure from values");
+    }
+
+    #[test]
+    fn overrides_take_the_type_of_the_default() {
+        let t = template("typed", TYPED);
+        // (annotation value for port/ratio/debug/image, expected rendered value or error fragment)
+        let ok_cases: &[(&str, &str, Value)] = &[
+            ("port", "8080", json!(8080)),
+            ("port", "-1", json!(-1)),
+            ("ratio", "0.25", json!(0.25)),
+            ("ratio", "2", json!(2.0)),
+            ("debug", "true", json!(true)),
+            ("image", "envoy:2", json!("envoy:2")),
+            ("image", "{\"a\": 1}", json!("{\"a\": 1}")),
+        ];
+        for (value, text, expected) in ok_cases {
+            let key = format!("sidecar-injector.io/typed.{value}");
+            let rendered = render_for(&t, pod(), &[(&key, text)]).unwrap();
+            let proxy = &rendered.sidecars[0];
+            let got = match *value {
+                "port" => proxy["ports"][0]["containerPort"].clone(),
+                "ratio" => {
+                    json!(proxy["args"][0].as_str().unwrap().trim_start_matches("--ratio=").parse::<f64>().unwrap())
+                }
+                "debug" => json!(proxy["env"][0]["value"] == "true"),
+                _ => proxy["image"].clone(),
+            };
+            assert_eq!(&got, expected, "{value}={text}");
+        }
+        let bad_cases: &[(&str, &str, &str)] = &[
+            ("port", "80a", "\"80a\" is not a valid integer"),
+            ("port", "1.5", "is not a valid integer"),
+            ("ratio", "half", "is not a valid number"),
+            ("debug", "yes", "\"yes\" is not a valid boolean"),
+        ];
+        for (value, text, fragment) in bad_cases {
+            let key = format!("sidecar-injector.io/typed.{value}");
+            match render_for(&t, pod(), &[(&key, text)]) {
+                Err(RenderError::Override(o)) => {
+                    assert_eq!(o.annotation, key);
+                    assert!(o.message.contains(fragment), "{value}={text}: {}", o.message);
+                }
+                other => panic!("{value}={text}: expected an override error, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn overrides_of_values_not_listed_as_overridable_are_ignored_with_a_warning() {
+        let t = template(
+            "t",
+            "values: {image: a, tag: b}\noverridable: [tag]\ninject:\n  labels: {i: \"{{ values.image }}\"}\n",
+        );
+        let rendered =
+            render_for(&t, pod(), &[("sidecar-injector.io/t.image", "evil"), ("sidecar-injector.io/other.image", "x")])
+                .unwrap();
+        assert_eq!(rendered.labels["i"], "a");
+        assert_eq!(rendered.warnings.len(), 1, "{:?}", rendered.warnings);
+        assert!(
+            rendered.warnings[0].contains("value \"image\" of template \"t\" is not overridable (overridable: tag)")
+        );
+    }
+
+    /// The attack Istio had to fix: annotation text with quotes, newlines and YAML must only ever
+    /// fill a string, whether it arrives as an override or through an expression.
+    #[test]
+    fn yaml_in_annotations_never_adds_structure() {
+        let attack = "x\"\nprivileged: true\nfoo: \"\n- name: evil\n  image: evil}}{{";
+        let t = template(
+            "t",
+            r#"
+values: {tag: "1.0"}
+overridable: [tag]
+inject:
+  labels:
+    a: "{{ pod.metadata.annotations['evil'] | default('') }}"
+  sidecars:
+    - name: s
+      image: "repo:{{ values.tag }}"
+      args: ["{{ values.tag }}", "{{ pod.metadata.annotations.evil | default('') }}"]
+      env:
+        - {name: T, value: "{{ values.tag }}"}
+"#,
+        );
+        let mut evil = pod();
+        evil["metadata"]["annotations"]["evil"] = json!(attack);
+        let clean = render_for(&t, pod(), &[("sidecar-injector.io/t.tag", "2.0")]).unwrap();
+        let attacked = render_for(&t, evil, &[("sidecar-injector.io/t.tag", attack)]).unwrap();
+
+        fn shape(v: &Value) -> Value {
+            match v {
+                Value::Object(m) => Value::Object(m.iter().map(|(k, v)| (k.clone(), shape(v))).collect()),
+                Value::Array(items) => Value::Array(items.iter().map(shape).collect()),
+                Value::String(_) => json!("string"),
+                other => other.clone(),
+            }
+        }
+        assert_eq!(shape(&json!(attacked.sidecars)), shape(&json!(clean.sidecars)), "no key or item was added");
+        assert_eq!(attacked.labels.keys().collect::<Vec<_>>(), vec!["a"]);
+        assert_eq!(attacked.labels["a"], attack, "the text is kept verbatim inside the string");
+        assert_eq!(attacked.sidecars[0]["env"][0]["value"], json!(attack));
+        assert_eq!(attacked.sidecars[0]["image"], json!(format!("repo:{attack}")));
+        assert_eq!(attacked.sidecars[0]["args"][1], json!(attack));
+        assert!(attacked.sidecars[0].get("privileged").is_none());
+    }
+
+    #[test]
+    fn pod_structure_renders_as_text_only() {
+        let t = template(
+            "t",
+            "inject:\n  annotations:\n    c: \"{{ pod.spec.containers }}\"\n    n: \"{{ pod.spec.containers | length }}\"\n",
+        );
+        let rendered = render_for(&t, pod(), &[]).unwrap();
+        assert!(
+            rendered.annotations["c"].starts_with('['),
+            "a list from the pod renders as text: {:?}",
+            rendered.annotations["c"]
+        );
+        assert_eq!(rendered.annotations["n"], "2");
+    }
+
+    #[test]
+    fn the_context_exposes_pod_namespace_values_and_template() {
+        let t = template(
+            "ctx",
+            r#"
+values: {greeting: hello}
+inject:
+  annotations:
+    pod: "{{ pod.metadata.name }}/{{ pod.metadata.labels.app }}/{{ pod.spec.containers[0].name }}/{{ pod.spec.containers[-1].name }}"
+    ns: "{{ namespace.name }}/{{ namespace.labels['team'] | default('-') }}/{{ namespace.annotations.owner | default('-') }}"
+    tpl: "{{ template.name }}: {{ values.greeting }}"
+    loop: "{% for c in pod.spec.containers %}{{ c.name }};{% endfor %}"
+    keys: "{{ pod.metadata.labels | list | join(',') }}"
+    json: "{{ pod.metadata.labels | tojson }}"
+"#,
+        );
+        let a = render_for(&t, pod(), &[]).unwrap().annotations;
+        assert_eq!(a["pod"], "web-1/web/web/sidecar-2");
+        assert_eq!(a["ns"], "shop/payments/alice");
+        assert_eq!(a["tpl"], "ctx: hello");
+        assert_eq!(a["loop"], "web;sidecar-2;");
+        assert_eq!(a["keys"], "app");
+        assert_eq!(a["json"], r#"{"app": "web"}"#);
+    }
+
+    #[test]
+    fn when_keeps_or_drops_items() {
+        let t = template(
+            "t",
+            r#"
+values: {debug: false}
+overridable: [debug]
+inject:
+  appContainers:
+    env:
+      - {name: ALWAYS, value: "1"}
+      - {name: DEBUG, value: "1", when: "{{ values.debug }}"}
+      - {name: APP, value: "{{ pod.metadata.labels.app }}", when: "{{ pod.metadata.labels.app is defined }}"}
+      - {name: TIER, value: "x", when: "{{ pod.metadata.labels.tier }}"}
+      - {name: NEVER, value: "1", when: false}
+"#,
+        );
+        let names =
+            |r: &RenderedTemplate| r.env.iter().map(|e| e["name"].as_str().unwrap().to_owned()).collect::<Vec<_>>();
+        assert_eq!(names(&render_for(&t, pod(), &[]).unwrap()), vec!["ALWAYS", "APP"]);
+        assert_eq!(
+            names(&render_for(&t, pod(), &[("sidecar-injector.io/t.debug", "true")]).unwrap()),
+            vec!["ALWAYS", "DEBUG", "APP"]
+        );
+        let unlabelled = json!({"metadata": {"name": "x"}, "spec": {"containers": []}});
+        assert_eq!(names(&render_for(&t, unlabelled, &[]).unwrap()), vec!["ALWAYS"]);
+        assert!(
+            render_for(&t, pod(), &[]).unwrap().env.iter().all(|e| e.get("when").is_none()),
+            "when is not rendered"
+        );
+    }
+
+    #[test]
+    fn a_template_whose_expressions_together_run_too_long_fails_fast() {
+        // An empty loop iteration costs 3 instructions: each expression (45,000) stays under the
+        // per-expression fuel, but the twelfth exceeds the template's 500,000.
+        let mut text = String::from("inject:\n  annotations:\n");
+        for i in 0..40 {
+            text.push_str(&format!("    a{i}: \"{{% for i in range(15000) %}}{{% endfor %}}\"\n"));
+        }
+        let err = Template::load("slow", &text).unwrap_err();
+        assert!(err.message.contains("did not finish within 500000 instructions"), "{err}");
+    }
+
+    #[test]
+    fn a_template_whose_output_adds_up_past_the_cap_fails() {
+        let mut text = String::from("inject:\n  annotations:\n");
+        for i in 0..20 {
+            text.push_str(&format!("    a{i}: \"{{{{ 'x' * 60000 }}}}\"\n"));
+        }
+        let err = Template::load("big", &text).unwrap_err();
+        assert!(err.message.contains("is larger than 1048576 bytes"), "{err}");
+    }
+
+    #[test]
+    fn rendered_items_must_be_what_kubernetes_accepts() {
+        let cases = [
+            (
+                "values: {port: 80}\ninject:\n  sidecars:\n    - {name: s, ports: [{containerPort: \"{{ values.port }}x\"}]}\n",
+                "inject.sidecars[0] is not valid: ports[0].containerPort: invalid type: string \"80x\", expected i32",
+            ),
+            (
+                "values: {on: true}\ninject:\n  appContainers:\n    env:\n      - {name: E, value: \"{{ values.on }}\"}\n",
+                "inject.appContainers.env[0] is not valid: value: invalid type: boolean `true`, expected a string",
+            ),
+            (
+                "inject:\n  volumes:\n    - {name: v, emptyDir: []}\n",
+                "inject.volumes[0] is not valid: emptyDir: invalid type: sequence",
+            ),
+        ];
+        for (text, fragment) in cases {
+            let err = Template::load("k8s", text).unwrap_err();
+            assert!(err.message.contains(fragment), "expected {fragment:?} in {err}");
+        }
+    }
+
+    #[test]
+    fn the_sample_pod_satisfies_the_templates_selectors() {
+        // The podSelector guarantees the `team` label, so reading it without a default is fine...
+        template(
+            "team",
+            "podSelector:\n  matchExpressions:\n    - {key: team, operator: Exists}\n    - {key: tier, operator: In, values: [web]}\nnamespaceSelector: {matchLabels: {env: prod}}\ninject:\n  labels:\n    t: \"{{ pod.metadata.labels.team }}-{{ pod.metadata.labels.tier }}-{{ namespace.labels.env }}\"\n",
+        );
+        // ...and without that guarantee it is an error found at load time, not at admission.
+        let err =
+            Template::load("team", "inject:\n  labels:\n    t: \"{{ pod.metadata.labels.team }}\"\n").unwrap_err();
+        assert!(err.message.contains("undefined value") && err.message.contains("sample pod"), "{err}");
+    }
+
+    #[test]
+    fn expression_detection() {
+        assert_eq!(value_reference("{{ values.a.b }}"), Some(vec!["a".to_owned(), "b".to_owned()]));
+        assert_eq!(value_reference(" {{- values.port -}} "), Some(vec!["port".to_owned()]));
+        for not_plain in [
+            "{{ values }}",
+            "{{ values.a }}x",
+            "{{ values.a | int }}",
+            "{{ values['a'] }}",
+            "{{ pod.a }}",
+            "{{ values.a }}{{ values.b }}",
+        ] {
+            assert_eq!(value_reference(not_plain), None, "{not_plain}");
+        }
+        assert!(has_expression("a {# c #}") && has_expression("{% if x %}y{% endif %}") && !has_expression("{ a }"));
     }
 }

@@ -54,16 +54,11 @@ impl OutOfScope {
 impl fmt::Display for OutOfScope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OutOfScope::MirrorPod => write!(
-                f,
-                "mirror pods (annotation {}) are never injected",
-                names::MIRROR_POD_ANNOTATION
-            ),
+            OutOfScope::MirrorPod => {
+                write!(f, "mirror pods (annotation {}) are never injected", names::MIRROR_POD_ANNOTATION)
+            }
             OutOfScope::ExcludedNamespace { namespace } => {
-                write!(
-                    f,
-                    "namespace {namespace} is excluded from injection (system or the injector's own)"
-                )
+                write!(f, "namespace {namespace} is excluded from injection (system or the injector's own)")
             }
             OutOfScope::NamespaceNotOptedIn { namespace } => write!(
                 f,
@@ -72,12 +67,7 @@ impl fmt::Display for OutOfScope {
                 names::INJECT_ENABLED
             ),
             OutOfScope::PodOptedOut => {
-                write!(
-                    f,
-                    "the pod opts out with label {}={}",
-                    names::INJECT_LABEL,
-                    names::INJECT_DISABLED
-                )
+                write!(f, "the pod opts out with label {}={}", names::INJECT_LABEL, names::INJECT_DISABLED)
             }
         }
     }
@@ -132,20 +122,12 @@ impl fmt::Display for TemplateVerdict {
         match self {
             TemplateVerdict::Selected => f.write_str("selected"),
             TemplateVerdict::NotFound => f.write_str("no template of that name exists"),
-            TemplateVerdict::NotDefault => {
-                f.write_str("not default: true and not named by an annotation")
-            }
+            TemplateVerdict::NotDefault => f.write_str("not default: true and not named by an annotation"),
             TemplateVerdict::PodSelectorMismatch { selector } => {
-                write!(
-                    f,
-                    "podSelector {selector:?} does not match the pod's labels"
-                )
+                write!(f, "podSelector {selector:?} does not match the pod's labels")
             }
             TemplateVerdict::NamespaceSelectorMismatch { selector } => {
-                write!(
-                    f,
-                    "namespaceSelector {selector:?} does not match the namespace's labels"
-                )
+                write!(f, "namespaceSelector {selector:?} does not match the namespace's labels")
             }
         }
     }
@@ -163,18 +145,12 @@ pub struct Choice {
 impl Choice {
     /// Names of the templates that will be injected, in order.
     pub fn selected(&self) -> impl Iterator<Item = &str> {
-        self.verdicts
-            .iter()
-            .filter(|(_, v)| *v == TemplateVerdict::Selected)
-            .map(|(name, _)| name.as_str())
+        self.verdicts.iter().filter(|(_, v)| *v == TemplateVerdict::Selected).map(|(name, _)| name.as_str())
     }
 
     /// Names that an annotation gave but that do not exist.
     pub fn missing(&self) -> impl Iterator<Item = &str> {
-        self.verdicts
-            .iter()
-            .filter(|(_, v)| *v == TemplateVerdict::NotFound)
-            .map(|(name, _)| name.as_str())
+        self.verdicts.iter().filter(|(_, v)| *v == TemplateVerdict::NotFound).map(|(name, _)| name.as_str())
     }
 
     /// One line on why nothing was selected.
@@ -182,10 +158,7 @@ impl Choice {
         if self.verdicts.is_empty() {
             return match self.source {
                 ChoiceSource::Defaults => "no template is marked default: true".to_owned(),
-                _ => format!(
-                    "the {} annotation names no templates",
-                    names::TEMPLATES_ANNOTATION
-                ),
+                _ => format!("the {} annotation names no templates", names::TEMPLATES_ANNOTATION),
             };
         }
         let reasons: Vec<String> = self
@@ -212,23 +185,13 @@ pub fn scope(
     if pod_annotations.contains_key(names::MIRROR_POD_ANNOTATION) {
         return Err(OutOfScope::MirrorPod);
     }
-    if names::SYSTEM_NAMESPACES.contains(&namespace.name.as_str())
-        || excluded_namespaces.contains(&namespace.name)
-    {
-        return Err(OutOfScope::ExcludedNamespace {
-            namespace: namespace.name.clone(),
-        });
+    if names::SYSTEM_NAMESPACES.contains(&namespace.name.as_str()) || excluded_namespaces.contains(&namespace.name) {
+        return Err(OutOfScope::ExcludedNamespace { namespace: namespace.name.clone() });
     }
     if namespace.labels_known
-        && namespace
-            .labels
-            .get(names::INJECT_LABEL)
-            .map(String::as_str)
-            != Some(names::INJECT_ENABLED)
+        && namespace.labels.get(names::INJECT_LABEL).map(String::as_str) != Some(names::INJECT_ENABLED)
     {
-        return Err(OutOfScope::NamespaceNotOptedIn {
-            namespace: namespace.name.clone(),
-        });
+        return Err(OutOfScope::NamespaceNotOptedIn { namespace: namespace.name.clone() });
     }
     if pod_labels.get(names::INJECT_LABEL).map(String::as_str) == Some(names::INJECT_DISABLED) {
         return Err(OutOfScope::PodOptedOut);
@@ -255,23 +218,11 @@ pub fn choose(
         })
     };
     let verdict = |template: &Template| {
-        if let Some(selector) = template
-            .pod_selector
-            .as_ref()
-            .filter(|s| !s.matches(pod_labels))
-        {
-            return TemplateVerdict::PodSelectorMismatch {
-                selector: selector.text.clone(),
-            };
+        if let Some(selector) = template.pod_selector.as_ref().filter(|s| !s.matches(pod_labels)) {
+            return TemplateVerdict::PodSelectorMismatch { selector: selector.text.clone() };
         }
-        if let Some(selector) = template
-            .namespace_selector
-            .as_ref()
-            .filter(|s| !s.matches(&namespace.labels))
-        {
-            return TemplateVerdict::NamespaceSelectorMismatch {
-                selector: selector.text.clone(),
-            };
+        if let Some(selector) = template.namespace_selector.as_ref().filter(|s| !s.matches(&namespace.labels)) {
+            return TemplateVerdict::NamespaceSelectorMismatch { selector: selector.text.clone() };
         }
         TemplateVerdict::Selected
     };
@@ -284,23 +235,232 @@ pub fn choose(
         Some(names) => names
             .into_iter()
             .map(|name| {
-                let v = templates
-                    .get(&name)
-                    .map_or(TemplateVerdict::NotFound, |t| verdict(t));
+                let v = templates.get(&name).map_or(TemplateVerdict::NotFound, |t| verdict(t));
                 (name, v)
             })
             .collect(),
         None => templates
             .iter()
             .map(|t| {
-                let v = if t.default {
-                    verdict(t)
-                } else {
-                    TemplateVerdict::NotDefault
-                };
+                let v = if t.default { verdict(t) } else { TemplateVerdict::NotDefault };
                 (t.name.clone(), v)
             })
             .collect(),
     };
     Choice { source, verdicts }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::test_support::{engine, opted_in};
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn scope_rules() {
+        let excluded = vec!["sidecar-injector".to_owned()];
+        let unknown = |name: &str| NamespaceFacts::unknown(name);
+        let not_opted = NamespaceFacts::known("shop", map(&[("team", "a")]), BTreeMap::new());
+        let disabled_ns = NamespaceFacts::known("shop", map(&[(names::INJECT_LABEL, "disabled")]), BTreeMap::new());
+        // (case, pod labels, pod annotations, namespace, expected)
+        let cases: Vec<(&str, BTreeMap<String, String>, BTreeMap<String, String>, NamespaceFacts, Result<(), &str>)> = vec![
+            ("opted in", map(&[]), map(&[]), opted_in("shop", &[]), Ok(())),
+            ("unknown labels count as opted in", map(&[]), map(&[]), unknown("shop"), Ok(())),
+            ("namespace without label", map(&[]), map(&[]), not_opted, Err("namespace_not_opted_in")),
+            ("namespace label not enabled", map(&[]), map(&[]), disabled_ns, Err("namespace_not_opted_in")),
+            (
+                "pod opts out",
+                map(&[(names::INJECT_LABEL, "disabled")]),
+                map(&[]),
+                opted_in("shop", &[]),
+                Err("pod_opted_out"),
+            ),
+            (
+                "pod label other value",
+                map(&[(names::INJECT_LABEL, "enabled")]),
+                map(&[]),
+                opted_in("shop", &[]),
+                Ok(()),
+            ),
+            (
+                "mirror pod",
+                map(&[]),
+                map(&[(names::MIRROR_POD_ANNOTATION, "abc")]),
+                opted_in("shop", &[]),
+                Err("mirror_pod"),
+            ),
+            ("kube-system", map(&[]), map(&[]), opted_in("kube-system", &[]), Err("excluded_namespace")),
+            ("kube-public even if unknown", map(&[]), map(&[]), unknown("kube-public"), Err("excluded_namespace")),
+            ("kube-node-lease", map(&[]), map(&[]), opted_in("kube-node-lease", &[]), Err("excluded_namespace")),
+            ("own namespace", map(&[]), map(&[]), opted_in("sidecar-injector", &[]), Err("excluded_namespace")),
+            (
+                "mirror pod wins over opt-out",
+                map(&[(names::INJECT_LABEL, "disabled")]),
+                map(&[(names::MIRROR_POD_ANNOTATION, "x")]),
+                opted_in("shop", &[]),
+                Err("mirror_pod"),
+            ),
+        ];
+        for (case, labels, annotations, namespace, expected) in cases {
+            let got = scope(&labels, &annotations, &namespace, &excluded).map_err(|r| r.code());
+            assert_eq!(got, expected, "{case}");
+        }
+        let message = scope(&map(&[]), &map(&[]), &NamespaceFacts::known("shop", map(&[]), map(&[])), &excluded)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(message, "namespace shop is not opted in (label it sidecar-injector.io/inject=enabled)");
+    }
+
+    const DEFAULT: &str = "default: true\ninject:\n  labels: {a: b}\n";
+    const OPTIONAL: &str = "inject:\n  labels: {a: b}\n";
+    const WEB_ONLY: &str = "default: true\npodSelector:\n  matchExpressions:\n    - {key: app, operator: In, values: [web, api]}\n    - {key: canary, operator: DoesNotExist}\ninject:\n  labels: {a: b}\n";
+    const PROD_ONLY: &str = "default: true\nnamespaceSelector:\n  matchLabels: {env: prod}\n  matchExpressions:\n    - {key: tier, operator: NotIn, values: [batch]}\n    - {key: owner, operator: Exists}\ninject:\n  labels: {a: b}\n";
+
+    #[test]
+    fn template_choice_rules() {
+        let engine = engine(&[("base", DEFAULT), ("extra", OPTIONAL), ("web", WEB_ONLY), ("prod", PROD_ONLY)]);
+        let prod = opted_in("shop", &[("env", "prod"), ("owner", "x")]);
+        let mut prod_annotated = prod.clone();
+        prod_annotated.annotations = map(&[(names::TEMPLATES_ANNOTATION, "extra")]);
+        // (case, pod labels, pod annotations, namespace, source, selected, other verdicts)
+        let cases: Vec<(
+            &str,
+            BTreeMap<String, String>,
+            BTreeMap<String, String>,
+            NamespaceFacts,
+            ChoiceSource,
+            Vec<&str>,
+        )> = vec![
+            (
+                "defaults that match",
+                map(&[("app", "web")]),
+                map(&[]),
+                prod.clone(),
+                ChoiceSource::Defaults,
+                vec!["base", "prod", "web"],
+            ),
+            (
+                "podSelector In fails",
+                map(&[("app", "db")]),
+                map(&[]),
+                prod.clone(),
+                ChoiceSource::Defaults,
+                vec!["base", "prod"],
+            ),
+            (
+                "podSelector DoesNotExist fails",
+                map(&[("app", "web"), ("canary", "1")]),
+                map(&[]),
+                prod.clone(),
+                ChoiceSource::Defaults,
+                vec!["base", "prod"],
+            ),
+            (
+                "namespaceSelector matchLabels fails",
+                map(&[("app", "api")]),
+                map(&[]),
+                opted_in("dev", &[("env", "dev"), ("owner", "x")]),
+                ChoiceSource::Defaults,
+                vec!["base", "web"],
+            ),
+            (
+                "namespaceSelector NotIn fails",
+                map(&[]),
+                map(&[]),
+                opted_in("b", &[("env", "prod"), ("owner", "x"), ("tier", "batch")]),
+                ChoiceSource::Defaults,
+                vec!["base"],
+            ),
+            (
+                "namespaceSelector Exists fails",
+                map(&[]),
+                map(&[]),
+                opted_in("b", &[("env", "prod")]),
+                ChoiceSource::Defaults,
+                vec!["base"],
+            ),
+            (
+                "pod annotation names templates in its order",
+                map(&[("app", "web")]),
+                map(&[(names::TEMPLATES_ANNOTATION, "web, extra,web")]),
+                prod.clone(),
+                ChoiceSource::PodAnnotation,
+                vec!["web", "extra"],
+            ),
+            (
+                "named templates still honour selectors",
+                map(&[("app", "db")]),
+                map(&[(names::TEMPLATES_ANNOTATION, "web,extra")]),
+                prod.clone(),
+                ChoiceSource::PodAnnotation,
+                vec!["extra"],
+            ),
+            (
+                "namespace annotation",
+                map(&[]),
+                map(&[]),
+                prod_annotated.clone(),
+                ChoiceSource::NamespaceAnnotation,
+                vec!["extra"],
+            ),
+            (
+                "pod annotation wins over namespace's",
+                map(&[]),
+                map(&[(names::TEMPLATES_ANNOTATION, "base")]),
+                prod_annotated.clone(),
+                ChoiceSource::PodAnnotation,
+                vec!["base"],
+            ),
+            (
+                "empty annotation means none",
+                map(&[]),
+                map(&[(names::TEMPLATES_ANNOTATION, " , ")]),
+                prod.clone(),
+                ChoiceSource::PodAnnotation,
+                vec![],
+            ),
+        ];
+        for (case, labels, annotations, namespace, source, selected) in cases {
+            let choice = choose(&engine.templates, &labels, &annotations, &namespace);
+            assert_eq!(choice.source, source, "{case}");
+            assert_eq!(choice.selected().collect::<Vec<_>>(), selected, "{case}");
+        }
+    }
+
+    #[test]
+    fn verdicts_say_why_a_template_was_not_chosen() {
+        let engine = engine(&[("base", DEFAULT), ("extra", OPTIONAL), ("web", WEB_ONLY), ("prod", PROD_ONLY)]);
+        let choice = choose(&engine.templates, &map(&[("app", "db")]), &map(&[]), &opted_in("dev", &[]));
+        let verdicts: BTreeMap<&str, String> =
+            choice.verdicts.iter().map(|(n, v)| (n.as_str(), v.to_string())).collect();
+        assert_eq!(verdicts["base"], "selected");
+        assert_eq!(verdicts["extra"], "not default: true and not named by an annotation");
+        assert_eq!(verdicts["web"], "podSelector \"app in (api,web),!canary\" does not match the pod's labels");
+        assert_eq!(
+            verdicts["prod"],
+            "namespaceSelector \"env=prod,tier notin (batch),owner\" does not match the namespace's labels"
+        );
+
+        let choice = choose(
+            &engine.templates,
+            &map(&[]),
+            &map(&[(names::TEMPLATES_ANNOTATION, "nope,base")]),
+            &opted_in("dev", &[]),
+        );
+        assert_eq!(choice.missing().collect::<Vec<_>>(), vec!["nope"]);
+
+        let none = choose(
+            &engine.templates,
+            &map(&[("app", "db")]),
+            &map(&[(names::TEMPLATES_ANNOTATION, "web")]),
+            &opted_in("dev", &[]),
+        );
+        assert_eq!(
+            none.summary_of_none(),
+            "no template matched (web: podSelector \"app in (api,web),!canary\" does not match the pod's labels)"
+        );
+    }
 }

@@ -141,19 +141,13 @@ mod tests {
     #[test]
     fn the_layout_the_policy_reads_is_stable() {
         let status = InjectionStatus {
-            templates: vec![TemplateRef {
-                name: "logs".into(),
-                hash: "0123456789abcdef".into(),
-            }],
+            templates: vec![TemplateRef { name: "logs".into(), hash: "0123456789abcdef".into() }],
             containers: vec!["a".into(), "b".into()],
             init_containers: vec!["proxy".into()],
             native_sidecars: vec!["proxy".into()],
             app_containers: [(
                 "web".to_owned(),
-                AppContainerAdditions {
-                    env: vec!["X".into()],
-                    volume_mounts: vec![],
-                },
+                AppContainerAdditions { env: vec!["X".into()], volume_mounts: vec![] },
             )]
             .into(),
             ..Default::default()

@@ -21,7 +21,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::render::{self, CompiledText};
-use super::yaml::{SourceNode, SourceValue};
+use super::yaml::{MapEntry, SourceNode, SourceValue};
 
 /// The longest template name: `<template>.<value>` must fit the 63 characters of an annotation name.
 const MAX_TEMPLATE_NAME: usize = 40;
@@ -39,22 +39,14 @@ pub struct TemplateError {
 
 impl TemplateError {
     pub(crate) fn at(template: &str, line: u64, message: impl Into<String>) -> Self {
-        TemplateError {
-            template: template.to_owned(),
-            line: (line > 0).then_some(line),
-            message: message.into(),
-        }
+        TemplateError { template: template.to_owned(), line: (line > 0).then_some(line), message: message.into() }
     }
 }
 
 impl fmt::Display for TemplateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.line {
-            Some(line) => write!(
-                f,
-                "template \"{}\" line {line}: {}",
-                self.template, self.message
-            ),
+            Some(line) => write!(f, "template \"{}\" line {line}: {}", self.template, self.message),
             None => write!(f, "template \"{}\": {}", self.template, self.message),
         }
     }
@@ -91,9 +83,35 @@ pub struct TemplateSelector {
     /// The selector in Kubernetes syntax (`app in (web),tier!=db`), for explanations.
     pub text: String,
     pub(crate) selector: Selector,
+    pub(crate) label_selector: LabelSelector,
 }
 
 impl TemplateSelector {
+    /// Labels that satisfy the selector, added to `base` (used to build the sample pod and
+    /// namespace a template is test-rendered against).
+    pub(crate) fn satisfying_labels(&self, mut base: BTreeMap<String, String>) -> BTreeMap<String, String> {
+        base.extend(self.label_selector.match_labels.clone().unwrap_or_default());
+        for expression in self.label_selector.match_expressions.iter().flatten() {
+            let values = expression.values.as_deref().unwrap_or_default();
+            match expression.operator.as_str() {
+                "In" => {
+                    base.insert(expression.key.clone(), values.first().cloned().unwrap_or_default());
+                }
+                "Exists" => {
+                    base.entry(expression.key.clone()).or_insert_with(|| "example".to_owned());
+                }
+                "NotIn" if base.get(&expression.key).is_some_and(|v| values.contains(v)) => {
+                    base.remove(&expression.key);
+                }
+                "DoesNotExist" => {
+                    base.remove(&expression.key);
+                }
+                _ => {}
+            }
+        }
+        base
+    }
+
     /// Whether the labels match, with Kubernetes LabelSelector semantics.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         use kube::core::SelectorExt;
@@ -180,9 +198,7 @@ impl Template {
 fn validate_template_name(name: &str) -> Result<(), TemplateError> {
     let valid = !name.is_empty()
         && name.len() <= MAX_TEMPLATE_NAME
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-')
         && !name.ends_with('-');
     if valid {
@@ -212,10 +228,7 @@ struct Compiler<'a> {
 
 impl<'a> Compiler<'a> {
     fn new(name: &'a str) -> Self {
-        Compiler {
-            name,
-            expressions: render::ExpressionsBuilder::default(),
-        }
+        Compiler { name, expressions: render::ExpressionsBuilder::default() }
     }
 
     fn err(&self, line: u64, message: impl Into<String>) -> TemplateError {
@@ -238,16 +251,15 @@ impl<'a> Compiler<'a> {
             expressions: render::Expressions::default(),
         };
         let mut overridable_node = None;
-        for (key, node) in entries {
+        for MapEntry { key, key_line, value: node } in entries {
             match key.as_str() {
                 "description" => template.description = self.plain_string(node, key)?,
                 "default" => match node.value {
                     SourceValue::Bool(b) => template.default = b,
                     _ => {
-                        return Err(self.err(
-                            node.line,
-                            format!("default must be true or false, not {}", node.type_name()),
-                        ));
+                        return Err(
+                            self.err(node.line, format!("default must be true or false, not {}", node.type_name()))
+                        );
                     }
                 },
                 "podSelector" => template.pod_selector = self.selector(node, key)?,
@@ -260,25 +272,21 @@ impl<'a> Compiler<'a> {
                         other => {
                             return Err(self.err(
                                 node.line,
-                                format!(
-                                    "sidecarMode must be native, container or auto, not {other:?}"
-                                ),
+                                format!("sidecarMode must be native, container or auto, not {other:?}"),
                             ));
                         }
                     }
                 }
                 "values" => {
                     self.mapping(node, key)?;
-                    let Value::Object(values) = node.to_json() else {
-                        unreachable!("checked to be a mapping")
-                    };
+                    let Value::Object(values) = node.to_json() else { unreachable!("checked to be a mapping") };
                     template.values = values;
                 }
                 "overridable" => overridable_node = Some(node),
                 "inject" => template.inject = self.inject(node)?,
                 other => {
                     return Err(self.err(
-                        node.line,
+                        *key_line,
                         format!(
                             "unknown key {other:?} (expected description, default, podSelector, namespaceSelector, sidecarMode, values, overridable, inject)"
                         ),
@@ -294,18 +302,11 @@ impl<'a> Compiler<'a> {
         Ok(template)
     }
 
-    fn mapping<'n>(
-        &self,
-        node: &'n SourceNode,
-        what: &str,
-    ) -> Result<&'n [(String, SourceNode)], TemplateError> {
+    fn mapping<'n>(&self, node: &'n SourceNode, what: &str) -> Result<&'n [MapEntry], TemplateError> {
         match &node.value {
             SourceValue::Map(entries) => Ok(entries),
             SourceValue::Null => Ok(&[]),
-            _ => Err(self.err(
-                node.line,
-                format!("{what} must be a mapping, not {}", node.type_name()),
-            )),
+            _ => Err(self.err(node.line, format!("{what} must be a mapping, not {}", node.type_name()))),
         }
     }
 
@@ -313,39 +314,53 @@ impl<'a> Compiler<'a> {
         match &node.value {
             SourceValue::String(s) => Ok(s.clone()),
             SourceValue::Null => Ok(String::new()),
-            _ => Err(self.err(
-                node.line,
-                format!("{key} must be a string, not {}", node.type_name()),
-            )),
+            _ => Err(self.err(node.line, format!("{key} must be a string, not {}", node.type_name()))),
         }
     }
 
-    fn selector(
-        &self,
-        node: &SourceNode,
-        key: &str,
-    ) -> Result<Option<TemplateSelector>, TemplateError> {
+    fn selector(&self, node: &SourceNode, key: &str) -> Result<Option<TemplateSelector>, TemplateError> {
         if matches!(node.value, SourceValue::Null) {
             return Ok(None);
         }
-        self.mapping(node, key)?;
-        let label_selector: LabelSelector =
-            serde_json::from_value(node.to_json()).map_err(|e| {
-                self.err(
-                    node.line,
-                    format!("{key} is not a valid LabelSelector: {e}"),
-                )
-            })?;
-        let selector = Selector::try_from(label_selector).map_err(|e| {
-            self.err(
-                node.line,
-                format!("{key} is not a valid LabelSelector: {e}"),
-            )
-        })?;
-        Ok(Some(TemplateSelector {
-            text: selector.to_string(),
-            selector,
-        }))
+        self.check_selector_keys(node, key)?;
+        let label_selector: LabelSelector = serde_json::from_value(node.to_json())
+            .map_err(|e| self.err(node.line, format!("{key} is not a valid LabelSelector: {e}")))?;
+        let selector = Selector::try_from(label_selector.clone())
+            .map_err(|e| self.err(node.line, format!("{key} is not a valid LabelSelector: {e}")))?;
+        Ok(Some(TemplateSelector { text: selector.to_string(), selector, label_selector }))
+    }
+
+    /// k8s-openapi ignores unknown LabelSelector fields, so a typo (`matchLabel`) would silently
+    /// become the empty selector, which matches everything. Refuse unknown keys instead.
+    fn check_selector_keys(&self, node: &SourceNode, key: &str) -> Result<(), TemplateError> {
+        for entry in self.mapping(node, key)? {
+            match entry.key.as_str() {
+                "matchLabels" => {}
+                "matchExpressions" => {
+                    let SourceValue::Seq(items) = &entry.value.value else { continue };
+                    for item in items {
+                        for field in self.mapping(item, &format!("{key}.matchExpressions[]"))? {
+                            if !["key", "operator", "values"].contains(&field.key.as_str()) {
+                                return Err(self.err(
+                                    field.key_line,
+                                    format!(
+                                        "unknown key {:?} in {key}.matchExpressions (expected key, operator, values)",
+                                        field.key
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                }
+                other => {
+                    return Err(self.err(
+                        entry.key_line,
+                        format!("unknown key {other:?} in {key} (expected matchLabels, matchExpressions)"),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn overridable(
@@ -354,13 +369,9 @@ impl<'a> Compiler<'a> {
         values: &serde_json::Map<String, Value>,
     ) -> Result<Vec<String>, TemplateError> {
         let SourceValue::Seq(items) = &node.value else {
-            return Err(self.err(
-                node.line,
-                format!(
-                    "overridable must be a list of value names, not {}",
-                    node.type_name()
-                ),
-            ));
+            return Err(
+                self.err(node.line, format!("overridable must be a list of value names, not {}", node.type_name()))
+            );
         };
         let mut names = Vec::new();
         for item in items {
@@ -369,10 +380,7 @@ impl<'a> Compiler<'a> {
             };
             match values.get(name) {
                 None => {
-                    return Err(self.err(
-                        item.line,
-                        format!("overridable names {name:?}, which is not in values"),
-                    ));
+                    return Err(self.err(item.line, format!("overridable names {name:?}, which is not in values")));
                 }
                 Some(Value::Array(_) | Value::Object(_)) => {
                     return Err(self.err(
@@ -383,9 +391,7 @@ impl<'a> Compiler<'a> {
                 Some(_) => {}
             }
             if !is_identifier(name)
-                || super::names::override_annotation(self.name, name).len()
-                    - super::names::PREFIX.len()
-                    > 63
+                || super::names::override_annotation(self.name, name).len() - super::names::PREFIX.len() > 63
             {
                 return Err(self.err(
                     item.line,
@@ -402,33 +408,27 @@ impl<'a> Compiler<'a> {
 
     fn inject(&mut self, node: &SourceNode) -> Result<InjectSpec, TemplateError> {
         let mut spec = InjectSpec::default();
-        for (key, child) in self.mapping(node, "inject")? {
+        for MapEntry { key, key_line, value: child } in self.mapping(node, "inject")? {
             match key.as_str() {
                 "labels" => spec.labels = self.string_map(child, "inject.labels")?,
                 "annotations" => spec.annotations = self.string_map(child, "inject.annotations")?,
-                "initContainers" => {
-                    spec.init_containers = self.items(child, "inject.initContainers", &["name"])?
-                }
+                "initContainers" => spec.init_containers = self.items(child, "inject.initContainers", &["name"])?,
                 "sidecars" => spec.sidecars = self.items(child, "inject.sidecars", &["name"])?,
                 "volumes" => spec.volumes = self.items(child, "inject.volumes", &["name"])?,
                 "appContainers" => {
-                    for (key, grandchild) in self.mapping(child, "inject.appContainers")? {
+                    for MapEntry { key, key_line, value: grandchild } in self.mapping(child, "inject.appContainers")? {
                         match key.as_str() {
-                            "env" => {
-                                spec.env =
-                                    self.items(grandchild, "inject.appContainers.env", &["name"])?
-                            }
+                            "env" => spec.env = self.items(grandchild, "inject.appContainers.env", &["name"])?,
                             "volumeMounts" => {
-                                spec.volume_mounts = self.items(
-                                    grandchild,
-                                    "inject.appContainers.volumeMounts",
-                                    &["name", "mountPath"],
-                                )?
+                                spec.volume_mounts =
+                                    self.items(grandchild, "inject.appContainers.volumeMounts", &["name", "mountPath"])?
                             }
                             other => {
                                 return Err(self.err(
-                                    grandchild.line,
-                                    format!("unknown key {other:?} in inject.appContainers (expected env, volumeMounts)"),
+                                    *key_line,
+                                    format!(
+                                        "unknown key {other:?} in inject.appContainers (expected env, volumeMounts)"
+                                    ),
                                 ));
                             }
                         }
@@ -436,7 +436,7 @@ impl<'a> Compiler<'a> {
                 }
                 other => {
                     return Err(self.err(
-                        child.line,
+                        *key_line,
                         format!(
                             "unknown key {other:?} in inject (expected labels, annotations, initContainers, sidecars, volumes, appContainers)"
                         ),
@@ -447,18 +447,11 @@ impl<'a> Compiler<'a> {
         Ok(spec)
     }
 
-    fn string_map(
-        &mut self,
-        node: &SourceNode,
-        what: &str,
-    ) -> Result<Vec<(String, Piece)>, TemplateError> {
+    fn string_map(&mut self, node: &SourceNode, what: &str) -> Result<Vec<(String, Piece)>, TemplateError> {
         let mut out = Vec::new();
-        for (key, value) in self.mapping(node, what)? {
+        for MapEntry { key, value, .. } in self.mapping(node, what)? {
             if matches!(value.value, SourceValue::Seq(_) | SourceValue::Map(_)) {
-                return Err(self.err(
-                    value.line,
-                    format!("{what}.{key} must be a string, not {}", value.type_name()),
-                ));
+                return Err(self.err(value.line, format!("{what}.{key} must be a string, not {}", value.type_name())));
             }
             out.push((key.clone(), self.piece(value)?));
         }
@@ -466,20 +459,12 @@ impl<'a> Compiler<'a> {
     }
 
     /// A list of mappings (containers, volumes, env vars, mounts), each with the `required` keys.
-    fn items(
-        &mut self,
-        node: &SourceNode,
-        what: &str,
-        required: &[&str],
-    ) -> Result<Vec<SeqItem>, TemplateError> {
+    fn items(&mut self, node: &SourceNode, what: &str, required: &[&str]) -> Result<Vec<SeqItem>, TemplateError> {
         let items = match &node.value {
             SourceValue::Seq(items) => items.as_slice(),
             SourceValue::Null => &[],
             _ => {
-                return Err(self.err(
-                    node.line,
-                    format!("{what} must be a list, not {}", node.type_name()),
-                ));
+                return Err(self.err(node.line, format!("{what} must be a list, not {}", node.type_name())));
             }
         };
         let mut out = Vec::with_capacity(items.len());
@@ -487,17 +472,13 @@ impl<'a> Compiler<'a> {
             let entries = match &item.value {
                 SourceValue::Map(entries) => entries,
                 _ => {
-                    return Err(self.err(
-                        item.line,
-                        format!(
-                            "each item of {what} must be a mapping, not {}",
-                            item.type_name()
-                        ),
-                    ));
+                    return Err(
+                        self.err(item.line, format!("each item of {what} must be a mapping, not {}", item.type_name()))
+                    );
                 }
             };
             for key in required {
-                if !entries.iter().any(|(k, _)| k == key) {
+                if !entries.iter().any(|e| e.key == *key) {
                     return Err(self.err(item.line, format!("an item of {what} has no {key}")));
                 }
             }
@@ -508,58 +489,49 @@ impl<'a> Compiler<'a> {
 
     fn seq_item(&mut self, item: &SourceNode) -> Result<SeqItem, TemplateError> {
         let SourceValue::Map(entries) = &item.value else {
-            return Ok(SeqItem {
-                when: None,
-                piece: self.piece(item)?,
-            });
+            return Ok(SeqItem { when: None, piece: self.piece(item)? });
         };
         let mut when = None;
         let mut rest = Vec::with_capacity(entries.len());
-        for (key, value) in entries {
-            if key == "when" {
-                when = Some(self.condition(value)?);
+        for entry in entries {
+            if entry.key == "when" {
+                when = Some(self.condition(&entry.value)?);
             } else {
-                rest.push((key.clone(), value.clone()));
+                rest.push(entry.clone());
             }
         }
-        let piece = self.piece(&SourceNode {
-            line: item.line,
-            value: SourceValue::Map(rest),
-        })?;
+        let piece = self.piece(&SourceNode { line: item.line, value: SourceValue::Map(rest) })?;
         Ok(SeqItem { when, piece })
     }
 
     fn condition(&mut self, node: &SourceNode) -> Result<CompiledText, TemplateError> {
         let expression = match &node.value {
             SourceValue::String(s) => render::single_expression(s).ok_or_else(|| {
-                self.err(node.line, format!("when must be exactly one expression, like \"{{{{ values.enabled }}}}\", not {s:?}"))
+                self.err(
+                    node.line,
+                    format!("when must be exactly one expression, like \"{{{{ values.enabled }}}}\", not {s:?}"),
+                )
             })?,
             SourceValue::Bool(b) => b.to_string(),
-            _ => return Err(self.err(node.line, format!("when must be an expression string or a boolean, not {}", node.type_name()))),
+            _ => {
+                return Err(self.err(
+                    node.line,
+                    format!("when must be an expression string or a boolean, not {}", node.type_name()),
+                ));
+            }
         };
-        self.expressions
-            .condition(self.name, node.line, &expression)
+        self.expressions.condition(self.name, node.line, &expression)
     }
 
     fn piece(&mut self, node: &SourceNode) -> Result<Piece, TemplateError> {
         let piece = match &node.value {
-            SourceValue::String(s) if render::has_expression(s) => match render::value_reference(s)
-            {
-                Some(path) => Piece::ValueRef {
-                    line: node.line,
-                    path,
-                },
+            SourceValue::String(s) if render::has_expression(s) => match render::value_reference(s) {
+                Some(path) => Piece::ValueRef { line: node.line, path },
                 None => Piece::Text(self.expressions.text(self.name, node.line, s)?),
             },
             SourceValue::Seq(items) => {
-                let items = items
-                    .iter()
-                    .map(|i| self.seq_item(i))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if items
-                    .iter()
-                    .all(|i| i.when.is_none() && matches!(i.piece, Piece::Literal(_)))
-                {
+                let items = items.iter().map(|i| self.seq_item(i)).collect::<Result<Vec<_>, _>>()?;
+                if items.iter().all(|i| i.when.is_none() && matches!(i.piece, Piece::Literal(_))) {
                     Piece::Literal(Value::Array(
                         items
                             .into_iter()
@@ -576,7 +548,7 @@ impl<'a> Compiler<'a> {
             SourceValue::Map(entries) => {
                 let entries = entries
                     .iter()
-                    .map(|(k, v)| Ok((k.clone(), self.piece(v)?)))
+                    .map(|e| Ok((e.key.clone(), self.piece(&e.value)?)))
                     .collect::<Result<Vec<_>, TemplateError>>()?;
                 if entries.iter().all(|(_, p)| matches!(p, Piece::Literal(_))) {
                     Piece::Literal(Value::Object(
@@ -618,10 +590,7 @@ impl<'a> Compiler<'a> {
             if render::lookup_path(values, path).is_some() {
                 Ok(())
             } else {
-                Err(self.err(
-                    line,
-                    format!("values.{} is not defined in values", path.join(".")),
-                ))
+                Err(self.err(line, format!("values.{} is not defined in values", path.join("."))))
             }
         };
         let pieces = spec.labels.iter().chain(&spec.annotations).map(|(_, p)| p);
@@ -660,19 +629,14 @@ pub struct TemplateSet {
 
 impl TemplateSet {
     /// Loads every source; returns the templates that loaded and the errors of those that did not.
-    pub fn load(
-        sources: impl IntoIterator<Item = TemplateSource>,
-    ) -> (TemplateSet, Vec<TemplateError>) {
+    pub fn load(sources: impl IntoIterator<Item = TemplateSource>) -> (TemplateSet, Vec<TemplateError>) {
         TemplateSet::default().update(sources)
     }
 
     /// The set that results from replacing this one's templates by `sources`: templates absent from
     /// `sources` are dropped, a template whose new text fails keeps its last good version (and its
     /// error is returned), templates that load are replaced.
-    pub fn update(
-        &self,
-        sources: impl IntoIterator<Item = TemplateSource>,
-    ) -> (TemplateSet, Vec<TemplateError>) {
+    pub fn update(&self, sources: impl IntoIterator<Item = TemplateSource>) -> (TemplateSet, Vec<TemplateError>) {
         let mut templates = BTreeMap::new();
         let mut errors = Vec::new();
         for source in sources {
@@ -684,10 +648,8 @@ impl TemplateSet {
                 });
                 continue;
             }
-            let unchanged = self
-                .templates
-                .get(&source.name)
-                .filter(|t| t.hash == hash_of_source(&source.text).unwrap_or_default());
+            let unchanged =
+                self.templates.get(&source.name).filter(|t| t.hash == hash_of_source(&source.text).unwrap_or_default());
             match unchanged {
                 Some(previous) => {
                     templates.insert(source.name, previous.clone());
@@ -744,9 +706,209 @@ fn hash_of_source(text: &str) -> Option<String> {
 pub fn embedded_sources() -> Vec<TemplateSource> {
     include!(concat!(env!("OUT_DIR"), "/embedded_templates.rs"))
         .iter()
-        .map(|(name, text)| TemplateSource {
-            name: (*name).to_owned(),
-            text: (*text).to_owned(),
-        })
+        .map(|(name, text)| TemplateSource { name: (*name).to_owned(), text: (*text).to_owned() })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::test_support::template;
+
+    const MINIMAL: &str = "inject:\n  sidecars:\n    - name: s\n      image: x\n";
+
+    #[test]
+    fn load_errors_name_the_line_and_the_problem() {
+        // (case, template text, expected line, expected message fragment)
+        let cases: &[(&str, &str, Option<u64>, &str)] = &[
+            ("yaml syntax", "inject:\n  sidecars: [\n", Some(2), "unclosed bracket"),
+            ("duplicate key", "default: true\ndefault: false\n", Some(2), "duplicate mapping key: default"),
+            ("not a mapping", "- a\n- b\n", Some(1), "the template must be a mapping"),
+            ("unknown top-level key", "description: x\nsidecar:\n  - name: a\n", Some(2), "unknown key \"sidecar\""),
+            ("default not bool", "default: yes please\n", Some(1), "default must be true or false"),
+            ("bad sidecarMode", "sidecarMode: sometimes\n", Some(1), "sidecarMode must be native, container or auto"),
+            (
+                "selector with In and no values",
+                "podSelector:\n  matchExpressions:\n    - {key: app, operator: In}\n",
+                Some(2),
+                "podSelector is not a valid LabelSelector",
+            ),
+            (
+                "selector unknown field",
+                "namespaceSelector:\n  matchLabel: {a: b}\n",
+                Some(2),
+                "unknown key \"matchLabel\" in namespaceSelector",
+            ),
+            (
+                "selector expression unknown field",
+                "podSelector:\n  matchExpressions:\n    - {key: a, operator: Exists, value: [x]}\n",
+                Some(3),
+                "unknown key \"value\" in podSelector.matchExpressions",
+            ),
+            (
+                "selector bad operator",
+                "podSelector:\n  matchExpressions:\n    - {key: a, operator: Equals}\n",
+                Some(2),
+                "not a valid LabelSelector",
+            ),
+            (
+                "overridable unknown value",
+                "values: {a: 1}\noverridable: [b]\n",
+                Some(2),
+                "overridable names \"b\", which is not in values",
+            ),
+            (
+                "overridable non-scalar",
+                "values:\n  a: [1]\noverridable:\n  - a\n",
+                Some(4),
+                "only scalar values can be overridable",
+            ),
+            ("overridable not identifier", "values: {a-b: 1}\noverridable: [a-b]\n", Some(2), "must be an identifier"),
+            ("unknown inject key", "inject:\n  containers: []\n", Some(2), "unknown key \"containers\" in inject"),
+            (
+                "unknown appContainers key",
+                "inject:\n  appContainers:\n    envFrom: []\n",
+                Some(3),
+                "unknown key \"envFrom\" in inject.appContainers",
+            ),
+            (
+                "sidecar without name",
+                "inject:\n  sidecars:\n    - image: x\n",
+                Some(3),
+                "an item of inject.sidecars has no name",
+            ),
+            (
+                "mount without mountPath",
+                "inject:\n  appContainers:\n    volumeMounts:\n      - name: v\n",
+                Some(4),
+                "has no mountPath",
+            ),
+            ("sidecars not a list", "inject:\n  sidecars: {name: a}\n", Some(2), "inject.sidecars must be a list"),
+            ("label value is a list", "inject:\n  labels:\n    a: [1]\n", Some(3), "inject.labels.a must be a string"),
+            (
+                "undefined value reference",
+                "values: {a: 1}\ninject:\n  sidecars:\n    - name: s\n      image: \"{{ values.b }}\"\n",
+                Some(5),
+                "values.b is not defined",
+            ),
+            (
+                "expression syntax error",
+                "inject:\n  sidecars:\n    - name: s\n      image: \"{{ pod.metadata.name | }}\"\n",
+                Some(4),
+                "syntax error",
+            ),
+            (
+                "undefined variable at render",
+                "inject:\n  sidecars:\n    - name: s\n      image: x\n      args: [\"{{ pod.metadata.labels.missing }}\"]\n",
+                Some(5),
+                "undefined value",
+            ),
+            (
+                "unknown filter",
+                "inject:\n  annotations:\n    a: \"{{ pod.metadata.name | shout }}\"\n",
+                Some(3),
+                "unknown filter",
+            ),
+            (
+                "when not an expression",
+                "inject:\n  sidecars:\n    - name: s\n      when: maybe\n",
+                Some(4),
+                "when must be exactly one expression",
+            ),
+            (
+                "rendered name empty",
+                "inject:\n  volumes:\n    - name: \"{{ '' }}\"\n",
+                None,
+                "inject.volumes[0].name must render to a non-empty string",
+            ),
+            (
+                "infinite loop",
+                "inject:\n  annotations:\n    a: \"{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}\"\n",
+                Some(3),
+                "did not finish within 50000 instructions",
+            ),
+            (
+                "huge output",
+                "inject:\n  annotations:\n    a: \"{{ 'x' * 10000000 }}\"\n",
+                Some(3),
+                "is larger than 65536 bytes",
+            ),
+        ];
+        for (case, text, line, fragment) in cases {
+            let err = Template::load("t", text).expect_err(case);
+            assert_eq!(err.template, "t", "{case}");
+            assert_eq!(err.line, *line, "{case}: {err}");
+            assert!(err.message.contains(fragment), "{case}: expected {fragment:?} in {:?}", err.message);
+        }
+    }
+
+    #[test]
+    fn template_names_are_checked() {
+        for bad in ["", "Logs", "-a", "a-", "a_b", "a.b", &"x".repeat(41)] {
+            let err = Template::load(bad, MINIMAL).expect_err(bad);
+            assert!(err.message.contains("invalid template name"), "{bad}: {err}");
+        }
+        for good in ["a", "log-shipper", "otel2", &"x".repeat(40)] {
+            Template::load(good, MINIMAL).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+    }
+
+    #[test]
+    fn fields_are_read() {
+        let t = template(
+            "t",
+            "description: d\ndefault: true\nsidecarMode: container\npodSelector: {matchLabels: {app: web}}\nvalues: {port: 80, name: x}\noverridable: [port]\n",
+        );
+        assert_eq!(t.description, "d");
+        assert!(t.default);
+        assert_eq!(t.sidecar_mode, SidecarMode::Container);
+        assert_eq!(t.pod_selector.as_ref().unwrap().text, "app=web");
+        assert!(t.namespace_selector.is_none());
+        assert_eq!(t.values["port"], 80);
+        assert_eq!(t.overridable, vec!["port"]);
+    }
+
+    #[test]
+    fn the_hash_ignores_comments_and_layout_but_not_content() {
+        let a = template("t", "values: {a: 1}\ninject:\n  labels: {x: y}\n");
+        let b = template("t", "# a comment\ninject:\n  labels:\n    x: y   # here too\nvalues:\n  a: 1\n");
+        let c = template("t", "values: {a: 2}\ninject:\n  labels: {x: y}\n");
+        assert_eq!(a.hash, b.hash);
+        assert_ne!(a.hash, c.hash);
+        assert_eq!(a.hash.len(), 16);
+    }
+
+    #[test]
+    fn update_keeps_the_last_good_version_of_a_broken_template() {
+        let source = |name: &str, text: &str| TemplateSource { name: name.into(), text: text.into() };
+        let (v1, errors) = TemplateSet::load([source("a", MINIMAL), source("b", MINIMAL)]);
+        assert!(errors.is_empty());
+        let a_v1 = v1.get("a").unwrap().clone();
+
+        let (v2, errors) =
+            v1.update([source("a", "inject: [broken\n"), source("b", "default: true\n"), source("c", MINIMAL)]);
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].template, "a");
+        assert!(Arc::ptr_eq(v2.get("a").unwrap(), &a_v1), "the broken template keeps its last good version");
+        assert!(v2.get("b").unwrap().default, "the good edit is taken");
+        assert!(v2.get("c").is_some(), "a new template is added");
+
+        let (v3, errors) = v2.update([source("c", MINIMAL)]);
+        assert!(errors.is_empty());
+        assert_eq!(v3.names().collect::<Vec<_>>(), vec!["c"], "templates removed from the source are dropped");
+        assert!(Arc::ptr_eq(v3.get("c").unwrap(), v2.get("c").unwrap()), "unchanged templates are not recompiled");
+
+        let (v4, errors) = TemplateSet::load([source("d", MINIMAL), source("d", MINIMAL)]);
+        assert_eq!((v4.len(), errors.len()), (1, 1));
+        assert!(errors[0].message.contains("defined more than once"));
+    }
+
+    #[test]
+    fn embedded_defaults_load() {
+        let (set, errors) = TemplateSet::load(embedded_sources());
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(set.len() >= 3);
+        let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/templates")).unwrap().count();
+        assert_eq!(set.len(), files, "every file in templates/ is embedded");
+    }
 }

@@ -38,21 +38,11 @@ pub const NOT_INJECTED_MESSAGE: &str = "sidecar injection did not happen: is the
 /// Checks a pod as stored after all mutations.
 pub fn validate_pod(engine: &Engine, request: &PodRequest) -> Verdict {
     let pod = &*request.pod;
-    let (labels, annotations) = match (
-        pod::string_map(pod, "labels"),
-        pod::string_map(pod, "annotations"),
-    ) {
+    let (labels, annotations) = match (pod::string_map(pod, "labels"), pod::string_map(pod, "annotations")) {
         (Ok(l), Ok(a)) => (l, a),
         (Err(e), _) | (_, Err(e)) => return Verdict::Denied(format!("the pod is malformed: {e}")),
     };
-    if select::scope(
-        &labels,
-        &annotations,
-        &request.namespace,
-        &engine.excluded_namespaces,
-    )
-    .is_err()
-    {
+    if select::scope(&labels, &annotations, &request.namespace, &engine.excluded_namespaces).is_err() {
         return Verdict::Allowed(Vec::new());
     }
     let Some(text) = annotations.get(names::STATUS_ANNOTATION) else {
@@ -61,10 +51,7 @@ pub fn validate_pod(engine: &Engine, request: &PodRequest) -> Verdict {
     let status = match InjectionStatus::parse(text) {
         Ok(status) => status,
         Err(e) => {
-            return Verdict::Denied(format!(
-                "the {} annotation is not valid: {e}",
-                names::STATUS_ANNOTATION
-            ));
+            return Verdict::Denied(format!("the {} annotation is not valid: {e}", names::STATUS_ANNOTATION));
         }
     };
     if let Err(message) = check_named_items(pod, &status) {
@@ -74,10 +61,7 @@ pub fn validate_pod(engine: &Engine, request: &PodRequest) -> Verdict {
     let current: Vec<TemplateRef> = choice
         .selected()
         .filter_map(|n| engine.templates.get(n))
-        .map(|t| TemplateRef {
-            name: t.name.clone(),
-            hash: t.hash.clone(),
-        })
+        .map(|t| TemplateRef { name: t.name.clone(), hash: t.hash.clone() })
         .collect();
     if !status.is_current(&current) {
         return Verdict::Allowed(vec![format!(
@@ -93,16 +77,11 @@ pub fn validate_pod(engine: &Engine, request: &PodRequest) -> Verdict {
 }
 
 fn describe_refs(refs: &[TemplateRef]) -> String {
-    refs.iter()
-        .map(|r| format!("{}@{}", r.name, r.hash))
-        .collect::<Vec<_>>()
-        .join(", ")
+    refs.iter().map(|r| format!("{}@{}", r.name, r.hash)).collect::<Vec<_>>().join(", ")
 }
 
 fn find_named<'p>(items: Option<&'p Vec<Value>>, name: &str) -> Option<&'p Value> {
-    items?
-        .iter()
-        .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
+    items?.iter().find(|c| c.get("name").and_then(Value::as_str) == Some(name))
 }
 
 fn check_named_items(pod: &Value, status: &InjectionStatus) -> Result<(), String> {
@@ -110,22 +89,16 @@ fn check_named_items(pod: &Value, status: &InjectionStatus) -> Result<(), String
     let init = pod::list(pod, "initContainers").map_err(|e| e.to_string())?;
     for name in &status.containers {
         if find_named(containers, name).is_none() {
-            return Err(format!(
-                "injected sidecar container {name:?} was removed from the pod after injection"
-            ));
+            return Err(format!("injected sidecar container {name:?} was removed from the pod after injection"));
         }
     }
     for name in &status.init_containers {
         if find_named(init, name).is_none() {
-            return Err(format!(
-                "injected init container {name:?} was removed from the pod after injection"
-            ));
+            return Err(format!("injected init container {name:?} was removed from the pod after injection"));
         }
     }
     for name in &status.native_sidecars {
-        let policy = find_named(init, name)
-            .and_then(|c| c.get("restartPolicy"))
-            .and_then(Value::as_str);
+        let policy = find_named(init, name).and_then(|c| c.get("restartPolicy")).and_then(Value::as_str);
         if policy != Some("Always") {
             return Err(format!(
                 "native sidecar {name:?} lost restartPolicy: Always after injection (it is {}), so it would block the pod's start",
@@ -138,16 +111,9 @@ fn check_named_items(pod: &Value, status: &InjectionStatus) -> Result<(), String
 
 /// Recomputes the injection for the pod without its injected parts and checks every field the
 /// templates set.
-fn compare_with_templates(
-    engine: &Engine,
-    request: &PodRequest,
-    status: &InjectionStatus,
-) -> Result<(), String> {
+fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &InjectionStatus) -> Result<(), String> {
     let original = strip_injection(&request.pod, status);
-    let base_request = PodRequest {
-        pod: Arc::new(original.clone()),
-        ..request.clone()
-    };
+    let base_request = PodRequest { pod: Arc::new(original.clone()), ..request.clone() };
     let injection = match engine.evaluate(&base_request).outcome {
         Outcome::Inject(injection) => injection,
         // The templates fail for this pod now; the mutating call would have refused it, so there is
@@ -159,32 +125,13 @@ fn compare_with_templates(
         .map_err(|e| format!("internal error recomputing the injection: {e}"))?;
     let actual = &*request.pod;
     let spec = |pod: &Value, list: &str| pod::list(pod, list).ok().flatten().cloned();
-    let (expected_init, actual_init) = (
-        spec(&expected, "initContainers"),
-        spec(actual, "initContainers"),
-    );
-    let (expected_containers, actual_containers) =
-        (spec(&expected, "containers"), spec(actual, "containers"));
+    let (expected_init, actual_init) = (spec(&expected, "initContainers"), spec(actual, "initContainers"));
+    let (expected_containers, actual_containers) = (spec(&expected, "containers"), spec(actual, "containers"));
     let (expected_volumes, actual_volumes) = (spec(&expected, "volumes"), spec(actual, "volumes"));
     let named: [(&str, &[String], &Option<Vec<Value>>, &Option<Vec<Value>>); 3] = [
-        (
-            "init container",
-            &injection.status.init_containers,
-            &expected_init,
-            &actual_init,
-        ),
-        (
-            "sidecar container",
-            &injection.status.containers,
-            &expected_containers,
-            &actual_containers,
-        ),
-        (
-            "volume",
-            &injection.status.volumes,
-            &expected_volumes,
-            &actual_volumes,
-        ),
+        ("init container", &injection.status.init_containers, &expected_init, &actual_init),
+        ("sidecar container", &injection.status.containers, &expected_containers, &actual_containers),
+        ("volume", &injection.status.volumes, &expected_volumes, &actual_volumes),
     ];
     for (kind, names, expected_items, actual_items) in named {
         for name in names {
@@ -193,21 +140,21 @@ fn compare_with_templates(
             match (want, have) {
                 (Some(want), Some(have)) => {
                     if let Some(diff) = first_difference(want, have, "") {
-                        return Err(format!(
-                            "injected {kind} {name:?} was changed after injection: {diff}"
-                        ));
+                        return Err(format!("injected {kind} {name:?} was changed after injection: {diff}"));
                     }
                 }
                 (Some(_), None) => {
-                    return Err(format!(
-                        "injected {kind} {name:?} was removed after injection"
-                    ));
+                    return Err(format!("injected {kind} {name:?} was removed after injection"));
                 }
                 _ => {}
             }
         }
     }
-    for (container, additions) in &injection.status.app_containers {
+    // Only the app containers that existed when the pod was injected: a container a later mutator
+    // added looks like an app container to the recomputation, but never got our env or mounts.
+    let injected_containers =
+        injection.status.app_containers.iter().filter(|(c, _)| status.app_containers.contains_key(*c));
+    for (container, additions) in injected_containers {
         let want = find_named(expected_containers.as_ref(), container);
         let have = find_named(actual_containers.as_ref(), container);
         let (Some(want), Some(have)) = (want, have) else {
@@ -268,47 +215,29 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
     let mut pod = pod.clone();
     let retain_unnamed = |list: Option<&mut Value>, names: &[String]| {
         if let Some(Value::Array(items)) = list {
-            items.retain(|item| {
-                !item
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .is_some_and(|n| names.iter().any(|x| x == n))
-            });
+            items
+                .retain(|item| !item.get("name").and_then(Value::as_str).is_some_and(|n| names.iter().any(|x| x == n)));
         }
     };
     if let Some(spec) = pod.get_mut("spec") {
         retain_unnamed(spec.get_mut("containers"), &status.containers);
         retain_unnamed(spec.get_mut("initContainers"), &status.init_containers);
         retain_unnamed(spec.get_mut("volumes"), &status.volumes);
-        if spec
-            .get("initContainers")
-            .and_then(Value::as_array)
-            .is_some_and(Vec::is_empty)
-        {
+        if spec.get("initContainers").and_then(Value::as_array).is_some_and(Vec::is_empty) {
             spec.as_object_mut().map(|s| s.remove("initContainers"));
         }
-        if spec
-            .get("volumes")
-            .and_then(Value::as_array)
-            .is_some_and(Vec::is_empty)
-        {
+        if spec.get("volumes").and_then(Value::as_array).is_some_and(Vec::is_empty) {
             spec.as_object_mut().map(|s| s.remove("volumes"));
         }
         if let Some(Value::Array(containers)) = spec.get_mut("containers") {
             for container in containers {
-                let name = container
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned();
+                let name = container.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
                 let Some(additions) = status.app_containers.get(&name) else {
                     continue;
                 };
                 if let Some(Value::Array(env)) = container.get_mut("env") {
                     env.retain(|e| {
-                        !e.get("name")
-                            .and_then(Value::as_str)
-                            .is_some_and(|n| additions.env.iter().any(|x| x == n))
+                        !e.get("name").and_then(Value::as_str).is_some_and(|n| additions.env.iter().any(|x| x == n))
                     });
                 }
                 if let Some(Value::Array(mounts)) = container.get_mut("volumeMounts") {
@@ -344,51 +273,31 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
 /// compare by value (`1000m` equals `1`), because the API server rewrites them in canonical form.
 pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<String> {
     let here = |p: &str| {
-        if p.is_empty() {
-            "the item".to_owned()
-        } else {
-            p.trim_start_matches('.').to_owned()
-        }
+        if p.is_empty() { "the item".to_owned() } else { p.trim_start_matches('.').to_owned() }
     };
     match (expected, actual) {
-        (Value::Object(want), Value::Object(have)) => {
-            want.iter().find_map(|(key, w)| match have.get(key) {
-                None => Some(format!("{} was removed", here(&format!("{path}.{key}")))),
-                Some(h) => first_difference(w, h, &format!("{path}.{key}")),
-            })
-        }
-        (Value::Array(want), Value::Array(have))
-            if want.iter().all(Value::is_object) && !want.is_empty() =>
-        {
-            let by_name = want
-                .iter()
-                .all(|w| w.get("name").is_some_and(Value::is_string));
+        (Value::Object(want), Value::Object(have)) => want.iter().find_map(|(key, w)| match have.get(key) {
+            None => Some(format!("{} was removed", here(&format!("{path}.{key}")))),
+            Some(h) => first_difference(w, h, &format!("{path}.{key}")),
+        }),
+        (Value::Array(want), Value::Array(have)) if want.iter().all(Value::is_object) && !want.is_empty() => {
+            let by_name = want.iter().all(|w| w.get("name").is_some_and(Value::is_string));
             want.iter().enumerate().find_map(|(i, w)| {
-                let found = if by_name {
-                    have.iter().find(|h| h.get("name") == w.get("name"))
-                } else {
-                    have.get(i)
-                };
+                let found = if by_name { have.iter().find(|h| h.get("name") == w.get("name")) } else { have.get(i) };
                 match found {
                     None => Some(format!("{} was removed", here(&format!("{path}[{i}]")))),
                     Some(h) => first_difference(w, h, &format!("{path}[{i}]")),
                 }
             })
         }
-        (Value::String(w), Value::String(h))
-            if w != h && path.contains("resources") && quantities_equal(w, h) =>
-        {
-            None
-        }
+        (Value::String(w), Value::String(h)) if w != h && path.contains("resources") && quantities_equal(w, h) => None,
         (w, h) if w == h => None,
         (w, h) => Some(format!("{} is {h}, the template sets {w}", here(path))),
     }
 }
 
 fn quantity(text: &str) -> Option<f64> {
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+')).unwrap_or(text.len());
     let (number, suffix) = text.split_at(split);
     let number: f64 = number.parse().ok()?;
     let multiplier = match suffix {
@@ -423,16 +332,10 @@ fn quantities_equal(a: &str, b: &str) -> bool {
 
 /// Checks the data of a template ConfigMap: every `<name>.yaml` key must load. Returns warnings
 /// for keys that are not templates, or every template error.
-pub fn validate_template_data(
-    data: &BTreeMap<String, String>,
-) -> Result<Vec<String>, Vec<TemplateError>> {
+pub fn validate_template_data(data: &BTreeMap<String, String>) -> Result<Vec<String>, Vec<TemplateError>> {
     let (sources, warnings) = template_sources(data);
     let (_, errors) = TemplateSet::load(sources);
-    if errors.is_empty() {
-        Ok(warnings)
-    } else {
-        Err(errors)
-    }
+    if errors.is_empty() { Ok(warnings) } else { Err(errors) }
 }
 
 /// The templates in a ConfigMap's data (`<name>.yaml` keys), and warnings for the other keys.
@@ -441,14 +344,187 @@ pub fn template_sources(data: &BTreeMap<String, String>) -> (Vec<TemplateSource>
     let mut warnings = Vec::new();
     for (key, text) in data {
         match key.strip_suffix(".yaml") {
-            Some(name) => sources.push(TemplateSource {
-                name: name.to_owned(),
-                text: text.clone(),
-            }),
-            None => warnings.push(format!(
-                "key {key:?} is ignored: only keys named <template>.yaml hold templates"
-            )),
+            Some(name) => sources.push(TemplateSource { name: name.to_owned(), text: text.clone() }),
+            None => warnings.push(format!("key {key:?} is ignored: only keys named <template>.yaml hold templates")),
         }
     }
     (sources, warnings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::test_support::{apply, engine, opted_in, request};
+    use serde_json::json;
+
+    const TEMPLATE: &str = r#"
+default: true
+inject:
+  sidecars:
+    - name: proxy
+      image: envoy:1
+      args: [--port, "15001"]
+      resources: {requests: {cpu: "1000m", memory: 64Mi}}
+      env:
+        - {name: MODE, value: sidecar}
+  initContainers:
+    - {name: init, image: init:1}
+  volumes:
+    - {name: cfg, emptyDir: {}}
+  appContainers:
+    env:
+      - {name: PROXY, value: "on"}
+"#;
+
+    fn injected() -> (Engine, Value) {
+        let engine = engine(&[("proxy", TEMPLATE)]);
+        let pod = json!({"metadata": {"name": "p", "labels": {"app": "a"}}, "spec": {"containers": [{"name": "app", "image": "app"}]}});
+        let Outcome::Inject(injection) = engine.evaluate(&request(pod.clone(), opted_in("shop", &[]))).outcome else {
+            panic!()
+        };
+        let out = apply(&pod, &injection.patch);
+        (engine, out)
+    }
+
+    fn verdict(engine: &Engine, pod: Value) -> Verdict {
+        validate_pod(engine, &request(pod, opted_in("shop", &[])))
+    }
+
+    #[test]
+    fn intact_injections_and_other_mutators_additions_are_allowed() {
+        let (engine, pod) = injected();
+        assert_eq!(verdict(&engine, pod.clone()), Verdict::Allowed(vec![]));
+
+        // What the API server and other mutators add is fine: defaults, extra env, canonical quantities.
+        let mut defaulted = pod.clone();
+        let proxy = &mut defaulted["spec"]["initContainers"][1];
+        proxy["imagePullPolicy"] = json!("IfNotPresent");
+        proxy["terminationMessagePath"] = json!("/dev/termination-log");
+        proxy["env"].as_array_mut().unwrap().push(json!({"name": "OTHER", "value": "x"}));
+        proxy["resources"]["requests"]["cpu"] = json!("1");
+        defaulted["spec"]["containers"][0]["env"].as_array_mut().unwrap().push(json!({"name": "Z", "value": "z"}));
+        defaulted["spec"]["containers"].as_array_mut().unwrap().push(json!({"name": "other", "image": "o"}));
+        assert_eq!(verdict(&engine, defaulted), Verdict::Allowed(vec![]));
+    }
+
+    #[test]
+    fn altered_injections_are_denied_with_what_changed() {
+        let (engine, pod) = injected();
+        type Mutation = Box<dyn Fn(&mut Value)>;
+        let cases: Vec<(&str, Mutation, &str)> = vec![
+            (
+                "no status",
+                Box::new(|p| {
+                    drop(p["metadata"]["annotations"].as_object_mut().unwrap().remove(names::STATUS_ANNOTATION))
+                }),
+                NOT_INJECTED_MESSAGE,
+            ),
+            (
+                "unreadable status",
+                Box::new(|p| p["metadata"]["annotations"][names::STATUS_ANNOTATION] = json!("{")),
+                "annotation is not valid",
+            ),
+            (
+                "sidecar removed",
+                Box::new(|p| drop(p["spec"]["initContainers"].as_array_mut().unwrap().remove(1))),
+                "injected init container \"proxy\" was removed",
+            ),
+            (
+                "native sidecar lost restartPolicy",
+                Box::new(|p| drop(p["spec"]["initContainers"][1].as_object_mut().unwrap().remove("restartPolicy"))),
+                "native sidecar \"proxy\" lost restartPolicy: Always after injection (it is unset)",
+            ),
+            (
+                "image changed",
+                Box::new(|p| p["spec"]["initContainers"][1]["image"] = json!("evil:1")),
+                "injected init container \"proxy\" was changed after injection: image is \"evil:1\", the template sets \"envoy:1\"",
+            ),
+            (
+                "args changed",
+                Box::new(|p| p["spec"]["initContainers"][1]["args"][1] = json!("80")),
+                "args is [\"--port\",\"80\"], the template sets [\"--port\",\"15001\"]",
+            ),
+            (
+                "sidecar env changed",
+                Box::new(|p| p["spec"]["initContainers"][1]["env"][0]["value"] = json!("x")),
+                "env[0].value is \"x\"",
+            ),
+            (
+                "quantity changed",
+                Box::new(|p| p["spec"]["initContainers"][1]["resources"]["requests"]["cpu"] = json!("2")),
+                "resources.requests.cpu is \"2\"",
+            ),
+            (
+                "volume changed",
+                Box::new(|p| p["spec"]["volumes"][0] = json!({"name": "cfg", "hostPath": {"path": "/"}})),
+                "injected volume \"cfg\" was changed after injection: emptyDir was removed",
+            ),
+            (
+                "app env removed",
+                Box::new(|p| drop(p["spec"]["containers"][0]["env"].as_array_mut().unwrap().clear())),
+                "env var \"PROXY\" injected into container \"app\" was removed",
+            ),
+            (
+                "app env changed",
+                Box::new(|p| p["spec"]["containers"][0]["env"][0]["value"] = json!("off")),
+                "env var \"PROXY\" injected into container \"app\" was changed after injection: value is \"off\"",
+            ),
+        ];
+        for (case, mutate, expected) in cases {
+            let mut altered = pod.clone();
+            mutate(&mut altered);
+            match verdict(&engine, altered) {
+                Verdict::Denied(message) => assert!(message.contains(expected), "{case}: {message}"),
+                other => panic!("{case}: expected a denial, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn pods_out_of_scope_or_injected_by_other_template_versions_are_allowed() {
+        let (engine, pod) = injected();
+        let mut opted_out = pod.clone();
+        opted_out["metadata"]["labels"]["sidecar-injector.io/inject"] = json!("disabled");
+        opted_out["metadata"]["annotations"].as_object_mut().unwrap().clear();
+        assert_eq!(verdict(&engine, opted_out), Verdict::Allowed(vec![]));
+
+        let newer = crate::engine::test_support::engine(&[("proxy", &TEMPLATE.replace("envoy:1", "envoy:2"))]);
+        let mut altered = pod.clone();
+        altered["spec"]["initContainers"][1]["image"] = json!("anything");
+        match validate_pod(&newer, &request(altered, opted_in("shop", &[]))) {
+            Verdict::Allowed(warnings) => assert!(warnings[0].contains("were not compared"), "{warnings:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn quantities_compare_by_value() {
+        let equal = [("1000m", "1"), ("0.5", "500m"), ("1Gi", "1024Mi"), ("1k", "1000"), ("1e3", "1k")];
+        for (a, b) in equal {
+            assert!(quantities_equal(a, b), "{a} == {b}");
+        }
+        for (a, b) in [("1", "2"), ("1Gi", "1G"), ("x", "x1")] {
+            assert!(!quantities_equal(a, b), "{a} != {b}");
+        }
+    }
+
+    #[test]
+    fn template_configmaps_are_checked() {
+        let good: BTreeMap<String, String> =
+            [("a.yaml".to_owned(), TEMPLATE.to_owned()), ("README".to_owned(), "x".to_owned())].into();
+        assert_eq!(
+            validate_template_data(&good),
+            Ok(vec!["key \"README\" is ignored: only keys named <template>.yaml hold templates".to_owned()])
+        );
+        let bad: BTreeMap<String, String> = [
+            ("a.yaml".to_owned(), "inject:\n  sidecars:\n    - image: x\n".to_owned()),
+            ("B.yaml".to_owned(), TEMPLATE.to_owned()),
+        ]
+        .into();
+        let errors = validate_template_data(&bad).unwrap_err();
+        let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(messages.len(), 2, "{messages:?}");
+        assert!(messages[0].starts_with("template \"B\": invalid template name"), "{messages:?}");
+        assert_eq!(messages[1], "template \"a\" line 3: an item of inject.sidecars has no name");
+    }
 }

@@ -21,17 +21,12 @@ pub fn supported_kinds() -> impl Iterator<Item = &'static str> {
 
 /// The path of the pod (template) inside a document of this kind, `None` for other kinds.
 pub fn pod_path(kind: &str) -> Option<&'static [&'static str]> {
-    POD_TEMPLATE_PATHS
-        .iter()
-        .find(|(k, _)| *k == kind)
-        .map(|(_, path)| *path)
+    POD_TEMPLATE_PATHS.iter().find(|(k, _)| *k == kind).map(|(_, path)| *path)
 }
 
 /// The dotted field prefix of the pod inside the document, for error messages (`spec.template.`).
 pub fn field_prefix(kind: &str) -> String {
-    pod_path(kind)
-        .map(|p| p.iter().map(|s| format!("{s}.")).collect())
-        .unwrap_or_default()
+    pod_path(kind).map(|p| p.iter().map(|s| format!("{s}.")).collect()).unwrap_or_default()
 }
 
 /// The document's pod as a Pod object (a template gets `apiVersion`/`kind` so expressions see a
@@ -45,37 +40,21 @@ pub fn pod_of(document: &Value) -> Option<Value> {
     let mut pod = Map::new();
     pod.insert("apiVersion".into(), Value::from("v1"));
     pod.insert("kind".into(), Value::from("Pod"));
-    pod.insert(
-        "metadata".into(),
-        template
-            .get("metadata")
-            .cloned()
-            .unwrap_or_else(|| Value::Object(Map::new())),
-    );
-    pod.insert(
-        "spec".into(),
-        template.get("spec").cloned().unwrap_or(Value::Null),
-    );
+    pod.insert("metadata".into(), template.get("metadata").cloned().unwrap_or_else(|| Value::Object(Map::new())));
+    pod.insert("spec".into(), template.get("spec").cloned().unwrap_or(Value::Null));
     Some(Value::Object(pod))
 }
 
 /// Writes an (injected) pod back into the document it came from.
 pub fn set_pod(document: &mut Value, pod: Value) {
-    let Some(path) = document
-        .get("kind")
-        .and_then(Value::as_str)
-        .and_then(pod_path)
-    else {
+    let Some(path) = document.get("kind").and_then(Value::as_str).and_then(pod_path) else {
         return;
     };
     if path.is_empty() {
         *document = pod;
         return;
     }
-    let Some(template) = path
-        .iter()
-        .try_fold(&mut *document, |v, key| v.get_mut(*key))
-    else {
+    let Some(template) = path.iter().try_fold(&mut *document, |v, key| v.get_mut(*key)) else {
         return;
     };
     if let (Value::Object(template), Value::Object(mut pod)) = (template, pod) {
@@ -89,24 +68,13 @@ pub fn set_pod(document: &mut Value, pod: Value) {
 
 /// The namespace a document names, if any.
 pub fn namespace_of(document: &Value) -> Option<&str> {
-    document
-        .get("metadata")?
-        .get("namespace")?
-        .as_str()
-        .filter(|n| !n.is_empty())
+    document.get("metadata")?.get("namespace")?.as_str().filter(|n| !n.is_empty())
 }
 
 /// `Kind name` for messages.
 pub fn describe(document: &Value) -> String {
-    let kind = document
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or("<no kind>");
-    let name = document
-        .get("metadata")
-        .and_then(|m| m.get("name"))
-        .and_then(Value::as_str)
-        .unwrap_or("<unnamed>");
+    let kind = document.get("kind").and_then(Value::as_str).unwrap_or("<no kind>");
+    let name = document.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("<unnamed>");
     format!("{kind} {name}")
 }
 
@@ -139,11 +107,7 @@ mod tests {
             assert_eq!(pod["metadata"]["labels"]["app"], "x", "{kind}");
             pod["spec"]["containers"][0]["name"] = json!("changed");
             set_pod(&mut doc, pod);
-            assert_eq!(
-                pod_of(&doc).unwrap()["spec"]["containers"][0]["name"],
-                "changed",
-                "{kind}"
-            );
+            assert_eq!(pod_of(&doc).unwrap()["spec"]["containers"][0]["name"], "changed", "{kind}");
             assert_eq!(doc["kind"], kind);
         }
         assert_eq!(pod_of(&json!({"kind": "ConfigMap", "data": {}})), None);

@@ -41,39 +41,46 @@ impl From<serde_saphyr::Error> for YamlError {
     fn from(err: serde_saphyr::Error) -> Self {
         let location = err.location().filter(|l| l.line() > 0);
         let text = err.without_snippet().to_string();
-        // serde-saphyr renders "error: line L column C: message"; keep only the message, since the
-        // position is carried separately and callers put it where their format wants it.
-        let message = text
-            .trim_start_matches("error: ")
-            .split_once(": ")
-            .filter(|(head, _)| head.starts_with("line "))
-            .map_or(text.as_str(), |(_, rest)| rest)
-            .to_owned();
         YamlError {
             line: location.map(|l| l.line()),
             column: location.map(|l| l.column()),
-            message: message.replace(", set DuplicateKeyPolicy in Options if acceptable", ""),
+            message: strip_position(&text).replace(", set DuplicateKeyPolicy in Options if acceptable", ""),
         }
     }
 }
 
-fn options() -> Options {
+/// serde-saphyr puts the position into its message ("error: line L column C: msg" or "msg at line
+/// L, column C"); the position is carried separately, so keep only the message.
+fn strip_position(text: &str) -> String {
+    let text = text.trim_start_matches("error: ");
+    let text = match text.split_once(": ") {
+        Some((head, rest)) if head.starts_with("line ") => rest,
+        _ => text,
+    };
+    let text = match text.rsplit_once(" at line ") {
+        Some((message, position)) if position.bytes().all(|b| b.is_ascii_digit() || b", column".contains(&b)) => {
+            message
+        }
+        _ => text,
+    };
+    text.to_owned()
+}
+
+/// Parsing options. Manifests are read the way kubectl reads them (YAML 1.1 booleans: `yes`, `on`);
+/// templates use YAML 1.2's `true`/`false` only, so a key `n:` or a value `on` stays a string.
+fn options(strict_booleans: bool) -> Options {
     let mut options = Options::default();
     options.duplicate_keys = DuplicateKeyPolicy::Error;
     options.with_snippet = false;
+    options.strict_booleans = strict_booleans;
     options
 }
 
 /// Parses a stream of YAML documents (`---` separated) into JSON values; empty documents are
 /// dropped, as kubectl does.
 pub fn parse_documents(text: &str) -> Result<Vec<Value>, YamlError> {
-    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, options())?;
+    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, options(false))?;
     Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
-}
-
-/// Parses one YAML document into any deserializable type.
-pub fn parse<T: de::DeserializeOwned>(text: &str) -> Result<T, YamlError> {
-    Ok(serde_saphyr::from_str_with_options(text, options())?)
 }
 
 /// Writes JSON values as a YAML stream, `---` between documents, keys in the order of the value.
@@ -105,13 +112,25 @@ pub enum SourceValue {
     /// A sequence.
     Seq(Vec<SourceNode>),
     /// A mapping, in source order.
-    Map(Vec<(String, SourceNode)>),
+    Map(Vec<MapEntry>),
+}
+
+/// One `key: value` of a mapping, with the key's own line (the value of a block mapping starts on
+/// the next line, and an error about the key should point at the key).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MapEntry {
+    /// The key (scalars written as strings).
+    pub key: String,
+    /// 1-based line of the key.
+    pub key_line: u64,
+    /// The value.
+    pub value: SourceNode,
 }
 
 impl SourceNode {
     /// Parses one YAML document into a line-annotated tree.
     pub fn parse(text: &str) -> Result<SourceNode, YamlError> {
-        parse(text)
+        Ok(serde_saphyr::from_str_with_options(text, options(true))?)
     }
 
     /// The same data without lines, as JSON.
@@ -121,15 +140,10 @@ impl SourceNode {
             SourceValue::Bool(b) => Value::Bool(*b),
             SourceValue::Number(n) => Value::Number(n.clone()),
             SourceValue::String(s) => Value::String(s.clone()),
-            SourceValue::Seq(items) => {
-                Value::Array(items.iter().map(SourceNode::to_json).collect())
+            SourceValue::Seq(items) => Value::Array(items.iter().map(SourceNode::to_json).collect()),
+            SourceValue::Map(entries) => {
+                Value::Object(entries.iter().map(|e| (e.key.clone(), e.value.to_json())).collect())
             }
-            SourceValue::Map(entries) => Value::Object(
-                entries
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.to_json()))
-                    .collect(),
-            ),
         }
     }
 
@@ -149,10 +163,7 @@ impl SourceNode {
 impl<'de> Deserialize<'de> for SourceNode {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let spanned = Spanned::<SourceValue>::deserialize(deserializer)?;
-        Ok(SourceNode {
-            line: spanned.referenced.line(),
-            value: spanned.value,
-        })
+        Ok(SourceNode { line: spanned.referenced.line(), value: spanned.value })
     }
 }
 
@@ -208,8 +219,8 @@ impl<'de> Visitor<'de> for SourceValueVisitor {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SourceValue, A::Error> {
         let mut entries = Vec::new();
-        while let Some(entry) = map.next_entry::<MapKey, SourceNode>()? {
-            entries.push((entry.0.0, entry.1));
+        while let Some((key, value)) = map.next_entry::<Spanned<MapKey>, SourceNode>()? {
+            entries.push(MapEntry { key: key.value.0, key_line: key.referenced.line(), value });
         }
         Ok(SourceValue::Map(entries))
     }
@@ -253,24 +264,19 @@ mod tests {
 
     #[test]
     fn source_nodes_carry_the_line_of_every_scalar() {
-        let node =
-            SourceNode::parse("a: 1\nb:\n  - x: \"{{ y }}\"\n    z: true\n  - 3.5\n").unwrap();
-        let SourceValue::Map(top) = &node.value else {
-            panic!("not a map")
-        };
-        let SourceValue::Seq(items) = &top[1].1.value else {
-            panic!("not a seq")
-        };
-        let SourceValue::Map(item) = &items[0].value else {
-            panic!("not a map")
-        };
-        assert_eq!((item[0].0.as_str(), item[0].1.line), ("x", 3));
-        assert_eq!((item[1].0.as_str(), item[1].1.line), ("z", 4));
+        let node = SourceNode::parse("a: 1\nb:\n  - x: \"{{ y }}\"\n    z: true\n  - 3.5\n").unwrap();
+        let SourceValue::Map(top) = &node.value else { panic!("not a map") };
+        assert_eq!((top[1].key.as_str(), top[1].key_line, top[1].value.line), ("b", 2, 3));
+        let SourceValue::Seq(items) = &top[1].value.value else { panic!("not a seq") };
+        let SourceValue::Map(item) = &items[0].value else { panic!("not a map") };
+        assert_eq!((item[0].key.as_str(), item[0].value.line), ("x", 3));
+        assert_eq!((item[1].key.as_str(), item[1].key_line), ("z", 4));
         assert_eq!(items[1].line, 5);
-        assert_eq!(
-            node.to_json(),
-            json!({"a": 1, "b": [{"x": "{{ y }}", "z": true}, 3.5]})
-        );
+        assert_eq!(node.to_json(), json!({"a": 1, "b": [{"x": "{{ y }}", "z": true}, 3.5]}));
+        let yaml_1_1 = SourceNode::parse("n: on\ny: yes\nt: true\n").unwrap().to_json();
+        assert_eq!(yaml_1_1, json!({"n": "on", "y": "yes", "t": true}), "templates use YAML 1.2 booleans");
+        let manifest = parse_documents("enabled: yes\n").unwrap();
+        assert_eq!(manifest, vec![json!({"enabled": true})], "manifests are read like kubectl reads them");
     }
 
     #[test]
@@ -300,10 +306,7 @@ mod tests {
     #[test]
     fn documents_round_trip_and_empty_documents_are_dropped() {
         let docs = parse_documents("---\na: 1\n---\n---\nb: ['yes', \"1.0\", x]\n").unwrap();
-        assert_eq!(
-            docs,
-            vec![json!({"a": 1}), json!({"b": ["yes", "1.0", "x"]})]
-        );
+        assert_eq!(docs, vec![json!({"a": 1}), json!({"b": ["yes", "1.0", "x"]})]);
         let text = to_yaml_documents(&docs);
         assert_eq!(parse_documents(&text).unwrap(), docs);
     }

@@ -1,0 +1,400 @@
+//! Tests of [`Engine::evaluate`] end to end: what the patch does to realistic pods.
+
+use json_patch::PatchOperation;
+use serde_json::{Value, json};
+
+use super::test_support::{apply, engine, opted_in, request};
+use super::*;
+
+const LOGS: &str = r#"
+default: true
+values: {image: "fluent-bit:3", level: info}
+overridable: [level]
+inject:
+  labels: {logging/shipper: fluent-bit}
+  annotations: {logging/level: "{{ values.level }}"}
+  sidecars:
+    - name: logs
+      image: "{{ values.image }}"
+      args: ["--level={{ values.level }}"]
+  volumes:
+    - name: app-logs
+      emptyDir: {}
+  appContainers:
+    env:
+      - {name: LOG_DIR, value: /var/log/app}
+    volumeMounts:
+      - {name: app-logs, mountPath: /var/log/app}
+"#;
+
+const PROXY: &str = r#"
+sidecarMode: native
+inject:
+  initContainers:
+    - {name: proxy-init, image: init}
+  sidecars:
+    - {name: proxy, image: envoy}
+"#;
+
+const CLASSIC: &str = r#"
+sidecarMode: container
+inject:
+  sidecars:
+    - {name: agent, image: agent}
+"#;
+
+fn web_pod() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}, "annotations": {"team": "a"}},
+        "spec": {
+            "initContainers": [{"name": "migrate", "image": "migrate"}],
+            "containers": [
+                {"name": "web", "image": "nginx", "env": [{"name": "MODE", "value": "prod"}], "futureField": {"x": 1}},
+                {"name": "worker", "image": "worker"}
+            ],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "futureSpecField": true
+        }
+    })
+}
+
+fn inject(engine: &Engine, pod: &Value) -> Injection {
+    match engine.evaluate(&request(pod.clone(), opted_in("shop", &[]))).outcome {
+        Outcome::Inject(injection) => injection,
+        other => panic!("expected an injection, got {other:?}"),
+    }
+}
+
+fn names(list: &Value) -> Vec<&str> {
+    list.as_array().map(|items| items.iter().map(|i| i["name"].as_str().unwrap()).collect()).unwrap_or_default()
+}
+
+/// Every operation is an `add`, or touches only the injector's own label and annotation.
+fn only_adds(patch: &[PatchOperation]) -> bool {
+    patch.iter().all(|op| match op {
+        PatchOperation::Add(_) => true,
+        other => {
+            let path = other.path().to_string();
+            path.ends_with("sidecar-injector.io~1status") || path.ends_with("sidecar-injector.io~1injected")
+        }
+    })
+}
+
+#[test]
+fn a_typical_pod_gets_every_part_of_the_templates_and_keeps_everything_it_had() {
+    let engine = engine(&[("logs", LOGS), ("proxy", PROXY)]);
+    let mut pod = web_pod();
+    pod["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!("proxy,logs");
+    let injection = inject(&engine, &pod);
+    assert!(only_adds(&injection.patch), "{:#?}", injection.patch);
+    let out = apply(&pod, &injection.patch);
+
+    assert_eq!(
+        names(&out["spec"]["initContainers"]),
+        vec!["proxy-init", "proxy", "logs", "migrate"],
+        "template init containers and native sidecars go first, in template order"
+    );
+    assert_eq!(out["spec"]["initContainers"][1]["restartPolicy"], "Always");
+    assert!(out["spec"]["initContainers"][0].get("restartPolicy").is_none());
+    assert_eq!(names(&out["spec"]["containers"]), vec!["web", "worker"], "logs is native on this cluster (auto)");
+    assert_eq!(names(&out["spec"]["volumes"]), vec!["data", "app-logs"]);
+    assert_eq!(names(&out["spec"]["containers"][0]["env"]), vec!["MODE", "LOG_DIR"]);
+    assert_eq!(names(&out["spec"]["containers"][1]["env"]), vec!["LOG_DIR"]);
+    assert_eq!(out["spec"]["containers"][1]["volumeMounts"][0]["mountPath"], "/var/log/app");
+    assert_eq!(
+        out["metadata"]["labels"],
+        json!({"app": "web", "logging/shipper": "fluent-bit", "sidecar-injector.io/injected": "true"})
+    );
+    assert_eq!(out["metadata"]["annotations"]["logging/level"], "info");
+    assert_eq!(out["metadata"]["annotations"]["team"], "a");
+    assert_eq!(out["spec"]["containers"][0]["futureField"], json!({"x": 1}), "unknown fields survive");
+    assert_eq!(out["spec"]["futureSpecField"], true);
+
+    let status =
+        InjectionStatus::parse(out["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap()).unwrap();
+    assert_eq!(status, injection.status);
+    assert_eq!(status.templates.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), vec!["proxy", "logs"]);
+    assert_eq!(status.init_containers, vec!["proxy-init", "proxy", "logs"]);
+    assert_eq!(status.native_sidecars, vec!["proxy", "logs"]);
+    assert!(status.containers.is_empty());
+    assert_eq!(status.volumes, vec!["app-logs"]);
+    assert_eq!(status.labels, vec!["logging/shipper"]);
+    assert_eq!(status.annotations, vec!["logging/level"]);
+    assert_eq!(status.app_containers["web"].env, vec!["LOG_DIR"]);
+    assert_eq!(status.app_containers["worker"].volume_mounts, vec!["/var/log/app"]);
+    assert!(status.skipped.is_empty());
+}
+
+#[test]
+fn sidecar_mode_decides_native_or_classic() {
+    let engine = engine(&[("logs", LOGS), ("classic", CLASSIC), ("proxy", PROXY)]);
+    let mut pod = web_pod();
+    pod["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!("logs,classic,proxy");
+    // (cluster supports native sidecars, expected init containers, expected containers)
+    let cases = [
+        (true, vec!["logs", "proxy-init", "proxy", "migrate"], vec!["web", "worker", "agent"]),
+        (false, vec!["proxy-init", "proxy", "migrate"], vec!["web", "worker", "logs", "agent"]),
+    ];
+    for (native, init, containers) in cases {
+        let mut req = request(pod.clone(), opted_in("shop", &[]));
+        req.cluster = ClusterFacts { native_sidecars: native };
+        let Outcome::Inject(injection) = engine.evaluate(&req).outcome else { panic!() };
+        let out = apply(&pod, &injection.patch);
+        assert_eq!(names(&out["spec"]["initContainers"]), init, "native={native}");
+        assert_eq!(names(&out["spec"]["containers"]), containers, "native={native}");
+        let agent = out["spec"]["containers"].as_array().unwrap().iter().find(|c| c["name"] == "agent").unwrap();
+        assert!(agent.get("restartPolicy").is_none(), "classic sidecars get no restartPolicy");
+    }
+}
+
+#[test]
+fn the_pods_own_items_win_and_every_skip_is_recorded() {
+    let engine = engine(&[("logs", LOGS)]);
+    let mut pod = web_pod();
+    pod["metadata"]["labels"]["logging/shipper"] = json!("vector");
+    pod["metadata"]["annotations"]["logging/level"] = json!("debug");
+    pod["spec"]["containers"][1]["name"] = json!("logs");
+    pod["spec"]["volumes"][0]["name"] = json!("app-logs");
+    pod["spec"]["containers"][0]["env"][0]["name"] = json!("LOG_DIR");
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "data", "mountPath": "/var/log/app"}]);
+    let injection = inject(&engine, &pod);
+    assert!(only_adds(&injection.patch));
+    let out = apply(&pod, &injection.patch);
+
+    assert_eq!(out["metadata"]["labels"]["logging/shipper"], "vector");
+    assert_eq!(out["metadata"]["annotations"]["logging/level"], "debug");
+    assert_eq!(names(&out["spec"]["containers"]), vec!["web", "logs"]);
+    assert_eq!(out["spec"]["containers"][1]["image"], "worker", "the pod's container named logs is untouched");
+    assert_eq!(out["spec"]["volumes"], pod["spec"]["volumes"]);
+    assert_eq!(out["spec"]["containers"][0]["env"], json!([{"name": "LOG_DIR", "value": "prod"}]));
+    assert_eq!(out["spec"]["containers"][0]["volumeMounts"], json!([{"name": "data", "mountPath": "/var/log/app"}]));
+
+    let skipped: Vec<(status::ItemKind, &str, Option<&str>, &str)> = injection
+        .status
+        .skipped
+        .iter()
+        .map(|s| (s.kind, s.name.as_str(), s.container.as_deref(), s.owner.as_str()))
+        .collect();
+    use status::ItemKind::*;
+    assert_eq!(
+        skipped,
+        vec![
+            (Label, "logging/shipper", None, "pod"),
+            (Annotation, "logging/level", None, "pod"),
+            (InitContainer, "logs", None, "pod"),
+            (Volume, "app-logs", None, "pod"),
+            (Env, "LOG_DIR", Some("web"), "pod"),
+            (VolumeMount, "/var/log/app", Some("web"), "pod"),
+        ]
+        .into_iter()
+        .map(|(k, n, c, o)| (if k == InitContainer { Sidecar } else { k }, n, c, o))
+        .collect::<Vec<_>>()
+    );
+    assert_eq!(injection.status.app_containers["logs"].env, vec!["LOG_DIR"], "the other app container still gets it");
+}
+
+#[test]
+fn a_later_template_never_overwrites_an_earlier_one() {
+    let second = LOGS.replace("default: true", "default: true\nsidecarMode: container");
+    let engine = engine(&[("a-logs", LOGS), ("b-logs", &second)]);
+    let injection = inject(&engine, &web_pod());
+    let owners: Vec<&str> = injection.status.skipped.iter().map(|s| s.owner.as_str()).collect();
+    assert!(owners.iter().all(|o| *o == "template:a-logs"), "{owners:?}");
+    assert_eq!(injection.status.skipped.iter().filter(|s| s.kind == status::ItemKind::Sidecar).count(), 1);
+    let out = apply(&web_pod(), &injection.patch);
+    assert_eq!(names(&out["spec"]["containers"]), vec!["web", "worker"]);
+}
+
+#[test]
+fn a_bare_pod_gets_whole_lists_and_maps() {
+    let engine = engine(&[("logs", LOGS)]);
+    let pod = json!({"spec": {"containers": [{"name": "app", "image": "app"}]}});
+    let injection = inject(&engine, &pod);
+    let paths: Vec<String> = injection.patch.iter().map(|op| op.path().to_string()).collect();
+    assert_eq!(
+        paths,
+        vec![
+            "/metadata",
+            "/metadata/labels",
+            "/metadata/annotations",
+            "/spec/initContainers",
+            "/spec/containers/0/env",
+            "/spec/containers/0/volumeMounts",
+            "/spec/volumes",
+        ]
+    );
+    let out = apply(&pod, &injection.patch);
+    assert_eq!(names(&out["spec"]["initContainers"]), vec!["logs"]);
+    assert_eq!(out["metadata"]["labels"]["sidecar-injector.io/injected"], "true");
+}
+
+#[test]
+fn injecting_an_injected_pod_changes_nothing() {
+    let engine = engine(&[("logs", LOGS), ("proxy", PROXY), ("classic", CLASSIC)]);
+    let mut pod = web_pod();
+    pod["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!("logs,proxy,classic");
+    let out = apply(&pod, &inject(&engine, &pod).patch);
+    match engine.evaluate(&request(out, opted_in("shop", &[]))).outcome {
+        Outcome::UpToDate(status) => assert_eq!(status.templates.len(), 3),
+        other => panic!("expected up to date, got {other:?}"),
+    }
+}
+
+#[test]
+fn other_mutators_changes_survive_re_admission() {
+    let engine = engine(&[("logs", LOGS)]);
+    let mut out = apply(&web_pod(), &inject(&engine, &web_pod()).patch);
+    // Another webhook adds an env var to every container (ours included) and a container of its own.
+    for list in ["initContainers", "containers"] {
+        for c in out["spec"][list].as_array_mut().unwrap() {
+            c["env"] = json!([{"name": "OTHER", "value": "1"}]);
+        }
+    }
+    out["spec"]["containers"].as_array_mut().unwrap().push(json!({"name": "other-agent", "image": "x"}));
+    assert!(matches!(engine.evaluate(&request(out, opted_in("shop", &[]))).outcome, Outcome::UpToDate(_)));
+}
+
+#[test]
+fn re_injection_after_a_template_change_replaces_exactly_what_was_injected() {
+    let v1 = engine(&[("logs", LOGS), ("classic", CLASSIC)]);
+    let v2_logs = LOGS
+        .replace("fluent-bit:3", "fluent-bit:4")
+        .replace("- name: logs\n", "- name: logs-v2\n")
+        .replace("{name: LOG_DIR, value: /var/log/app}", "{name: LOG_PATH, value: /logs}")
+        .replace("logging/shipper: fluent-bit", "logging/agent: fluent-bit");
+    let v2 = engine(&[("logs", &v2_logs), ("classic", CLASSIC)]);
+    let mut pod = web_pod();
+    pod["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!("logs,classic");
+
+    let injected_v1 = apply(&pod, &inject(&v1, &pod).patch);
+    let reinjection = inject(&v2, &injected_v1);
+    let reinjected = apply(&injected_v1, &reinjection.patch);
+    let fresh_v2 = apply(&pod, &inject(&v2, &pod).patch);
+    assert_eq!(reinjected, fresh_v2, "re-injecting an old injection equals injecting the original pod");
+
+    // And only what v1 injected was removed.
+    let removed: Vec<String> = reinjection
+        .patch
+        .iter()
+        .filter(|op| matches!(op, PatchOperation::Remove(_)))
+        .map(|op| op.path().to_string())
+        .collect();
+    assert_eq!(
+        removed,
+        vec![
+            "/metadata/labels/logging~1shipper",
+            "/metadata/annotations/logging~1level",
+            "/spec/initContainers/0",
+            "/spec/containers/2",
+            "/spec/containers/0/env/1",
+            "/spec/containers/0/volumeMounts/0",
+            "/spec/containers/1/env/0",
+            "/spec/containers/1/volumeMounts/0",
+            "/spec/volumes/1",
+        ]
+    );
+}
+
+#[test]
+fn a_pod_no_template_matches_gets_only_a_status_that_says_why() {
+    let engine = engine(&[("proxy", PROXY)]);
+    let injection = inject(&engine, &web_pod());
+    assert!(injection.status.templates.is_empty());
+    assert_eq!(injection.status.reason.as_deref(), Some("no template is marked default: true"));
+    let out = apply(&web_pod(), &injection.patch);
+    assert!(out["metadata"]["labels"].get("sidecar-injector.io/injected").is_none());
+    assert_eq!(out["spec"], web_pod()["spec"]);
+    assert!(matches!(engine.evaluate(&request(out, opted_in("shop", &[]))).outcome, Outcome::UpToDate(_)));
+}
+
+/// 36,000 instructions for the one-container sample pod, so it loads; 72,000 for a two-container pod,
+/// over the 50,000 an expression may use.
+const SLOW_PER_CONTAINER: &str = "inject:\n  labels:\n    v: \"{% for c in pod.spec.containers %}{% for i in range(12000) %}{% endfor %}{% endfor %}\"\n";
+
+#[test]
+fn denials_name_the_problem() {
+    let engine = engine(&[("logs", LOGS), ("slow", SLOW_PER_CONTAINER)]);
+    let with = |f: &dyn Fn(&mut Value)| {
+        let mut pod = web_pod();
+        f(&mut pod);
+        match engine.evaluate(&request(pod, opted_in("shop", &[]))).outcome {
+            Outcome::Denied(denial) => denial.to_string(),
+            other => panic!("expected a denial, got {other:?}"),
+        }
+    };
+    let cases: Vec<(&str, Box<dyn Fn(&mut Value)>, &str)> = vec![
+        (
+            "unknown template",
+            Box::new(|p| p["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!("logs,nope")),
+            "sidecar-injector: sidecar-injector.io/templates on the pod names unknown template(s) nope; known templates: logs, slow",
+        ),
+        (
+            "invalid override",
+            Box::new(|p| {
+                p["metadata"]["annotations"]["sidecar-injector.io/logs.level"] = json!(7);
+            }),
+            "sidecar-injector: the pod is malformed: metadata.annotations.sidecar-injector.io/logs.level: must be a string",
+        ),
+        (
+            "render error at admission",
+            Box::new(|p| p["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!("slow")),
+            "sidecar-injector: cannot inject: template \"slow\" line 3: \"{% for c in pod.spec.containers %}",
+        ),
+        (
+            "containers not a list",
+            Box::new(|p| p["spec"]["containers"] = json!({"a": 1})),
+            "the pod is malformed: spec.containers: must be a list",
+        ),
+        (
+            "container without name",
+            Box::new(|p| p["spec"]["containers"][1] = json!({"image": "x"})),
+            "spec.containers[1].name: must be a string",
+        ),
+        (
+            "env not a list",
+            Box::new(|p| p["spec"]["containers"][0]["env"] = json!("x")),
+            "spec.containers[0].env: must be a list",
+        ),
+        (
+            "label not a string",
+            Box::new(|p| p["metadata"]["labels"]["n"] = json!(1)),
+            "metadata.labels.n: must be a string",
+        ),
+        (
+            "no spec",
+            Box::new(|p| p.as_object_mut().unwrap().remove("spec").map(drop).unwrap_or(())),
+            "spec: must be an object",
+        ),
+    ];
+    for (case, mutate, expected) in cases {
+        let message = with(&*mutate);
+        assert!(message.starts_with("sidecar-injector: ") && message.contains(expected), "{case}: {message}");
+    }
+}
+
+#[test]
+fn a_malformed_status_annotation_is_replaced_with_a_warning() {
+    let engine = engine(&[("logs", LOGS)]);
+    let mut pod = web_pod();
+    pod["metadata"]["annotations"]["sidecar-injector.io/status"] = json!("{not json");
+    let decision = engine.evaluate(&request(pod.clone(), opted_in("shop", &[])));
+    assert!(decision.warnings[0].contains("is not valid"), "{:?}", decision.warnings);
+    let Outcome::Inject(injection) = decision.outcome else { panic!() };
+    let out = apply(&pod, &injection.patch);
+    assert!(
+        InjectionStatus::parse(out["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap()).is_ok()
+    );
+}
+
+#[test]
+fn out_of_scope_pods_get_no_patch() {
+    let engine = engine(&[("logs", LOGS)]);
+    let mut pod = web_pod();
+    pod["metadata"]["labels"]["sidecar-injector.io/inject"] = json!("disabled");
+    assert!(matches!(
+        engine.evaluate(&request(pod, opted_in("shop", &[]))).outcome,
+        Outcome::OutOfScope(OutOfScope::PodOptedOut)
+    ));
+}
