@@ -62,9 +62,9 @@ pub fn plan(
     let containers = pod::list(pod, "containers")?.ok_or_else(|| shape_error("spec.containers", "is missing"))?;
     let init_containers = pod::list(pod, "initContainers")?;
     let volumes = pod::list(pod, "volumes")?;
-    let container_names = pod::names(Some(containers), "spec.containers")?;
-    let init_names = pod::names(init_containers, "spec.initContainers")?;
-    let volume_names = pod::names(volumes, "spec.volumes")?;
+    let container_names = pod::names(Some(containers), || "spec.containers".into())?;
+    let init_names = pod::names(init_containers, || "spec.initContainers".into())?;
+    let volume_names = pod::names(volumes, || "spec.volumes".into())?;
 
     // What the previous injection added, and so goes away first.
     let removed_containers = indexes_named(&container_names, &previous.containers);
@@ -111,23 +111,12 @@ pub fn plan(
             continue;
         }
         let name = container_names[index];
-        let field = format!("spec.containers[{index}]");
+        let field = || format!("spec.containers[{index}]");
         let prev = previous.app_containers.get(name);
-        let env = named_list(container, "env", &field)?;
-        let mounts = named_list(container, "volumeMounts", &field)?;
-        let env_names = env
-            .iter()
-            .enumerate()
-            .map(|(i, e)| pod::item_name(e, &format!("{field}.env"), i))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mount_paths = mounts
-            .iter()
-            .enumerate()
-            .map(|(i, m)| match m.get("mountPath") {
-                Some(Value::String(p)) => Ok(p.as_str()),
-                _ => Err(shape_error(format!("{field}.volumeMounts[{i}].mountPath"), "must be a string")),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let env = named_list(container, "env", field)?;
+        let mounts = named_list(container, "volumeMounts", field)?;
+        let env_names = pod::names(env, || format!("{}.env", field()))?;
+        let mount_paths = pod::keys(mounts, "mountPath", || format!("{}.volumeMounts", field()))?;
         let removed_env = prev.map(|p| indexes_named(&env_names, &p.env)).unwrap_or_default();
         let removed_mounts = prev.map(|p| indexes_named(&mount_paths, &p.volume_mounts)).unwrap_or_default();
         app_containers.push(AppContainer {
@@ -135,18 +124,8 @@ pub fn plan(
             new_index: index - removed_containers.iter().filter(|r| **r < index).count(),
             has_env: container.get("env").is_some_and(|e| !e.is_null()),
             has_mounts: container.get("volumeMounts").is_some_and(|m| !m.is_null()),
-            taken_env: env_names
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !removed_env.contains(i))
-                .map(|(_, n)| *n)
-                .collect(),
-            taken_mounts: mount_paths
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !removed_mounts.contains(i))
-                .map(|(_, p)| *p)
-                .collect(),
+            taken_env: Taken::by_pod(&env_names, &removed_env),
+            taken_mounts: Taken::by_pod(&mount_paths, &removed_mounts),
             removed_env,
             removed_mounts,
             added_env: Vec::new(),
@@ -162,18 +141,18 @@ pub fn plan(
     let mut new_volumes = Vec::new();
     for planned in templates {
         let t = &planned.rendered;
-        let owner = format!("template:{}", t.name);
-        let mut skip = |kind: ItemKind, name: &str, container: Option<&str>, by: String| {
+        let owner = Owner::Template(&t.name);
+        let mut skip = |kind: ItemKind, name: &str, container: Option<&str>, by: Owner| {
             status.skipped.push(Skipped {
                 template: t.name.clone(),
                 kind,
                 name: name.to_owned(),
                 container: container.map(str::to_owned),
-                owner: by,
+                owner: by.to_string(),
             });
         };
         for (key, value) in &t.labels {
-            match taken_labels.claim(key, &owner) {
+            match taken_labels.claim(key, owner) {
                 Ok(()) => {
                     added_labels.insert(key.clone(), value.clone());
                 }
@@ -181,7 +160,7 @@ pub fn plan(
             }
         }
         for (key, value) in &t.annotations {
-            match taken_annotations.claim(key, &owner) {
+            match taken_annotations.claim(key, owner) {
                 Ok(()) => {
                     added_annotations.insert(key.clone(), value.clone());
                 }
@@ -190,7 +169,7 @@ pub fn plan(
         }
         for container in &t.init_containers {
             let name = rendered_name(container);
-            match taken_containers.claim(name, &owner) {
+            match taken_containers.claim(name, owner) {
                 Ok(()) => {
                     status.init_containers.push(name.to_owned());
                     new_init.push(container.clone());
@@ -200,7 +179,7 @@ pub fn plan(
         }
         for sidecar in &t.sidecars {
             let name = rendered_name(sidecar);
-            if let Err(by) = taken_containers.claim(name, &owner) {
+            if let Err(by) = taken_containers.claim(name, owner) {
                 skip(ItemKind::Sidecar, name, None, by);
                 continue;
             }
@@ -217,7 +196,7 @@ pub fn plan(
         }
         for volume in &t.volumes {
             let name = rendered_name(volume);
-            match taken_volumes.claim(name, &owner) {
+            match taken_volumes.claim(name, owner) {
                 Ok(()) => {
                     status.volumes.push(name.to_owned());
                     new_volumes.push(volume.clone());
@@ -228,14 +207,14 @@ pub fn plan(
         for app in &mut app_containers {
             for env in &t.env {
                 let name = rendered_name(env);
-                match app.taken_env.claim(name, &owner) {
+                match app.taken_env.claim(name, owner) {
                     Ok(()) => app.added_env.push(env),
                     Err(by) => skip(ItemKind::Env, name, Some(app.name), by),
                 }
             }
             for mount in &t.volume_mounts {
                 let path = mount_path(mount);
-                match app.taken_mounts.claim(path, &owner) {
+                match app.taken_mounts.claim(path, owner) {
                     Ok(()) => app.added_mounts.push(mount),
                     Err(by) => skip(ItemKind::VolumeMount, path, Some(app.name), by),
                 }
@@ -311,32 +290,56 @@ struct AppContainer<'p> {
     new_index: usize,
     has_env: bool,
     has_mounts: bool,
-    taken_env: Taken,
-    taken_mounts: Taken,
+    taken_env: Taken<'p>,
+    taken_mounts: Taken<'p>,
     removed_env: Vec<usize>,
     removed_mounts: Vec<usize>,
     added_env: Vec<&'p Value>,
     added_mounts: Vec<&'p Value>,
 }
 
-/// Names in use and who holds them.
-#[derive(Default)]
-struct Taken(HashMap<String, String>);
+/// Who holds a name: the pod itself or an earlier template.
+#[derive(Clone, Copy)]
+enum Owner<'a> {
+    Pod,
+    Template(&'a str),
+}
 
-impl<'a> FromIterator<&'a str> for Taken {
-    fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
-        Taken(iter.into_iter().map(|n| (n.to_owned(), "pod".to_owned())).collect())
+impl std::fmt::Display for Owner<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Owner::Pod => f.write_str("pod"),
+            Owner::Template(name) => write!(f, "template:{name}"),
+        }
     }
 }
 
-impl Taken {
+/// Names in use and who holds them. Borrows every name: this is built for every env var of every
+/// container, so it must not allocate per name.
+#[derive(Default)]
+struct Taken<'a>(HashMap<&'a str, Owner<'a>>);
+
+impl<'a> FromIterator<&'a str> for Taken<'a> {
+    fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
+        Taken(iter.into_iter().map(|n| (n, Owner::Pod)).collect())
+    }
+}
+
+impl<'a> Taken<'a> {
+    /// The pod's names, except those at the `removed` indexes (ascending).
+    fn by_pod(names: &[&'a str], removed: &[usize]) -> Self {
+        names.iter().enumerate().filter(|(i, _)| removed.binary_search(i).is_err()).map(|(_, n)| *n).collect()
+    }
+
     /// Takes `name` for `owner`, or says who already holds it.
-    fn claim(&mut self, name: &str, owner: &str) -> Result<(), String> {
-        if let Some(holder) = self.0.get(name) {
-            return Err(holder.clone());
+    fn claim(&mut self, name: &'a str, owner: Owner<'a>) -> Result<(), Owner<'a>> {
+        match self.0.entry(name) {
+            std::collections::hash_map::Entry::Occupied(holder) => Err(*holder.get()),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(owner);
+                Ok(())
+            }
         }
-        self.0.insert(name.to_owned(), owner.to_owned());
-        Ok(())
     }
 }
 
@@ -349,11 +352,15 @@ fn mount_path(mount: &Value) -> &str {
     mount.get("mountPath").and_then(Value::as_str).unwrap_or_default()
 }
 
-fn named_list<'c>(container: &'c Value, field: &str, container_field: &str) -> Result<&'c [Value], PodShapeError> {
+fn named_list<'c>(
+    container: &'c Value,
+    field: &str,
+    container_field: impl Fn() -> String,
+) -> Result<Option<&'c Vec<Value>>, PodShapeError> {
     match container.get(field) {
-        None | Some(Value::Null) => Ok(&[]),
-        Some(Value::Array(items)) => Ok(items),
-        Some(_) => Err(shape_error(format!("{container_field}.{field}"), "must be a list")),
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(items)) => Ok(Some(items)),
+        Some(_) => Err(shape_error(format!("{}.{field}", container_field()), "must be a list")),
     }
 }
 

@@ -53,17 +53,28 @@ pub(crate) fn list<'p>(pod: &'p Value, field: &str) -> Result<Option<&'p Vec<Val
     }
 }
 
-/// The `name` of a list item (container, volume, env var).
-pub(crate) fn item_name<'i>(item: &'i Value, field: &str, index: usize) -> Result<&'i str, PodShapeError> {
-    match item.get("name") {
-        Some(Value::String(name)) => Ok(name),
-        _ => Err(shape_error(format!("{field}[{index}].name"), "must be a string")),
-    }
+/// The `name` of each item of a list (containers, volumes, env vars), in order; the error names
+/// the first item without a string name. The field path is only formatted on error: this runs for
+/// every env var of every container.
+pub(crate) fn names(items: Option<&Vec<Value>>, field: impl Fn() -> String) -> Result<Vec<&str>, PodShapeError> {
+    keys(items, "name", field)
 }
 
-/// The names of the items of a list, in order.
-pub(crate) fn names<'p>(items: Option<&'p Vec<Value>>, field: &str) -> Result<Vec<&'p str>, PodShapeError> {
-    items.into_iter().flatten().enumerate().map(|(i, item)| item_name(item, field, i)).collect()
+/// The string at `key` of each item of a list (`name`, `mountPath`), in order.
+pub(crate) fn keys<'p>(
+    items: Option<&'p Vec<Value>>,
+    key: &str,
+    field: impl Fn() -> String,
+) -> Result<Vec<&'p str>, PodShapeError> {
+    items
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, item)| match item.get(key) {
+            Some(Value::String(value)) => Ok(value.as_str()),
+            _ => Err(shape_error(format!("{}[{i}].{key}", field()), "must be a string")),
+        })
+        .collect()
 }
 
 /// The pod's name for messages: `name`, else `generateName*`, else `<unnamed>`.

@@ -255,6 +255,12 @@ mod tests {
     use super::*;
     use crate::engine::test_support::{engine, opted_in};
 
+    type Map = BTreeMap<String, String>;
+    /// (case, pod labels, pod annotations, namespace, expected outcome)
+    type ScopeCase = (&'static str, Map, Map, NamespaceFacts, Result<(), &'static str>);
+    /// (case, pod labels, pod annotations, namespace, source, selected templates)
+    type ChoiceCase = (&'static str, Map, Map, NamespaceFacts, ChoiceSource, Vec<&'static str>);
+
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
     }
@@ -265,8 +271,7 @@ mod tests {
         let unknown = |name: &str| NamespaceFacts::unknown(name);
         let not_opted = NamespaceFacts::known("shop", map(&[("team", "a")]), BTreeMap::new());
         let disabled_ns = NamespaceFacts::known("shop", map(&[(names::INJECT_LABEL, "disabled")]), BTreeMap::new());
-        // (case, pod labels, pod annotations, namespace, expected)
-        let cases: Vec<(&str, BTreeMap<String, String>, BTreeMap<String, String>, NamespaceFacts, Result<(), &str>)> = vec![
+        let cases: Vec<ScopeCase> = vec![
             ("opted in", map(&[]), map(&[]), opted_in("shop", &[]), Ok(())),
             ("unknown labels count as opted in", map(&[]), map(&[]), unknown("shop"), Ok(())),
             ("namespace without label", map(&[]), map(&[]), not_opted, Err("namespace_not_opted_in")),
@@ -325,15 +330,7 @@ mod tests {
         let prod = opted_in("shop", &[("env", "prod"), ("owner", "x")]);
         let mut prod_annotated = prod.clone();
         prod_annotated.annotations = map(&[(names::TEMPLATES_ANNOTATION, "extra")]);
-        // (case, pod labels, pod annotations, namespace, source, selected, other verdicts)
-        let cases: Vec<(
-            &str,
-            BTreeMap<String, String>,
-            BTreeMap<String, String>,
-            NamespaceFacts,
-            ChoiceSource,
-            Vec<&str>,
-        )> = vec![
+        let cases: Vec<ChoiceCase> = vec![
             (
                 "defaults that match",
                 map(&[("app", "web")]),

@@ -575,34 +575,22 @@ impl<'a> Compiler<'a> {
         spec: &InjectSpec,
         values: &serde_json::Map<String, Value>,
     ) -> Result<(), TemplateError> {
-        fn walk(
-            piece: &Piece,
-            check: &mut dyn FnMut(u64, &[String]) -> Result<(), TemplateError>,
-        ) -> Result<(), TemplateError> {
+        fn collect<'p>(piece: &'p Piece, refs: &mut Vec<(u64, &'p [String])>) {
             match piece {
-                Piece::ValueRef { line, path } => check(*line, path),
-                Piece::Seq(items) => items.iter().try_for_each(|i| walk(&i.piece, check)),
-                Piece::Map(entries) => entries.iter().try_for_each(|(_, p)| walk(p, check)),
-                Piece::Literal(_) | Piece::Text(_) => Ok(()),
+                Piece::ValueRef { line, path } => refs.push((*line, path)),
+                Piece::Seq(items) => items.iter().for_each(|i| collect(&i.piece, refs)),
+                Piece::Map(entries) => entries.iter().for_each(|(_, p)| collect(p, refs)),
+                Piece::Literal(_) | Piece::Text(_) => {}
             }
         }
-        let mut check = |line: u64, path: &[String]| {
-            if render::lookup_path(values, path).is_some() {
-                Ok(())
-            } else {
-                Err(self.err(line, format!("values.{} is not defined in values", path.join("."))))
-            }
-        };
-        let pieces = spec.labels.iter().chain(&spec.annotations).map(|(_, p)| p);
-        let items = spec
-            .init_containers
-            .iter()
-            .chain(&spec.sidecars)
-            .chain(&spec.volumes)
-            .chain(&spec.env)
-            .chain(&spec.volume_mounts)
-            .map(|i| &i.piece);
-        pieces.chain(items).try_for_each(|p| walk(p, &mut check))
+        let mut refs = Vec::new();
+        let items = [&spec.init_containers, &spec.sidecars, &spec.volumes, &spec.env, &spec.volume_mounts];
+        spec.labels.iter().chain(&spec.annotations).for_each(|(_, p)| collect(p, &mut refs));
+        items.iter().flat_map(|list| list.iter()).for_each(|i| collect(&i.piece, &mut refs));
+        match refs.into_iter().find(|(_, path)| render::lookup_path(values, path).is_none()) {
+            Some((line, path)) => Err(self.err(line, format!("values.{} is not defined in values", path.join(".")))),
+            None => Ok(()),
+        }
     }
 }
 

@@ -324,7 +324,8 @@ fn denials_name_the_problem() {
             other => panic!("expected a denial, got {other:?}"),
         }
     };
-    let cases: Vec<(&str, Box<dyn Fn(&mut Value)>, &str)> = vec![
+    type Mutation = Box<dyn Fn(&mut Value)>;
+    let cases: Vec<(&str, Mutation, &str)> = vec![
         (
             "unknown template",
             Box::new(|p| p["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!("logs,nope")),

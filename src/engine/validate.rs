@@ -124,39 +124,35 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
     json_patch::patch(&mut expected, &injection.patch)
         .map_err(|e| format!("internal error recomputing the injection: {e}"))?;
     let actual = &*request.pod;
-    let spec = |pod: &Value, list: &str| pod::list(pod, list).ok().flatten().cloned();
-    let (expected_init, actual_init) = (spec(&expected, "initContainers"), spec(actual, "initContainers"));
-    let (expected_containers, actual_containers) = (spec(&expected, "containers"), spec(actual, "containers"));
-    let (expected_volumes, actual_volumes) = (spec(&expected, "volumes"), spec(actual, "volumes"));
-    let named: [(&str, &[String], &Option<Vec<Value>>, &Option<Vec<Value>>); 3] = [
-        ("init container", &injection.status.init_containers, &expected_init, &actual_init),
-        ("sidecar container", &injection.status.containers, &expected_containers, &actual_containers),
-        ("volume", &injection.status.volumes, &expected_volumes, &actual_volumes),
+    let lists = [
+        ("init container", "initContainers", &injection.status.init_containers),
+        ("sidecar container", "containers", &injection.status.containers),
+        ("volume", "volumes", &injection.status.volumes),
     ];
-    for (kind, names, expected_items, actual_items) in named {
+    for (kind, list, names) in lists {
+        let expected_items = pod::list(&expected, list).ok().flatten();
+        let actual_items = pod::list(actual, list).ok().flatten();
         for name in names {
-            let want = find_named(expected_items.as_ref(), name);
-            let have = find_named(actual_items.as_ref(), name);
-            match (want, have) {
+            match (find_named(expected_items, name), find_named(actual_items, name)) {
                 (Some(want), Some(have)) => {
                     if let Some(diff) = first_difference(want, have, "") {
                         return Err(format!("injected {kind} {name:?} was changed after injection: {diff}"));
                     }
                 }
-                (Some(_), None) => {
-                    return Err(format!("injected {kind} {name:?} was removed after injection"));
-                }
+                (Some(_), None) => return Err(format!("injected {kind} {name:?} was removed after injection")),
                 _ => {}
             }
         }
     }
+    let expected_containers = pod::list(&expected, "containers").ok().flatten();
+    let actual_containers = pod::list(actual, "containers").ok().flatten();
     // Only the app containers that existed when the pod was injected: a container a later mutator
     // added looks like an app container to the recomputation, but never got our env or mounts.
     let injected_containers =
         injection.status.app_containers.iter().filter(|(c, _)| status.app_containers.contains_key(*c));
     for (container, additions) in injected_containers {
-        let want = find_named(expected_containers.as_ref(), container);
-        let have = find_named(actual_containers.as_ref(), container);
+        let want = find_named(expected_containers, container);
+        let have = find_named(actual_containers, container);
         let (Some(want), Some(have)) = (want, have) else {
             continue;
         };
@@ -269,7 +265,8 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
 
 /// The first field of `expected` that `actual` does not hold, as `path: is X, the template sets Y`.
 /// Objects may have extra keys; lists of named objects are matched by name; other lists of objects
-/// item by item (extra trailing items allowed); lists of scalars must be equal. Resource quantities
+/// item by item (extra trailing items allowed); an empty list is contained in any list; other lists
+/// must be equal. Resource quantities
 /// compare by value (`1000m` equals `1`), because the API server rewrites them in canonical form.
 pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<String> {
     let here = |p: &str| {
@@ -280,7 +277,8 @@ pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<
             None => Some(format!("{} was removed", here(&format!("{path}.{key}")))),
             Some(h) => first_difference(w, h, &format!("{path}.{key}")),
         }),
-        (Value::Array(want), Value::Array(have)) if want.iter().all(Value::is_object) && !want.is_empty() => {
+        (Value::Array(want), Value::Array(_)) if want.is_empty() => None,
+        (Value::Array(want), Value::Array(have)) if want.iter().all(Value::is_object) => {
             let by_name = want.iter().all(|w| w.get("name").is_some_and(Value::is_string));
             want.iter().enumerate().find_map(|(i, w)| {
                 let found = if by_name { have.iter().find(|h| h.get("name") == w.get("name")) } else { have.get(i) };
@@ -461,7 +459,7 @@ inject:
             ),
             (
                 "app env removed",
-                Box::new(|p| drop(p["spec"]["containers"][0]["env"].as_array_mut().unwrap().clear())),
+                Box::new(|p| p["spec"]["containers"][0]["env"].as_array_mut().unwrap().clear()),
                 "env var \"PROXY\" injected into container \"app\" was removed",
             ),
             (

@@ -1,0 +1,108 @@
+//! Micro-benchmark of the engine: the cost of one admission decision (parse the pod JSON, evaluate,
+//! serialize the patch) for a typical pod and for huge ones, and how it scales with pod size.
+//! Prints a table and the ratios; run with `cargo bench --bench engine`.
+
+#[path = "../tests/common/fixtures.rs"]
+mod fixtures;
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sidecar_injector::engine::template::embedded_sources;
+use sidecar_injector::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet};
+
+/// Median time of one decision (parse, evaluate, serialize the patch), over batches that together
+/// run for about `budget`.
+fn measure(engine: &Engine, body: &[u8], budget: Duration) -> Duration {
+    median_time(budget, || {
+        let pod: Value = serde_json::from_slice(black_box(body)).unwrap();
+        let request = PodRequest {
+            pod: Arc::new(pod),
+            namespace: NamespaceFacts::unknown("shop"),
+            cluster: ClusterFacts::default(),
+        };
+        match engine.evaluate(&request).outcome {
+            Outcome::Inject(injection) => black_box(serde_json::to_vec(&injection.patch).unwrap().len()),
+            other => panic!("expected an injection, got {other:?}"),
+        }
+    })
+}
+
+/// Median time of parsing (and dropping) the pod JSON alone: the floor under any decision.
+fn measure_parse(body: &[u8], budget: Duration) -> Duration {
+    median_time(budget, || black_box(serde_json::from_slice::<Value>(black_box(body)).unwrap()).is_object() as usize)
+}
+
+fn median_time(budget: Duration, mut once: impl FnMut() -> usize) -> Duration {
+    let start = Instant::now();
+    let mut calibration = 0u32;
+    while start.elapsed() < budget / 10 {
+        once();
+        calibration += 1;
+    }
+    let per_batch = (calibration / 2).max(1);
+    let mut batches = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < budget || batches.len() < 5 {
+        let batch = Instant::now();
+        for _ in 0..per_batch {
+            once();
+        }
+        batches.push(batch.elapsed() / per_batch);
+    }
+    batches.sort();
+    batches[batches.len() / 2]
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let budget = Duration::from_millis(if quick { 200 } else { 2000 });
+    let (templates, errors) = TemplateSet::load(embedded_sources());
+    assert!(errors.is_empty(), "{errors:?}");
+    let engine = Engine::new(templates, Vec::new());
+
+    let typical = serde_json::to_vec(&fixtures::typical_pod()).unwrap();
+    if std::env::args().any(|a| a == "--profile-typical") {
+        // For `perf record`: only the typical decision, for a while.
+        measure(&engine, &typical, Duration::from_secs(5));
+        return;
+    }
+    let typical_time = measure(&engine, &typical, budget);
+    println!("{:<34} {:>10} {:>12} {:>12} {:>14}", "pod", "JSON bytes", "µs/decision", "µs parsing", "ns per byte");
+    let row = |name: &str, body: &[u8], time: Duration| {
+        let parse = measure_parse(body, budget / 2);
+        println!(
+            "{name:<34} {:>10} {:>12.1} {:>12.1} {:>14.2}",
+            body.len(),
+            time.as_secs_f64() * 1e6,
+            parse.as_secs_f64() * 1e6,
+            time.as_nanos() as f64 / body.len() as f64
+        );
+    };
+    row("typical (2 containers)", &typical, typical_time);
+
+    let mut series = Vec::new();
+    for env in [125, 250, 500, 1000, 2000] {
+        let body = serde_json::to_vec(&fixtures::huge_pod(10, env)).unwrap();
+        let time = measure(&engine, &body, budget);
+        row(&format!("10 containers x {env} env vars"), &body, time);
+        series.push((env, body.len(), time));
+    }
+    let (_, huge_bytes, huge_time) = series.iter().find(|(env, _, _)| *env == 1000).copied().unwrap();
+    println!();
+    println!(
+        "huge (10 x 1000 env, {} KiB) / typical: {:.1}x the time for {:.0}x the bytes",
+        huge_bytes / 1024,
+        huge_time.as_secs_f64() / typical_time.as_secs_f64(),
+        huge_bytes as f64 / typical.len() as f64
+    );
+    let (first, last) = (series.first().unwrap(), series.last().unwrap());
+    println!(
+        "scaling from {} to {} env vars per container (16x the pod): {:.1}x the time (linear = 16x, quadratic = 256x)",
+        first.0,
+        last.0,
+        last.2.as_secs_f64() / first.2.as_secs_f64()
+    );
+}
