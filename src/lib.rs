@@ -3,7 +3,17 @@
 //!
 //! The crate is a pure core with a thin shell around it:
 //! - [`engine`]: templates, selection, rendering, the injection plan and patch, validation. No IO.
+//! - [`admission`]: AdmissionReview in, engine decision, AdmissionReview out (pure).
 //! - [`cli`]: the `inject`, `explain` and `check-templates` commands over files and stdin.
+//! - [`server`]: the actix-web + rustls listeners, certificate reload; [`cluster`]: kube-rs watches
+//!   of namespaces and template ConfigMaps, self-managed certificates; [`certs`]: certificate making.
+//! - [`config`], [`telemetry`]: settings, logs, traces and metrics.
 
+pub mod admission;
+pub mod certs;
 pub mod cli;
+pub mod cluster;
+pub mod config;
 pub mod engine;
+pub mod server;
+pub mod telemetry;

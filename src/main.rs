@@ -7,6 +7,15 @@ use sidecar_injector::cli::{self, Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Serve { config, templates } = cli.command {
+        return match cli::serve::serve(config, templates) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let result = match &cli.command {
         Command::Inject(args) => cli::inject(args).map(|(yaml, warnings)| {
             for warning in warnings {
@@ -16,6 +25,7 @@ fn main() -> ExitCode {
         }),
         Command::Explain { args, output } => cli::explain(args, *output),
         Command::CheckTemplates { path } => cli::check_templates(path),
+        Command::Serve { .. } => unreachable!("handled above"),
     };
     match result {
         Ok(output) => {

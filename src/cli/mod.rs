@@ -4,6 +4,7 @@
 mod check;
 mod explain;
 mod inject;
+pub mod serve;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -31,6 +32,16 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the admission webhook (HTTPS /mutate and /validate; HTTP /healthz, /readyz, /metrics).
+    Serve {
+        /// YAML settings file (see the README for every setting); environment variables
+        /// SIDECAR_INJECTOR__SECTION__KEY override it.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Templates to serve when there is no cluster (default: the embedded ones).
+        #[arg(long, value_name = "DIR")]
+        templates: Option<PathBuf>,
+    },
     /// Inject into the pods of YAML manifests and print the result (like `istioctl kube-inject`).
     Inject(OfflineArgs),
     /// Say for each pod whether it would be injected, with which templates, and why.

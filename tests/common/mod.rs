@@ -1,1 +1,2 @@
 pub mod fixtures;
+pub mod server;

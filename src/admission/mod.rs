@@ -1,0 +1,386 @@
+//! AdmissionReview in, engine decision, AdmissionReview out: pure functions over
+//! `kube::core::admission` types, shared by the HTTP handlers and the tests.
+//!
+//! Parsing is two-step on purpose. kube's `AdmissionReview<T>` flattens its type meta, which makes
+//! serde buffer the whole body before deserializing it (a second pass over a pod that may be
+//! hundreds of KiB), and it cannot say *which* part of a bad review is wrong. So the envelope is read
+//! first with the request left as borrowed raw JSON (checking apiVersion, kind and presence of the
+//! request), then kube's `AdmissionRequest<RawObject>` is deserialized from it, where [`RawObject`]
+//! keeps the object as the raw JSON the engine works on.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use kube::core::{ApiResource, DynamicResourceScope, ObjectMeta, Resource, TypeMeta};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use crate::engine::validate::{self, Verdict};
+use crate::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, names};
+
+/// The only AdmissionReview version served.
+pub const API_VERSION: &str = "admission.k8s.io/v1";
+/// The kind of the review.
+pub const KIND: &str = "AdmissionReview";
+
+/// An object of a kind known only at run time, kept as raw JSON so that fields unknown to our
+/// Kubernetes types survive, with its metadata parsed for convenience.
+#[derive(Debug, Clone)]
+pub struct RawObject {
+    /// The object as sent.
+    pub json: Value,
+    metadata: ObjectMeta,
+}
+
+impl<'de> Deserialize<'de> for RawObject {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let json = Value::deserialize(deserializer)?;
+        let metadata = match json.get("metadata") {
+            Some(m) => ObjectMeta::deserialize(m).map_err(serde::de::Error::custom)?,
+            None => ObjectMeta::default(),
+        };
+        Ok(RawObject { json, metadata })
+    }
+}
+
+impl serde::Serialize for RawObject {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.json.serialize(serializer)
+    }
+}
+
+impl Resource for RawObject {
+    type DynamicType = ApiResource;
+    type Scope = DynamicResourceScope;
+
+    fn kind(dt: &ApiResource) -> Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+    fn group(dt: &ApiResource) -> Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+    fn version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+    fn plural(dt: &ApiResource) -> Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// A parsed admission request.
+pub type Request = AdmissionRequest<RawObject>;
+
+/// Which endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /mutate`.
+    Mutate,
+    /// `POST /validate`.
+    Validate,
+}
+
+impl Endpoint {
+    /// `mutate` or `validate`, for logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Endpoint::Mutate => "mutate",
+            Endpoint::Validate => "validate",
+        }
+    }
+}
+
+/// An HTTP answer: status, AdmissionReview body, and what happened, for logs and metrics.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// HTTP status: 200, or 400 (unreadable review), 408 (body too slow), 413 (body too large).
+    pub status: u16,
+    /// JSON body.
+    pub body: Vec<u8>,
+    /// What happened.
+    pub summary: Summary,
+}
+
+/// What happened to one request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// `CREATE`, `UPDATE`, ... (`unknown` when unreadable).
+    pub operation: String,
+    /// `patched`, `allowed`, `denied`, `invalid`, `too_large` or `timeout`.
+    pub result: &'static str,
+    /// The human reason (why allowed without patch, why denied, what is invalid).
+    pub reason: String,
+    /// Templates injected (mutate).
+    pub injected: Vec<String>,
+    /// Short code of a skip, for the skips metric (`not_a_pod`, `not_create`, `namespace_not_opted_in`,
+    /// `up_to_date`, `no_template_matched`, ...).
+    pub skip: Option<&'static str>,
+}
+
+/// Why a body is not a readable AdmissionReview: the message of the 400.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRequest(pub String);
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: Option<String>,
+    kind: Option<String>,
+    #[serde(borrow)]
+    request: Option<&'a RawValue>,
+}
+
+/// Reads an AdmissionReview, with a specific message for every way it can be wrong.
+pub fn parse(body: &[u8]) -> Result<Request, BadRequest> {
+    let bad = |m: String| Err(BadRequest(m));
+    let text = match std::str::from_utf8(body) {
+        Ok(text) => text,
+        Err(e) => return bad(format!("the body is not UTF-8: invalid byte at offset {}", e.valid_up_to())),
+    };
+    let envelope: Envelope = match serde_json::from_str(text) {
+        Ok(envelope) => envelope,
+        Err(e) if e.is_data() => return bad(format!("the body is not an AdmissionReview: {e}")),
+        Err(e) => return bad(format!("the body is not valid JSON: {e}")),
+    };
+    match envelope.api_version.as_deref() {
+        Some(API_VERSION) => {}
+        Some(other) => return bad(format!("unsupported apiVersion {other:?}: only {API_VERSION} is served")),
+        None => return bad(format!("apiVersion is missing: expected {API_VERSION}")),
+    }
+    match envelope.kind.as_deref() {
+        Some(KIND) => {}
+        Some(other) => return bad(format!("unsupported kind {other:?}: expected {KIND}")),
+        None => return bad(format!("kind is missing: expected {KIND}")),
+    }
+    let Some(raw) = envelope.request.filter(|r| r.get() != "null") else {
+        return bad("the AdmissionReview has no request".into());
+    };
+    // Field presence first, for messages that name the field rather than serde's wording.
+    #[derive(Deserialize)]
+    struct Presence<'a> {
+        #[serde(borrow)]
+        uid: Option<&'a RawValue>,
+        operation: Option<&'a RawValue>,
+        #[serde(borrow)]
+        object: Option<&'a RawValue>,
+    }
+    let presence: Presence = serde_json::from_str(raw.get()).map_err(|e| BadRequest(format!("request: {e}")))?;
+    if presence.uid.is_none_or(|u| u.get() == "null" || u.get() == "\"\"") {
+        return bad("request.uid is missing".into());
+    }
+    let needs_object = presence.operation.is_some_and(|o| matches!(o.get(), "\"CREATE\"" | "\"UPDATE\""));
+    if needs_object && presence.object.is_none_or(|o| o.get() == "null") {
+        return bad("request.object is missing".into());
+    }
+    let mut request: Request = serde_json::from_str(raw.get()).map_err(|e| BadRequest(format!("request: {e}")))?;
+    request.types = TypeMeta { api_version: API_VERSION.into(), kind: KIND.into() };
+    Ok(request)
+}
+
+/// The review body of a response. kube's `AdmissionResponse` serializes the patch bytes as a JSON
+/// array of numbers; the API server would accept that, but the documented wire format (and a third
+/// of the size) is base64, so the patch is encoded here.
+fn encode(mut response: AdmissionResponse) -> Vec<u8> {
+    use base64::Engine as _;
+    let patch = response.patch.take();
+    let mut review = serde_json::to_value(response.into_review()).expect("a review serializes");
+    if let Some(patch) = patch {
+        review["response"]["patch"] = Value::String(base64::engine::general_purpose::STANDARD.encode(patch));
+    }
+    serde_json::to_vec(&review).expect("a review serializes")
+}
+
+/// The 400 answer to an unreadable review.
+pub fn invalid(error: &BadRequest) -> Reply {
+    failure(400, "invalid", &error.0)
+}
+
+/// The 413 answer to a body over `limit` bytes.
+pub fn too_large(limit: usize) -> Reply {
+    failure(
+        413,
+        "too_large",
+        &format!("the request body is larger than the limit of {limit} bytes (server.max_body_bytes)"),
+    )
+}
+
+/// The 408 answer to a body that did not arrive in time.
+pub fn body_timeout(timeout: std::time::Duration) -> Reply {
+    failure(408, "timeout", &format!("the request body did not arrive within {} ms", timeout.as_millis()))
+}
+
+fn failure(status: u16, result: &'static str, message: &str) -> Reply {
+    Reply {
+        status,
+        body: encode(AdmissionResponse::invalid(message)),
+        summary: Summary { operation: "unknown".into(), result, reason: message.to_owned(), ..Summary::default() },
+    }
+}
+
+fn operation_name(op: &Operation) -> &'static str {
+    match op {
+        Operation::Create => "CREATE",
+        Operation::Update => "UPDATE",
+        Operation::Delete => "DELETE",
+        Operation::Connect => "CONNECT",
+    }
+}
+
+fn is_kind(request: &Request, group: &str, kind: &str) -> bool {
+    request.kind.group == group && request.kind.kind == kind
+}
+
+fn reply(response: AdmissionResponse, summary: Summary) -> Reply {
+    Reply { status: 200, body: encode(response), summary }
+}
+
+fn allow(request: &Request, skip: &'static str, reason: impl Into<String>) -> Reply {
+    let summary = Summary {
+        operation: operation_name(&request.operation).into(),
+        result: "allowed",
+        reason: reason.into(),
+        skip: Some(skip),
+        ..Summary::default()
+    };
+    reply(AdmissionResponse::from(request), summary)
+}
+
+fn with_warnings(mut response: AdmissionResponse, warnings: Vec<String>) -> AdmissionResponse {
+    if !warnings.is_empty() {
+        response.warnings = Some(warnings.into_iter().map(|w| format!("sidecar-injector: {w}")).collect());
+    }
+    response
+}
+
+/// The pod namespace: the request's (the object's may be empty on CREATE).
+pub fn namespace_of(request: &Request) -> &str {
+    request.namespace.as_deref().unwrap_or_default()
+}
+
+/// `POST /mutate`: patches pods on CREATE; everything else is allowed unchanged. A dry-run is
+/// mutated like a real request (the webhook has no side effects).
+pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, cluster: ClusterFacts) -> Reply {
+    if !is_kind(&request, "", "Pod") {
+        let kind = format!("{}/{}", request.kind.group, request.kind.kind);
+        return allow(&request, "not_a_pod", format!("{kind} is not a Pod"));
+    }
+    if request.operation != Operation::Create {
+        return allow(
+            &request,
+            "not_create",
+            format!("only CREATE is mutated, not {}", operation_name(&request.operation)),
+        );
+    }
+    let mut request = request;
+    let object = request.object.take().expect("parse checked that CREATE carries an object");
+    let pod = PodRequest { pod: Arc::new(object.json), namespace: namespace.clone(), cluster };
+    let decision = engine.evaluate(&pod);
+    let operation = "CREATE".to_owned();
+    let base = AdmissionResponse::from(&request);
+    match decision.outcome {
+        Outcome::OutOfScope(reason) => allow(&request, reason.code(), reason.to_string()),
+        Outcome::UpToDate(_) => allow(&request, "up_to_date", "already injected with the current templates"),
+        Outcome::Inject(injection) => {
+            let injected: Vec<String> = injection.status.templates.iter().map(|t| t.name.clone()).collect();
+            let (skip, reason) = match &injection.status.reason {
+                Some(reason) => (Some("no_template_matched"), reason.clone()),
+                None => (None, format!("injected {}", injected.join(", "))),
+            };
+            let response = with_warnings(base, decision.warnings);
+            let response = response.with_patch(json_patch::Patch(injection.patch)).expect("a patch serializes");
+            reply(response, Summary { operation, result: "patched", reason, injected, skip })
+        }
+        Outcome::Denied(denial) => {
+            let message = denial.to_string();
+            let response = with_warnings(base, decision.warnings).deny(&message);
+            reply(response, Summary { operation, result: "denied", reason: message, ..Summary::default() })
+        }
+    }
+}
+
+/// `POST /validate`: pods on CREATE (the injection happened and survived every mutator) and the
+/// template ConfigMaps in `own_namespace` on CREATE and UPDATE (every template loads).
+pub fn validate(
+    engine: &Engine,
+    request: Request,
+    namespace: &NamespaceFacts,
+    cluster: ClusterFacts,
+    own_namespace: &str,
+) -> Reply {
+    let operation = operation_name(&request.operation).to_owned();
+    let verdict = if is_kind(&request, "", "Pod") {
+        if request.operation != Operation::Create {
+            return allow(&request, "not_create", format!("pods are checked on CREATE, not {operation}"));
+        }
+        let object = request.object.as_ref().expect("parse checked that CREATE carries an object");
+        validate::validate_pod(
+            engine,
+            &PodRequest { pod: Arc::new(object.json.clone()), namespace: namespace.clone(), cluster },
+        )
+    } else if is_kind(&request, "", "ConfigMap") {
+        let Some(object) =
+            request.object.as_ref().filter(|_| matches!(request.operation, Operation::Create | Operation::Update))
+        else {
+            return allow(
+                &request,
+                "not_create",
+                format!("template ConfigMaps are checked on CREATE and UPDATE, not {operation}"),
+            );
+        };
+        let labelled =
+            object.meta().labels.as_ref().and_then(|l| l.get(names::TEMPLATES_CONFIGMAP_LABEL)).map(String::as_str)
+                == Some("true");
+        if namespace_of(&request) != own_namespace || !labelled {
+            return allow(&request, "not_templates", "not a template ConfigMap");
+        }
+        let data: std::collections::BTreeMap<String, String> = match object.json.get("data") {
+            None | Some(Value::Null) => Default::default(),
+            Some(data) => match serde_json::from_value(data.clone()) {
+                Ok(data) => data,
+                Err(e) => return deny(&request, format!("data: {e}")),
+            },
+        };
+        match validate::validate_template_data(&data) {
+            Ok(warnings) => Verdict::Allowed(warnings),
+            Err(errors) => Verdict::Denied(format!(
+                "ConfigMap {} has invalid templates: {}",
+                request.name,
+                errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+            )),
+        }
+    } else {
+        let kind = format!("{}/{}", request.kind.group, request.kind.kind);
+        return allow(&request, "not_a_pod", format!("{kind} is not validated"));
+    };
+    match verdict {
+        Verdict::Allowed(warnings) => {
+            let response = with_warnings(AdmissionResponse::from(&request), warnings);
+            reply(response, Summary { operation, result: "allowed", reason: "valid".into(), ..Summary::default() })
+        }
+        Verdict::Denied(message) => deny(&request, message),
+    }
+}
+
+fn deny(request: &Request, message: String) -> Reply {
+    let response = AdmissionResponse::from(request).deny(format!("sidecar-injector: {message}"));
+    let summary = Summary {
+        operation: operation_name(&request.operation).into(),
+        result: "denied",
+        reason: message,
+        ..Summary::default()
+    };
+    reply(response, summary)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,234 @@
+//! The cluster shell: kube-rs reflectors for namespaces (metadata only, cluster-wide) and for the
+//! template ConfigMaps (the injector's namespace, by label only — never a cluster-wide ConfigMap
+//! watch), the cluster version, and the self-managed certificate (`certs`).
+//!
+//! Admission requests read namespace labels from the reflector's store, never from an API call.
+//! Watches reconnect with backoff; while the API server is away the stores keep their last state and
+//! the webhook keeps answering from them.
+
+pub mod certs;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+
+use crate::engine::validate::template_sources;
+use crate::engine::{ClusterFacts, NamespaceFacts, TemplateSource, names};
+use crate::server::{AppState, Readiness};
+use crate::telemetry::Metrics;
+
+/// Where the labels of a request's namespace come from.
+pub enum Namespaces {
+    /// No cluster: labels unknown, every namespace counts as opted in (the API server's
+    /// namespaceSelector has already filtered).
+    Unknown,
+    /// The watched cache.
+    Cache {
+        /// The reflector's store.
+        store: Store<PartialObjectMeta<Namespace>>,
+        /// How long to wait for a namespace the cache has not seen yet.
+        wait: Duration,
+    },
+}
+
+impl Namespaces {
+    /// The facts of namespace `name`. A namespace the cache does not know yet (created a moment
+    /// ago; its watch event may trail the pod's admission) is waited for, briefly.
+    pub async fn facts(&self, name: &str, metrics: &Metrics) -> NamespaceFacts {
+        let Namespaces::Cache { store, wait } = self else {
+            return NamespaceFacts::unknown(name);
+        };
+        let key = ObjectRef::new(name);
+        let deadline = tokio::time::Instant::now() + *wait;
+        loop {
+            if let Some(namespace) = store.get(&key) {
+                return NamespaceFacts::known(name, namespace.labels().clone(), namespace.annotations().clone());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                metrics.namespace_cache_misses.inc();
+                tracing::warn!(namespace = name, "namespace not in the cache; its labels count as unknown");
+                return NamespaceFacts::unknown(name);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Starts the namespace reflector; returns its store. The readiness flag turns on when it has synced.
+pub fn watch_namespaces(client: Client, readiness: Arc<Readiness>) -> Store<PartialObjectMeta<Namespace>> {
+    let (reader, writer) = reflector::store();
+    let stream = watcher(Api::<PartialObjectMeta<Namespace>>::all(client), watcher::Config::default())
+        .default_backoff()
+        .modify(|ns| ns.managed_fields_mut().clear())
+        .reflect(writer)
+        .applied_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        loop {
+            match stream.try_next().await {
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(error) => tracing::warn!(%error, "namespace watch failed; retrying with backoff"),
+            }
+        }
+    });
+    let ready = reader.clone();
+    tokio::spawn(async move {
+        if ready.wait_until_ready().await.is_ok() {
+            readiness.namespaces_synced.store(true, Ordering::Relaxed);
+            tracing::info!(namespaces = ready.len(), "namespace cache synced");
+        }
+    });
+    reader
+}
+
+/// Starts the template ConfigMap reflector; every change rebuilds the templates in service.
+pub fn watch_templates(client: Client, namespace: &str, state: Arc<AppState>) {
+    let (reader, writer) = reflector::store::<ConfigMap>();
+    let config = watcher::Config::default().labels(&format!("{}=true", names::TEMPLATES_CONFIGMAP_LABEL));
+    let stream = watcher(Api::<ConfigMap>::namespaced(client, namespace), config)
+        .default_backoff()
+        .modify(|cm| cm.managed_fields_mut().clear())
+        .reflect(writer);
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(event) => on_template_event(&state, &reader, &event),
+                Err(error) => tracing::warn!(%error, "template ConfigMap watch failed; retrying with backoff"),
+            }
+        }
+    });
+}
+
+/// Reacts to one template ConfigMap watch event (already applied to `store`): once the initial
+/// list is complete, and on every change after it, the templates in service are rebuilt from the
+/// whole store.
+pub fn on_template_event(state: &AppState, store: &Store<ConfigMap>, event: &watcher::Event<ConfigMap>) {
+    if matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
+        return;
+    }
+    state.update_templates(sources_of(&store.state()));
+    state.readiness.templates_synced.store(true, Ordering::Relaxed);
+}
+
+/// The templates of every ConfigMap, ConfigMaps in name order (a name defined twice: the first wins).
+pub fn sources_of(configmaps: &[Arc<ConfigMap>]) -> Vec<TemplateSource> {
+    let mut configmaps: Vec<&Arc<ConfigMap>> = configmaps.iter().collect();
+    configmaps.sort_by_key(|cm| cm.name_any());
+    let mut sources = Vec::new();
+    for configmap in configmaps {
+        let data: BTreeMap<String, String> = configmap.data.clone().unwrap_or_default();
+        let (found, warnings) = template_sources(&data);
+        for warning in warnings {
+            tracing::warn!(configmap = %configmap.name_any(), "{warning}");
+        }
+        sources.extend(found);
+    }
+    sources
+}
+
+/// The cluster's facts from its version; recent-cluster defaults when it cannot be read.
+pub async fn cluster_facts(client: &Client) -> ClusterFacts {
+    match client.apiserver_version().await {
+        Ok(info) => match ClusterFacts::from_version(&info.major, &info.minor) {
+            Some(facts) => {
+                tracing::info!(version = %info.git_version, native_sidecars = facts.native_sidecars, "Kubernetes version");
+                facts
+            }
+            None => {
+                tracing::warn!(major = %info.major, minor = %info.minor, "unreadable Kubernetes version; assuming native sidecars");
+                ClusterFacts::default()
+            }
+        },
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the Kubernetes version; assuming native sidecars");
+            ClusterFacts::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Engine;
+    use kube::runtime::reflector::store::Writer;
+
+    fn state() -> AppState {
+        AppState {
+            engine: arc_swap::ArcSwap::from_pointee(Engine::default()),
+            namespaces: Namespaces::Unknown,
+            cluster: arc_swap::ArcSwap::from_pointee(ClusterFacts::default()),
+            own_namespace: "sidecar-injector".into(),
+            metrics: Arc::new(Metrics::default()),
+            readiness: Arc::new(Readiness { namespaces_synced: true.into(), ..Readiness::default() }),
+            max_body_bytes: 1 << 20,
+            body_timeout: Duration::from_secs(1),
+        }
+    }
+
+    fn configmap(name: &str, data: &[(&str, &str)]) -> ConfigMap {
+        ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("sidecar-injector".into()),
+                ..Default::default()
+            },
+            data: Some(data.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()),
+            ..Default::default()
+        }
+    }
+
+    const GOOD: &str = "default: true\ninject:\n  labels: {a: b}\n";
+    const BETTER: &str = "default: true\ninject:\n  labels: {a: c}\n";
+    const BROKEN: &str = "default: true\ninject:\n  labels: {a: \"{{ oops }}\"}\n";
+
+    #[test]
+    fn templates_reload_from_the_cache_keep_the_last_good_version_and_gate_readiness() {
+        let state = state();
+        let mut writer = Writer::<ConfigMap>::default();
+        let store = writer.as_reader();
+        let mut apply = |event: watcher::Event<ConfigMap>| {
+            writer.apply_watcher_event(&event);
+            on_template_event(&state, &store, &event);
+        };
+        assert_eq!(state.readiness.problems(), vec!["template ConfigMaps not synced"]);
+
+        // Initial list: not ready until it is complete, then ready with its templates.
+        apply(watcher::Event::Init);
+        apply(watcher::Event::InitApply(configmap("sidecar-templates", &[("logs.yaml", GOOD)])));
+        assert_eq!(state.readiness.problems(), vec!["template ConfigMaps not synced"]);
+        apply(watcher::Event::InitDone);
+        assert!(state.readiness.problems().is_empty());
+        let first = state.engine.load().templates.get("logs").unwrap().hash.clone();
+
+        // An edit takes effect.
+        apply(watcher::Event::Apply(configmap("sidecar-templates", &[("logs.yaml", BETTER)])));
+        let second = state.engine.load().templates.get("logs").unwrap().hash.clone();
+        assert_ne!(first, second);
+
+        // A broken edit keeps the last good version, counts and stays ready.
+        apply(watcher::Event::Apply(configmap("sidecar-templates", &[("logs.yaml", BROKEN), ("new.yaml", GOOD)])));
+        assert_eq!(state.engine.load().templates.get("logs").unwrap().hash, second);
+        assert!(state.engine.load().templates.get("new").is_some());
+        assert_eq!(state.metrics.template_reload_errors.get(), 1);
+        assert!(state.readiness.problems().is_empty());
+
+        // A second ConfigMap adds templates; deleting every template makes the server unready.
+        apply(watcher::Event::Apply(configmap("more-templates", &[("extra.yaml", GOOD)])));
+        assert_eq!(state.engine.load().templates.names().collect::<Vec<_>>(), vec!["extra", "logs", "new"]);
+        apply(watcher::Event::Delete(configmap("more-templates", &[])));
+        apply(watcher::Event::Delete(configmap("sidecar-templates", &[])));
+        assert!(state.engine.load().templates.is_empty());
+        assert_eq!(state.readiness.problems(), vec!["no valid template loaded"]);
+        assert_eq!(state.metrics.templates_loaded.get(), 0);
+    }
+}
