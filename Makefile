@@ -1,7 +1,7 @@
 # The commands the README names. `make test` is what CI runs (through .ci/run).
-.PHONY: test lint unit golden bench
+.PHONY: test lint unit e2e release golden bench
 
-test: lint unit
+test: lint unit e2e
 
 lint:
 	cargo fmt --all -- --check
@@ -9,6 +9,15 @@ lint:
 
 unit:
 	cargo test --locked
+
+# The build command of the Dockerfile.
+release:
+	cargo build --release --locked
+
+# End to end on a real kube-apiserver and etcd built from Go modules (needs Go; the first build of
+# the control plane takes several minutes, later runs reuse it). Uses the release binary.
+e2e: release
+	SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_BIN=$(CURDIR)/target/release/sidecar-injector cargo test --locked --test e2e
 
 # Regenerate the golden files after an intended change, then review `git diff tests/golden`.
 golden:

@@ -1,0 +1,300 @@
+//! A real control plane on loopback: etcd and kube-apiserver built from Go modules (see
+//! `e2e/controlplane/`), a self-made PKI (rcgen), a static admin token, a service-account key pair;
+//! and the injector as a local process with a token of its own ServiceAccount.
+//!
+//! Every child process is killed when its guard drops (the harness's teardown, also on panic) and,
+//! through `PR_SET_PDEATHSIG`, when the harness itself dies, so nothing is left running.
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use sidecar_injector::certs;
+
+/// The fixed HTTPS port of the injector: `deploy/overlays/e2e` points the webhooks at it.
+pub const INJECTOR_HTTPS_PORT: u16 = 18443;
+
+/// A child process that is stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct Process {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Process {
+    /// Starts `command`, its output going to `<dir>/<name>.log`.
+    pub fn spawn(name: &str, mut command: Command, dir: &Path) -> Result<Process> {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log)?;
+        command.stdout(Stdio::from(file.try_clone()?)).stderr(Stdio::from(file)).stdin(Stdio::null());
+        // SAFETY: prctl is async-signal-safe; the closure touches no memory of the parent.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command.spawn().with_context(|| format!("starting {name}"))?;
+        Ok(Process { child: Some(child), log })
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// SIGTERM, up to `grace` to exit, then SIGKILL. Returns the exit status when it exited by itself.
+    pub fn stop(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Polls `check` until it is true or `timeout` passes; gives up at once when `process` exits.
+pub fn wait_for(
+    what: &str,
+    timeout: Duration,
+    process: &mut Process,
+    mut check: impl FnMut() -> bool,
+) -> Result<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if !process.running() {
+            bail!("{what} exited:\n{}", process.tail(30));
+        }
+        if check() {
+            return Ok(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("{what} not ready within {timeout:?}:\n{}", process.tail(30))
+}
+
+/// etcd, kube-apiserver, and how to reach them.
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    pub bin: PathBuf,
+    pub etcd: Process,
+    pub apiserver: Option<Process>,
+    pub url: String,
+    pub admin_kubeconfig: PathBuf,
+    apiserver_args: Vec<String>,
+}
+
+const ADMIN_TOKEN: &str = "e2e-admin-token";
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver in `dir` with binaries from `bin`; returns when `/readyz` is ok.
+    pub fn start(bin: &Path, dir: &Path) -> Result<ControlPlane> {
+        let now = time::OffsetDateTime::now_utc();
+        let ca = certs::generate_ca("e2e cluster CA", now, 2)?;
+        let serving =
+            certs::issue(&ca, &["127.0.0.1".into(), "localhost".into(), "kubernetes.default.svc".into()], now, 1)?;
+        let service_accounts = rcgen::KeyPair::generate()?;
+        let write = |name: &str, text: &str| -> Result<PathBuf> {
+            let path = dir.join(name);
+            std::fs::write(&path, text)?;
+            Ok(path)
+        };
+        let ca_file = write("ca.crt", &ca.cert)?;
+        let (cert, key) = (write("apiserver.crt", &serving.cert)?, write("apiserver.key", &serving.key)?);
+        // The key pair that signs service-account tokens (kubectl create token).
+        let sa_key = write("sa.key", &service_accounts.serialize_pem())?;
+        let sa_pub = write("sa.pub", &service_accounts.public_key_pem())?;
+        let tokens = write("tokens.csv", &format!("{ADMIN_TOKEN},admin,admin,system:masters\n"))?;
+
+        let (client_port, peer_port, secure_port) = (free_port(), free_port(), free_port());
+        let mut etcd = Command::new(bin.join("etcd"));
+        etcd.args(["--name", "e2e", "--data-dir"]).arg(dir.join("etcd")).args([
+            &format!("--listen-client-urls=http://127.0.0.1:{client_port}"),
+            &format!("--advertise-client-urls=http://127.0.0.1:{client_port}"),
+            &format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+            &format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+            &format!("--initial-cluster=e2e=http://127.0.0.1:{peer_port}"),
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ]);
+        let mut etcd = Process::spawn("etcd", etcd, dir)?;
+        let health = format!("http://127.0.0.1:{client_port}/health");
+        wait_for("etcd", Duration::from_secs(30), &mut etcd, || {
+            curl(&health, None, None).is_some_and(|b| b.contains("\"health\":\"true\""))
+        })?;
+
+        let apiserver_args = vec![
+            format!("--etcd-servers=http://127.0.0.1:{client_port}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            // The endpoint reconciler refuses a loopback address; there is no Service network anyway.
+            "--endpoint-reconciler-type=none".into(),
+            format!("--secure-port={secure_port}"),
+            format!("--tls-cert-file={}", cert.display()),
+            format!("--tls-private-key-file={}", key.display()),
+            format!("--token-auth-file={}", tokens.display()),
+            "--authorization-mode=RBAC".into(),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            format!("--service-account-key-file={}", sa_pub.display()),
+            format!("--service-account-signing-key-file={}", sa_key.display()),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+        ];
+        let url = format!("https://127.0.0.1:{secure_port}");
+        let admin_kubeconfig = dir.join("admin.kubeconfig");
+        std::fs::write(&admin_kubeconfig, kubeconfig(&url, &ca_file, ADMIN_TOKEN, "default"))?;
+        let mut plane = ControlPlane {
+            dir: dir.to_owned(),
+            bin: bin.to_owned(),
+            etcd,
+            apiserver: None,
+            url,
+            admin_kubeconfig,
+            apiserver_args,
+        };
+        plane.start_apiserver()?;
+        Ok(plane)
+    }
+
+    /// (Re)starts kube-apiserver and waits for `/readyz`.
+    pub fn start_apiserver(&mut self) -> Result<Duration> {
+        let mut command = Command::new(self.bin.join("kube-apiserver"));
+        command.args(&self.apiserver_args);
+        let mut process = Process::spawn("kube-apiserver", command, &self.dir)?;
+        let readyz = format!("{}/readyz", self.url);
+        let ca = self.dir.join("ca.crt");
+        let took = wait_for("kube-apiserver", Duration::from_secs(90), &mut process, || {
+            curl(&readyz, Some(&ca), Some(ADMIN_TOKEN)).is_some_and(|b| b.trim() == "ok")
+        })?;
+        self.apiserver = Some(process);
+        Ok(took)
+    }
+
+    /// Runs kubectl as the admin.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        self.kubectl_as(&self.admin_kubeconfig, args, None)
+    }
+
+    /// Runs kubectl with a kubeconfig, optionally feeding `stdin`; the error carries stderr.
+    pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        let mut command = Command::new(self.bin.join("kubectl"));
+        command.arg("--kubeconfig").arg(kubeconfig).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        command.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        let mut child = command.spawn()?;
+        if let Some(input) = stdin {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(input.as_bytes())?;
+        }
+        let output = child.wait_with_output()?;
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            bail!("kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim())
+        }
+    }
+
+    /// A kubeconfig for a token.
+    pub fn kubeconfig_for(&self, name: &str, token: &str, namespace: &str) -> Result<PathBuf> {
+        let path = self.dir.join(format!("{name}.kubeconfig"));
+        std::fs::write(&path, kubeconfig(&self.url, &self.dir.join("ca.crt"), token, namespace))?;
+        Ok(path)
+    }
+
+    /// A kube-rs client for the admin.
+    pub async fn admin_client(&self) -> Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.admin_kubeconfig)?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+}
+
+fn kubeconfig(url: &str, ca: &Path, token: &str, namespace: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster: {{server: \"{url}\", certificate-authority: \"{}\"}}\nusers:\n- name: user\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: e2e\n  context: {{cluster: e2e, user: user, namespace: {namespace}}}\ncurrent-context: e2e\n",
+        ca.display()
+    )
+}
+
+/// A GET with a few seconds' timeout; `None` on any failure.
+pub fn curl(url: &str, ca: Option<&Path>, token: Option<&str>) -> Option<String> {
+    let mut command = Command::new("curl");
+    command.args(["-sf", "--max-time", "3", url]);
+    if let Some(ca) = ca {
+        command.arg("--cacert").arg(ca);
+    }
+    if let Some(token) = token {
+        command.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    let output = command.output().ok()?;
+    output.status.success().then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The injector running as a local process with a token of its own ServiceAccount.
+pub struct Injector {
+    pub process: Process,
+    pub http_port: u16,
+}
+
+impl Injector {
+    /// Starts `sidecar-injector serve` with the ServiceAccount's token and waits for `/readyz`.
+    pub fn start(plane: &ControlPlane, binary: &Path, extra_env: &[(&str, &str)]) -> Result<Injector> {
+        let token =
+            plane.kubectl(&["-n", "sidecar-injector", "create", "token", "sidecar-injector", "--duration=2h"])?;
+        let kubeconfig = plane.kubeconfig_for("injector", token.trim(), "sidecar-injector")?;
+        let http_port = free_port();
+        let mut command = Command::new(binary);
+        command
+            .arg("serve")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_BACKTRACE", "1")
+            .env("SIDECAR_INJECTOR__SERVER__ADDRESS", "127.0.0.1")
+            .env("SIDECAR_INJECTOR__SERVER__HTTPS_PORT", INJECTOR_HTTPS_PORT.to_string())
+            .env("SIDECAR_INJECTOR__SERVER__HTTP_PORT", http_port.to_string())
+            .env("SIDECAR_INJECTOR__SERVER__SHUTDOWN_TIMEOUT_SECONDS", "5")
+            .env("SIDECAR_INJECTOR__CLUSTER__NAMESPACE", "sidecar-injector")
+            .env("SIDECAR_INJECTOR__TLS__SELF_SIGNED_CA_FILE", plane.dir.join("unused-ca.pem"));
+        for (key, value) in extra_env {
+            command.env(key, value);
+        }
+        let mut process = Process::spawn("injector", command, &plane.dir)?;
+        let readyz = format!("http://127.0.0.1:{http_port}/readyz");
+        wait_for("the injector", Duration::from_secs(30), &mut process, || curl(&readyz, None, None).is_some())?;
+        Ok(Injector { process, http_port })
+    }
+
+    /// `/metrics` of the injector.
+    pub fn metrics(&self) -> String {
+        curl(&format!("http://127.0.0.1:{}/metrics", self.http_port), None, None).unwrap_or_default()
+    }
+}

@@ -1,0 +1,492 @@
+//! The scenarios. Each one asserts on what the real API server stored or answered.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+use sidecar_injector::engine::InjectionStatus;
+
+use crate::controlplane::{ControlPlane, Injector};
+
+/// What the scenarios share.
+pub struct Ctx {
+    pub plane: ControlPlane,
+    pub injector: Option<Injector>,
+    pub binary: PathBuf,
+    pub client: kube::Client,
+    /// Output of `kubectl apply -k deploy/overlays/e2e`.
+    pub applied: String,
+    /// The CA bundle the injector wrote when it first started.
+    pub first_ca_bundle: Vec<u8>,
+}
+
+impl Ctx {
+    pub fn start_injector(&mut self) -> Result<()> {
+        self.injector = Some(Injector::start(&self.plane, &self.binary, &[])?);
+        Ok(())
+    }
+
+    pub fn stop_injector(&mut self) {
+        if let Some(mut injector) = self.injector.take() {
+            injector.process.stop(Duration::from_secs(10));
+        }
+    }
+
+    pub fn pods(&self, namespace: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// A namespace with labels, and the `default` ServiceAccount no controller-manager will create.
+    pub async fn namespace(&self, name: &str, labels: &[(&str, &str)]) -> Result<()> {
+        let namespace: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>()}
+        }))?;
+        Api::<Namespace>::all(self.client.clone()).create(&PostParams::default(), &namespace).await?;
+        let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}}))?;
+        match Api::<ServiceAccount>::namespaced(self.client.clone(), name)
+            .create(&PostParams::default(), &account)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn create_pod(&self, namespace: &str, pod: Value) -> Result<Pod, kube::Error> {
+        let pod: Pod = serde_json::from_value(pod).expect("a valid pod");
+        self.pods(namespace).create(&PostParams::default(), &pod).await
+    }
+
+    pub async fn dry_run_pod(&self, namespace: &str, pod: Value) -> Result<Pod, kube::Error> {
+        let pod: Pod = serde_json::from_value(pod).expect("a valid pod");
+        self.pods(namespace).create(&PostParams { dry_run: true, ..Default::default() }, &pod).await
+    }
+}
+
+/// A pod with one app container.
+pub fn pod(name: &str, labels: Value, annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": {"containers": [{"name": "app", "image": "registry.example/app:1"}]}
+    })
+}
+
+fn status(pod: &Pod) -> Option<InjectionStatus> {
+    pod.metadata.annotations.as_ref()?.get("sidecar-injector.io/status").and_then(|s| InjectionStatus::parse(s).ok())
+}
+
+fn init_names(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .map(|c| c.iter().map(|c| c.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn api_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(e) => e.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn log_shipper(pod: &Pod) -> Option<k8s_openapi::api::core::v1::Container> {
+    pod.spec.as_ref()?.init_containers.as_ref()?.iter().find(|c| c.name == "log-shipper").cloned()
+}
+
+/// Polls a server-side dry-run until the webhook's mutation shows (webhook configurations take a
+/// moment to take effect), as Kubernetes' own e2e does.
+pub async fn wait_for_injection(ctx: &Ctx, namespace: &str) -> Result<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        if let Ok(pod) = ctx.dry_run_pod(namespace, pod("probe", json!({}), json!({}))).await
+            && status(&pod).is_some()
+        {
+            return Ok(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("the webhook did not start mutating pods in {namespace} within 60 s")
+}
+
+/// Scenario 1: Every object of the e2e overlay is accepted; the default install and the cert-manager
+/// overlay's standard objects pass a server-side dry run.
+pub async fn s01_overlay_accepted(ctx: &mut Ctx) -> Result<()> {
+    let rendered = ctx.plane.kubectl(&["kustomize", "deploy/overlays/e2e"])?;
+    let objects = rendered.matches("\nkind: ").count() + usize::from(rendered.starts_with("kind: "));
+    let created = ctx.applied.lines().filter(|l| l.ends_with(" created")).count();
+    ensure!(created == objects && objects >= 15, "{created} of {objects} objects created:\n{}", ctx.applied);
+    let listed =
+        ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["get", "-f", "-", "-o", "name"], Some(&rendered))?;
+    ensure!(listed.lines().count() == objects, "not every object reads back:\n{listed}");
+    ctx.plane.kubectl(&["apply", "--dry-run=server", "-k", "deploy"])?;
+    // cert-manager's own kinds need its CRDs; everything the overlay patches is standard.
+    let cert_manager = ctx.plane.kubectl(&["kustomize", "deploy/overlays/cert-manager"])?;
+    let standard: Vec<&str> =
+        cert_manager.split("\n---\n").filter(|d| !d.contains("apiVersion: cert-manager.io/")).collect();
+    ctx.plane.kubectl_as(
+        &ctx.plane.admin_kubeconfig,
+        &["apply", "--dry-run=server", "-f", "-"],
+        Some(&standard.join("\n---\n")),
+    )?;
+    Ok(())
+}
+
+/// Scenario 2: A pod in an opted-in namespace is stored injected.
+pub async fn s02_pod_injected(ctx: &mut Ctx) -> Result<()> {
+    ctx.namespace("e2e-shop", &[("sidecar-injector.io/inject", "enabled")]).await?;
+    wait_for_injection(ctx, "e2e-shop").await?;
+    let stored = ctx.create_pod("e2e-shop", pod("web", json!({"app": "web"}), json!({}))).await?;
+    let status = status(&stored).context("no status annotation")?;
+    ensure!(status.templates.iter().map(|t| t.name.as_str()).collect::<Vec<_>>() == ["log-shipper"], "{status:?}");
+    let sidecar = log_shipper(&stored).context("no log-shipper init container")?;
+    ensure!(sidecar.restart_policy.as_deref() == Some("Always"), "not a native sidecar: {sidecar:?}");
+    let labels = stored.metadata.labels.clone().unwrap_or_default();
+    ensure!(labels.get("sidecar-injector.io/injected").map(String::as_str) == Some("true"), "{labels:?}");
+    let spec = stored.spec.context("no spec")?;
+    ensure!(spec.volumes.iter().flatten().any(|v| v.name == "app-logs"), "no app-logs volume");
+    let app = &spec.containers[0];
+    ensure!(app.volume_mounts.iter().flatten().any(|m| m.mount_path == "/var/log/app"), "app container not mounted");
+    let metrics = ctx.injector.as_ref().context("no injector")?.metrics();
+    ensure!(metrics.contains("sidecar_injector_injections_total{template=\"log-shipper\"}"), "injection not counted");
+    Ok(())
+}
+
+/// Scenario 3: Pods outside the injection's scope are stored untouched.
+pub async fn s03_untouched(ctx: &mut Ctx) -> Result<()> {
+    ctx.namespace("e2e-plain", &[]).await?;
+    let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}}))?;
+    let _ = Api::<ServiceAccount>::namespaced(ctx.client.clone(), "kube-system")
+        .create(&PostParams::default(), &account)
+        .await;
+    let cases = [
+        ("e2e-plain", pod("plain", json!({"app": "web"}), json!({}))),
+        ("e2e-shop", pod("opted-out", json!({"app": "web", "sidecar-injector.io/inject": "disabled"}), json!({}))),
+        ("kube-system", pod("system", json!({"app": "web"}), json!({}))),
+    ];
+    for (namespace, pod) in cases {
+        let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
+        let stored = ctx.create_pod(namespace, pod).await.with_context(|| format!("{namespace}/{name}"))?;
+        ensure!(status(&stored).is_none() && init_names(&stored).is_empty(), "{namespace}/{name} was injected");
+        let labels = stored.metadata.labels.unwrap_or_default();
+        ensure!(!labels.contains_key("sidecar-injector.io/injected"), "{namespace}/{name} was labelled");
+    }
+    Ok(())
+}
+
+/// Scenario 4: `kubectl create --dry-run=server -o yaml` shows the injected pod, and stores nothing.
+pub async fn s04_dry_run(ctx: &mut Ctx) -> Result<()> {
+    let manifest = serde_json::to_string(&pod("preview", json!({"app": "web"}), json!({})))?;
+    let yaml = ctx.plane.kubectl_as(
+        &ctx.plane.admin_kubeconfig,
+        &["-n", "e2e-shop", "create", "--dry-run=server", "-o", "yaml", "-f", "-"],
+        Some(&manifest),
+    )?;
+    ensure!(yaml.contains("name: log-shipper") && yaml.contains("sidecar-injector.io/status"), "not injected:\n{yaml}");
+    ensure!(ctx.pods("e2e-shop").get_opt("preview").await?.is_none(), "a dry run stored the pod");
+    Ok(())
+}
+
+async fn edit_templates(ctx: &Ctx, edit: impl Fn(&str) -> String) -> Result<(), kube::Error> {
+    let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), "sidecar-injector");
+    let mut configmap = configmaps.get("sidecar-templates").await?;
+    let data = configmap.data.get_or_insert_with(Default::default);
+    let text = data.get("log-shipper.yaml").cloned().unwrap_or_default();
+    data.insert("log-shipper.yaml".into(), edit(&text));
+    configmaps.replace("sidecar-templates", &PostParams::default(), &configmap).await.map(drop)
+}
+
+/// Scenario 5: Editing the templates ConfigMap changes what the next pod gets within 5 s, without a restart.
+pub async fn s05_hot_reload(ctx: &mut Ctx) -> Result<()> {
+    let pid_before = ctx.injector.as_ref().map(|i| i.process.log.clone());
+    edit_templates(ctx, |t| t.replace("fluent-bit:3.2.10", "fluent-bit:3.2.11")).await?;
+    let edited = Instant::now();
+    loop {
+        let preview = ctx.dry_run_pod("e2e-shop", pod("reload", json!({"app": "web"}), json!({}))).await?;
+        if log_shipper(&preview).and_then(|c| c.image).as_deref() == Some("cr.fluentbit.io/fluent/fluent-bit:3.2.11") {
+            break;
+        }
+        ensure!(edited.elapsed() < Duration::from_secs(5), "the edit did not take effect within 5 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("      the template edit took effect after {:?}", edited.elapsed());
+    ensure!(ctx.injector.as_mut().is_some_and(|i| i.process.running()), "the injector restarted");
+    ensure!(pid_before == ctx.injector.as_ref().map(|i| i.process.log.clone()), "the injector was replaced");
+    Ok(())
+}
+
+/// Scenario 6: A broken template edit is refused by the API server with the template's name in the message.
+pub async fn s06_broken_edit_refused(ctx: &mut Ctx) -> Result<()> {
+    let error = match edit_templates(ctx, |t| t.replace("{{ values.logDir }}/*.log", "{{ values.logDirectory }}/*.log"))
+        .await
+    {
+        Ok(()) => bail!("the broken edit was accepted"),
+        Err(e) => api_message(&e),
+    };
+    ensure!(
+        error.contains("template \"log-shipper\" line") && error.contains("undefined value"),
+        "unclear refusal: {error}"
+    );
+    println!("      refused: {}", error.chars().take(220).collect::<String>());
+    let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), "sidecar-injector");
+    let stored = configmaps.get("sidecar-templates").await?;
+    ensure!(
+        !stored.data.unwrap_or_default()["log-shipper.yaml"].contains("logDirectory"),
+        "the broken edit was stored"
+    );
+    Ok(())
+}
+
+fn apply_json(ctx: &Ctx, objects: &[Value]) -> Result<()> {
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["apply", "-f", "-"], Some(&list.to_string()))?;
+    Ok(())
+}
+
+fn mutating_policy(name: &str, namespace_label: &str, expression: &str) -> Vec<Value> {
+    vec![
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "matchConstraints": {
+                    "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
+                    "namespaceSelector": {"matchLabels": {namespace_label: "on"}}
+                },
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": "IfNeeded",
+                "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": expression}}]
+            }
+        }),
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name}
+        }),
+    ]
+}
+
+/// Scenario 7: With another mutator (a MutatingAdmissionPolicy) changing pods around ours, reinvocation
+/// leaves one copy of each injected item; one that breaks our sidecar is refused by /validate.
+pub async fn s07_other_mutators(ctx: &mut Ctx) -> Result<()> {
+    // Adds an env var to every container, ours included.
+    let add_env = r#"Object{spec: Object.spec{
+        initContainers: (has(object.spec.initContainers) ? object.spec.initContainers : []).map(c, Object.spec.initContainers{name: c.name, env: [Object.spec.initContainers.env{name: "OTHER_MUTATOR", value: "1"}]}),
+        containers: object.spec.containers.map(c, Object.spec.containers{name: c.name, env: [Object.spec.containers.env{name: "OTHER_MUTATOR", value: "1"}]})
+    }}"#;
+    apply_json(ctx, &mutating_policy("e2e-add-env", "e2e-add-env", add_env))?;
+    ctx.namespace("e2e-mutated", &[("sidecar-injector.io/inject", "enabled"), ("e2e-add-env", "on")]).await?;
+    let start = Instant::now();
+    let stored = loop {
+        let preview = ctx.dry_run_pod("e2e-mutated", pod("probe", json!({}), json!({}))).await?;
+        let mutated = preview
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.containers[0].env.iter().flatten().any(|e| e.name == "OTHER_MUTATOR"));
+        if mutated && status(&preview).is_some() {
+            break ctx.create_pod("e2e-mutated", pod("both", json!({"app": "web"}), json!({}))).await?;
+        }
+        ensure!(start.elapsed() < Duration::from_secs(60), "the MutatingAdmissionPolicy never took effect");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let spec = stored.spec.clone().context("no spec")?;
+    let inits = init_names(&stored);
+    ensure!(inits.iter().filter(|n| *n == "log-shipper").count() == 1, "init containers: {inits:?}");
+    ensure!(spec.volumes.iter().flatten().filter(|v| v.name == "app-logs").count() == 1, "volumes duplicated");
+    let app = &spec.containers[0];
+    ensure!(
+        app.volume_mounts.iter().flatten().filter(|m| m.mount_path == "/var/log/app").count() == 1,
+        "mount duplicated"
+    );
+    let sidecar = log_shipper(&stored).context("no sidecar")?;
+    ensure!(
+        sidecar.env.iter().flatten().filter(|e| e.name == "OTHER_MUTATOR").count() == 1,
+        "the other mutator did not run on our sidecar"
+    );
+    ensure!(app.env.iter().flatten().filter(|e| e.name == "OTHER_MUTATOR").count() == 1, "the other mutator ran twice");
+
+    // Replaces our sidecar's image: /validate refuses the pod.
+    let break_image = r#"Object{spec: Object.spec{
+        initContainers: (has(object.spec.initContainers) ? object.spec.initContainers : []).filter(c, c.name == "log-shipper").map(c, Object.spec.initContainers{name: c.name, image: "evil.example/fluent-bit:1"})
+    }}"#;
+    apply_json(ctx, &mutating_policy("e2e-break", "e2e-break", break_image))?;
+    ctx.namespace("e2e-broken", &[("sidecar-injector.io/inject", "enabled"), ("e2e-break", "on")]).await?;
+    let start = Instant::now();
+    loop {
+        match ctx.dry_run_pod("e2e-broken", pod("victim", json!({"app": "web"}), json!({}))).await {
+            Err(e) if api_message(&e).contains("was changed after injection") => {
+                let message = api_message(&e);
+                ensure!(message.contains("image is \"evil.example/fluent-bit:1\""), "{message}");
+                println!("      refused: {}", message.chars().take(200).collect::<String>());
+                break;
+            }
+            other => ensure!(start.elapsed() < Duration::from_secs(60), "never refused; last answer: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+/// Scenario 8: With the injector stopped, a pod in an opted-in namespace is refused by the
+/// ValidatingAdmissionPolicy with its message, a pod elsewhere is created; and the policy's CEL
+/// rules, evaluated by the API server on pods that carry hand-written status annotations.
+pub async fn s08_injector_down(ctx: &mut Ctx) -> Result<()> {
+    ctx.stop_injector();
+    let refused = ctx.create_pod("e2e-shop", pod("while-down", json!({"app": "web"}), json!({}))).await;
+    let message = refused.as_ref().err().map(api_message).unwrap_or_default();
+    ensure!(
+        message.contains("sidecar injection did not happen: is the sidecar-injector running?"),
+        "not refused by the policy: {refused:?}"
+    );
+    ensure!(message.contains("ValidatingAdmissionPolicy 'sidecar-injector.io-injection'"), "{message}");
+    ctx.create_pod("e2e-plain", pod("while-down", json!({"app": "web"}), json!({})))
+        .await
+        .context("a pod elsewhere")?;
+
+    let with_status = |name: &str, status: Value, init: Value| {
+        let mut p = pod(name, json!({"app": "web"}), json!({"sidecar-injector.io/status": status.to_string()}));
+        p["spec"]["containers"].as_array_mut().unwrap().push(json!({"name": "sc", "image": "sc:1"}));
+        p["spec"]["initContainers"] = init;
+        p
+    };
+    let native =
+        json!([{"name": "native", "image": "n:1", "restartPolicy": "Always"}, {"name": "plain-init", "image": "i:1"}]);
+    let cases: Vec<(&str, Value, Option<&str>)> = vec![
+        (
+            "intact",
+            with_status(
+                "intact",
+                json!({"templates": [], "containers": ["sc"], "initContainers": ["native", "plain-init"], "nativeSidecars": ["native"]}),
+                native.clone(),
+            ),
+            None,
+        ),
+        (
+            "nothing injected",
+            with_status("nothing", json!({"templates": [], "reason": "no template matched"}), json!([])),
+            None,
+        ),
+        (
+            "container missing",
+            with_status("missing-container", json!({"templates": [], "containers": ["sc", "ghost"]}), json!([])),
+            Some("injected sidecar container(s) ghost named in sidecar-injector.io/status are missing"),
+        ),
+        (
+            "init container missing",
+            with_status("missing-init", json!({"templates": [], "initContainers": ["native", "gone"]}), native.clone()),
+            Some("injected init container(s) gone named in"),
+        ),
+        (
+            "native lost restartPolicy",
+            with_status(
+                "lost-policy",
+                json!({"templates": [], "initContainers": ["plain-init"], "nativeSidecars": ["plain-init"]}),
+                native.clone(),
+            ),
+            Some("native sidecar(s) plain-init lost restartPolicy: Always"),
+        ),
+        ("opted out", pod("opted-out-down", json!({"sidecar-injector.io/inject": "disabled"}), json!({})), None),
+    ];
+    for (case, pod, expected) in cases {
+        let result = ctx.dry_run_pod("e2e-shop", pod).await;
+        match (expected, result) {
+            (None, Ok(_)) => {}
+            (Some(fragment), Err(e)) if api_message(&e).contains(fragment) => {}
+            (expected, result) => bail!(
+                "{case}: expected {expected:?}, got {:?}",
+                result.map(|p| p.metadata.name).map_err(|e| api_message(&e))
+            ),
+        }
+    }
+    ctx.start_injector()?;
+    wait_for_injection(ctx, "e2e-shop").await?;
+    Ok(())
+}
+
+/// Scenario 9: A Job's pod gets a native sidecar (an init container with `restartPolicy: Always`), so the Job
+/// can complete.
+pub async fn s09_job_pod_native_sidecar(ctx: &mut Ctx) -> Result<()> {
+    let mut job_pod =
+        pod("report-x7k2p", json!({"batch.kubernetes.io/job-name": "report", "job-name": "report"}), json!({}));
+    job_pod["spec"]["restartPolicy"] = json!("Never");
+    let stored = ctx.create_pod("e2e-shop", job_pod).await?;
+    let sidecar = log_shipper(&stored).context("no sidecar")?;
+    ensure!(sidecar.restart_policy.as_deref() == Some("Always"), "{sidecar:?}");
+    ensure!(stored.spec.as_ref().unwrap().containers.len() == 1, "the sidecar must not be a regular container");
+    ensure!(status(&stored).is_some_and(|s| s.native_sidecars == ["log-shipper"]));
+    Ok(())
+}
+
+/// Scenario 10: Self-managed certificates: the injector's CA is in its webhook configurations (and the API
+/// server's calls succeed with it, as every scenario above shows); a restart keeps the same CA.
+pub async fn ca_bundle(client: &kube::Client) -> Result<Vec<u8>> {
+    let secret = Api::<Secret>::namespaced(client.clone(), "sidecar-injector").get("sidecar-injector-tls").await?;
+    Ok(secret.data.and_then(|d| d.get("ca-bundle.crt").map(|b| b.0.clone())).unwrap_or_default())
+}
+
+pub async fn s10_self_managed_certificates(ctx: &mut Ctx) -> Result<()> {
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), "sidecar-injector").get("sidecar-injector-tls").await?;
+    let bundle =
+        secret.data.as_ref().and_then(|d| d.get("ca-bundle.crt")).context("no ca-bundle.crt in the Secret")?.0.clone();
+    ensure!(String::from_utf8_lossy(&bundle).starts_with("-----BEGIN CERTIFICATE-----"), "not a PEM bundle");
+    let mutating = Api::<MutatingWebhookConfiguration>::all(ctx.client.clone()).get("sidecar-injector").await?;
+    let validating = Api::<ValidatingWebhookConfiguration>::all(ctx.client.clone()).get("sidecar-injector").await?;
+    let mut bundles: Vec<Option<Vec<u8>>> =
+        mutating.webhooks.iter().flatten().map(|w| w.client_config.ca_bundle.clone().map(|b| b.0)).collect();
+    bundles.extend(validating.webhooks.iter().flatten().map(|w| w.client_config.ca_bundle.clone().map(|b| b.0)));
+    ensure!(
+        bundles.len() == 3 && bundles.iter().all(|b| b.as_ref() == Some(&bundle)),
+        "caBundle not written everywhere"
+    );
+    // Scenario 8 restarted the injector: it reused the Secret instead of making a new CA.
+    ensure!(bundle == ctx.first_ca_bundle, "the restarted injector replaced the CA");
+    Ok(())
+}
+
+/// Scenario 11: The injector's ServiceAccount cannot read Secrets or ConfigMaps outside its namespace.
+pub async fn s11_least_privilege(ctx: &mut Ctx) -> Result<()> {
+    let token = ctx.plane.kubectl(&["-n", "sidecar-injector", "create", "token", "sidecar-injector"])?;
+    let kubeconfig = ctx.plane.kubeconfig_for("injector-rbac", token.trim(), "sidecar-injector")?;
+    let can = |args: &[&str]| -> bool {
+        let mut full = vec!["auth", "can-i"];
+        full.extend_from_slice(args);
+        ctx.plane.kubectl_as(&kubeconfig, &full, None).is_ok_and(|o| o.trim() == "yes")
+    };
+    let expectations: &[(&[&str], bool)] = &[
+        (&["get", "secrets", "-n", "default"], false),
+        (&["list", "secrets", "-n", "kube-system"], false),
+        (&["get", "configmaps", "-n", "default"], false),
+        (&["list", "configmaps", "--all-namespaces"], false),
+        (&["list", "secrets", "-n", "sidecar-injector"], false),
+        (&["get", "secrets/other", "-n", "sidecar-injector"], false),
+        (&["get", "secrets/sidecar-injector-tls", "-n", "sidecar-injector"], true),
+        (&["update", "secrets/sidecar-injector-tls", "-n", "sidecar-injector"], true),
+        (&["watch", "configmaps", "-n", "sidecar-injector"], true),
+        (&["watch", "namespaces"], true),
+        (&["update", "namespaces/default"], false),
+        (&["update", "mutatingwebhookconfigurations/sidecar-injector"], true),
+        (&["update", "mutatingwebhookconfigurations/someone-else"], false),
+        (&["create", "pods", "-n", "e2e-shop"], false),
+    ];
+    for (args, expected) in expectations {
+        ensure!(can(args) == *expected, "can-i {} should be {}", args.join(" "), if *expected { "yes" } else { "no" });
+    }
+    Ok(())
+}
+
+/// Deletes the pods created along the way (namespaces cannot be deleted without a controller-manager).
+pub async fn cleanup(ctx: &Ctx) {
+    for namespace in ["e2e-shop", "e2e-plain", "e2e-mutated", "e2e-broken"] {
+        let _ = ctx.pods(namespace).delete_collection(&DeleteParams::default(), &Default::default()).await;
+    }
+}
