@@ -16,8 +16,9 @@ release:
 
 # End to end on a real kube-apiserver and etcd built from Go modules (needs Go; the first build of
 # the control plane takes several minutes, later runs reuse it). Uses the release binary.
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 e2e: release
-	SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_BIN=$(CURDIR)/target/release/sidecar-injector cargo test --locked --test e2e
+	SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_BIN=$(TARGET_DIR)/release/sidecar-injector cargo test --locked --test e2e
 
 # Regenerate the golden files after an intended change, then review `git diff tests/golden`.
 golden:

@@ -15,5 +15,8 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod engine;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod sandbox;
 pub mod server;
 pub mod telemetry;

@@ -7,6 +7,9 @@ use sidecar_injector::cli::{self, Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::SandboxCheck = cli.command {
+        return sidecar_injector::sandbox::child_main();
+    }
     if let Command::Serve { config, templates } = cli.command {
         return match cli::serve::serve(config, templates) {
             Ok(()) => ExitCode::SUCCESS,
@@ -25,7 +28,7 @@ fn main() -> ExitCode {
         }),
         Command::Explain { args, output } => cli::explain(args, *output),
         Command::CheckTemplates { path } => cli::check_templates(path),
-        Command::Serve { .. } => unreachable!("handled above"),
+        Command::Serve { .. } | Command::SandboxCheck => unreachable!("handled above"),
     };
     match result {
         Ok(output) => {

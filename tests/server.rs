@@ -193,7 +193,8 @@ async fn a_certificate_swapped_like_a_secret_volume_is_served_without_restart_or
         }));
     }
     let mut served = vec![old.clone()];
-    for _ in 0..3 {
+    let rotating = Instant::now();
+    for _ in 0..10 {
         let next = issue(&server.ca);
         server.rotate(&next);
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -207,10 +208,15 @@ async fn a_certificate_swapped_like_a_secret_volume_is_served_without_restart_or
     for task in load {
         task.await.unwrap();
     }
-    assert_eq!(failed.load(Ordering::Relaxed), 0, "no request failed during rotation");
-    assert!(ok.load(Ordering::Relaxed) > 20, "the load ran: {} requests", ok.load(Ordering::Relaxed));
+    let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    println!(
+        "10 rotations in {:.1} s under load: {ok} requests on fresh connections, {failed} failed",
+        rotating.elapsed().as_secs_f64()
+    );
+    assert_eq!(failed, 0, "no request failed during rotation");
+    assert!(ok > 50, "the load ran: {ok} requests");
     served.dedup();
-    assert_eq!(served.len(), 4, "every rotation was served");
+    assert_eq!(served.len(), 11, "every rotation was served to new connections");
     server.stop();
 }
 

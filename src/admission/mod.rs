@@ -17,6 +17,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use crate::engine::template::PreCheck;
 use crate::engine::validate::{self, Verdict};
 use crate::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, names};
 
@@ -309,13 +310,15 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
 }
 
 /// `POST /validate`: pods on CREATE (the injection happened and survived every mutator) and the
-/// template ConfigMaps in `own_namespace` on CREATE and UPDATE (every template loads).
+/// template ConfigMaps in `own_namespace` on CREATE and UPDATE (every template passes `precheck`
+/// and loads).
 pub fn validate(
     engine: &Engine,
     request: Request,
     namespace: &NamespaceFacts,
     cluster: ClusterFacts,
     own_namespace: &str,
+    precheck: &dyn PreCheck,
 ) -> Reply {
     let operation = operation_name(&request.operation).to_owned();
     let verdict = if is_kind(&request, "", "Pod") {
@@ -350,7 +353,7 @@ pub fn validate(
                 Err(e) => return deny(&request, format!("data: {e}")),
             },
         };
-        match validate::validate_template_data(&data) {
+        match validate::validate_template_data(&data, precheck) {
             Ok(warnings) => Verdict::Allowed(warnings),
             Err(errors) => Verdict::Denied(format!(
                 "ConfigMap {} has invalid templates: {}",

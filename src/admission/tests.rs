@@ -4,6 +4,7 @@
 use serde_json::{Value, json};
 
 use super::*;
+use crate::engine::template::InProcess;
 use crate::engine::template::embedded_sources;
 use crate::engine::{InjectionStatus, TemplateSet};
 
@@ -211,7 +212,14 @@ fn refusals_carry_the_engines_message_and_warnings_reach_the_user() {
 fn validate_checks_injected_pods_and_template_configmaps() {
     let engine = engine();
     let validate_body = |body: Vec<u8>, namespace: &NamespaceFacts| {
-        let reply = validate(&engine, parse(&body).unwrap(), namespace, ClusterFacts::default(), "sidecar-injector");
+        let reply = validate(
+            &engine,
+            parse(&body).unwrap(),
+            namespace,
+            ClusterFacts::default(),
+            "sidecar-injector",
+            &InProcess,
+        );
         let answer: Value = serde_json::from_slice(&reply.body).unwrap();
         (
             answer["response"]["allowed"].as_bool().unwrap(),

@@ -52,6 +52,9 @@ pub enum Command {
         #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
     },
+    /// (internal) The template sandbox's child process: loads templates given on stdin.
+    #[command(hide = true)]
+    SandboxCheck,
     /// Parse and test-render templates; exit 1 naming the template, line and problem of each error.
     CheckTemplates {
         /// A directory of `<name>.yaml` templates, or one template file.

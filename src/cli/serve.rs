@@ -11,13 +11,16 @@ use arc_swap::ArcSwap;
 use crate::certs;
 use crate::cluster::{self, Namespaces};
 use crate::config::{ClusterMode, ClusterSettings, Settings, TlsMode, TlsSettings};
+use crate::engine::template::PreCheck;
 use crate::engine::{ClusterFacts, Engine, TemplateSet};
+use crate::sandbox::Sandbox;
 use crate::server::tls::{self, CertStore};
 use crate::server::{self, AppState, Readiness};
 use crate::telemetry::{self, Metrics};
 
 /// Runs the webhook until SIGTERM or SIGINT.
 pub fn serve(config: Option<PathBuf>, templates: Option<PathBuf>) -> anyhow::Result<()> {
+    let sandbox = Sandbox::current_exe().context("locating this binary for the template sandbox")?;
     let mut settings = Settings::load(config.as_deref(), std::env::vars())?;
     if templates.is_some() {
         settings.templates.dir = templates;
@@ -28,13 +31,18 @@ pub fn serve(config: Option<PathBuf>, templates: Option<PathBuf>) -> anyhow::Res
     })
     .block_on(async move {
         let _telemetry = telemetry::init(&settings.telemetry)?;
-        run(settings, server::shutdown_signal()).await
+        run(settings, Arc::new(sandbox), server::shutdown_signal()).await
     })
 }
 
-/// Serves with `settings` until `shutdown` resolves (tests pass their own).
-pub async fn run(settings: Settings, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
-    let started = Starting::new(settings).await?;
+/// Serves with `settings` until `shutdown` resolves (tests pass their own). New template text is
+/// checked by `precheck` before it is loaded.
+pub async fn run(
+    settings: Settings,
+    precheck: Arc<dyn PreCheck + Send + Sync>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let started = Starting::new(settings, precheck).await?;
     tracing::info!(https = %started.servers.https_addr, http = %started.servers.http_addr, "serving");
     started.servers.run_until(started.state, shutdown).await?;
     Ok(())
@@ -50,7 +58,7 @@ pub struct Starting {
 
 impl Starting {
     /// Connects, loads templates and certificates, starts the watches and binds the listeners.
-    pub async fn new(settings: Settings) -> anyhow::Result<Starting> {
+    pub async fn new(settings: Settings, precheck: Arc<dyn PreCheck + Send + Sync>) -> anyhow::Result<Starting> {
         let metrics = Arc::new(Metrics::default());
         let client = connect(&settings.cluster).await?;
         let own_namespace = own_namespace(&settings.cluster);
@@ -90,6 +98,7 @@ impl Starting {
             readiness,
             max_body_bytes: settings.server.max_body_bytes,
             body_timeout: Duration::from_millis(settings.server.body_timeout_ms),
+            precheck,
         });
         if let Some(client) = &client {
             cluster::watch_templates(client.clone(), &own_namespace, state.clone());

@@ -600,6 +600,27 @@ fn content_hash(root: &SourceNode) -> String {
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A check that runs on new template text before it is compiled and test-rendered in this process.
+///
+/// Fuel and output caps bound what an expression *writes*, but MiniJinja's string operations (`~`,
+/// `*`, `replace`, ...) can allocate without bound before anything is written, and Rust cannot
+/// recover from running out of memory. The webhook therefore first test-renders new template text
+/// in a child process with memory and CPU limits (`crate::sandbox`); a template that does not
+/// survive there is never loaded, so a hostile or broken edit cannot crash every replica at once.
+pub trait PreCheck {
+    /// Errors for the sources that must not be loaded in this process.
+    fn precheck(&self, sources: &[TemplateSource]) -> Vec<TemplateError>;
+}
+
+/// No pre-check: templates are loaded in this process directly (the CLI, tests).
+pub struct InProcess;
+
+impl PreCheck for InProcess {
+    fn precheck(&self, _sources: &[TemplateSource]) -> Vec<TemplateError> {
+        Vec::new()
+    }
+}
+
 /// A named source of one template: where it came from (for messages) and its YAML text.
 #[derive(Debug, Clone)]
 pub struct TemplateSource {
@@ -618,16 +639,36 @@ pub struct TemplateSet {
 impl TemplateSet {
     /// Loads every source; returns the templates that loaded and the errors of those that did not.
     pub fn load(sources: impl IntoIterator<Item = TemplateSource>) -> (TemplateSet, Vec<TemplateError>) {
-        TemplateSet::default().update(sources)
+        TemplateSet::default().update(sources, &InProcess)
     }
 
     /// The set that results from replacing this one's templates by `sources`: templates absent from
-    /// `sources` are dropped, a template whose new text fails keeps its last good version (and its
-    /// error is returned), templates that load are replaced.
-    pub fn update(&self, sources: impl IntoIterator<Item = TemplateSource>) -> (TemplateSet, Vec<TemplateError>) {
+    /// `sources` are dropped, a template whose new text fails (the `precheck` or loading) keeps its
+    /// last good version (and its error is returned), templates that load are replaced. Unchanged
+    /// templates are neither pre-checked nor recompiled.
+    pub fn update(
+        &self,
+        sources: impl IntoIterator<Item = TemplateSource>,
+        precheck: &dyn PreCheck,
+    ) -> (TemplateSet, Vec<TemplateError>) {
+        // Each source with the version in service when its text is unchanged (same content hash).
+        let sources: Vec<(TemplateSource, Option<&Arc<Template>>)> = sources
+            .into_iter()
+            .map(|source| {
+                let hash = hash_of_source(&source.text);
+                let unchanged = self.templates.get(&source.name).filter(|t| hash.as_ref() == Some(&t.hash));
+                (source, unchanged)
+            })
+            .collect();
+        let changed: Vec<TemplateSource> =
+            sources.iter().filter(|(_, u)| u.is_none()).map(|(s, _)| s.clone()).collect();
+        let mut refused: BTreeMap<String, TemplateError> = match changed.is_empty() {
+            true => BTreeMap::new(),
+            false => precheck.precheck(&changed).into_iter().map(|e| (e.template.clone(), e)).collect(),
+        };
         let mut templates = BTreeMap::new();
         let mut errors = Vec::new();
-        for source in sources {
+        for (source, unchanged) in sources {
             if templates.contains_key(&source.name) {
                 errors.push(TemplateError {
                     template: source.name.clone(),
@@ -636,23 +677,24 @@ impl TemplateSet {
                 });
                 continue;
             }
-            let unchanged =
-                self.templates.get(&source.name).filter(|t| t.hash == hash_of_source(&source.text).unwrap_or_default());
-            match unchanged {
-                Some(previous) => {
+            let loaded = match (unchanged, refused.remove(&source.name)) {
+                (Some(previous), _) => {
                     templates.insert(source.name, previous.clone());
+                    continue;
                 }
-                None => match Template::load(&source.name, &source.text) {
-                    Ok(template) => {
-                        templates.insert(source.name, Arc::new(template));
+                (None, Some(error)) => Err(error),
+                (None, None) => Template::load(&source.name, &source.text),
+            };
+            match loaded {
+                Ok(template) => {
+                    templates.insert(source.name, Arc::new(template));
+                }
+                Err(error) => {
+                    if let Some(previous) = self.templates.get(&source.name) {
+                        templates.insert(source.name, previous.clone());
                     }
-                    Err(error) => {
-                        if let Some(previous) = self.templates.get(&source.name) {
-                            templates.insert(source.name, previous.clone());
-                        }
-                        errors.push(error);
-                    }
-                },
+                    errors.push(error);
+                }
             }
         }
         (TemplateSet { templates }, errors)
@@ -873,15 +915,17 @@ mod tests {
         assert!(errors.is_empty());
         let a_v1 = v1.get("a").unwrap().clone();
 
-        let (v2, errors) =
-            v1.update([source("a", "inject: [broken\n"), source("b", "default: true\n"), source("c", MINIMAL)]);
+        let (v2, errors) = v1.update(
+            [source("a", "inject: [broken\n"), source("b", "default: true\n"), source("c", MINIMAL)],
+            &InProcess,
+        );
         assert_eq!(errors.len(), 1);
         assert_eq!(errors[0].template, "a");
         assert!(Arc::ptr_eq(v2.get("a").unwrap(), &a_v1), "the broken template keeps its last good version");
         assert!(v2.get("b").unwrap().default, "the good edit is taken");
         assert!(v2.get("c").is_some(), "a new template is added");
 
-        let (v3, errors) = v2.update([source("c", MINIMAL)]);
+        let (v3, errors) = v2.update([source("c", MINIMAL)], &InProcess);
         assert!(errors.is_empty());
         assert_eq!(v3.names().collect::<Vec<_>>(), vec!["c"], "templates removed from the source are dropped");
         assert!(Arc::ptr_eq(v3.get("c").unwrap(), v2.get("c").unwrap()), "unchanged templates are not recompiled");
@@ -889,6 +933,35 @@ mod tests {
         let (v4, errors) = TemplateSet::load([source("d", MINIMAL), source("d", MINIMAL)]);
         assert_eq!((v4.len(), errors.len()), (1, 1));
         assert!(errors[0].message.contains("defined more than once"));
+    }
+
+    #[test]
+    fn a_precheck_sees_only_changed_text_and_its_refusal_keeps_the_last_good_version() {
+        struct Refuse {
+            name: &'static str,
+            seen: std::cell::RefCell<Vec<String>>,
+        }
+        impl PreCheck for Refuse {
+            fn precheck(&self, sources: &[TemplateSource]) -> Vec<TemplateError> {
+                self.seen.borrow_mut().extend(sources.iter().map(|s| s.name.clone()));
+                let refused = sources.iter().filter(|s| s.name == self.name);
+                refused
+                    .map(|s| TemplateError { template: s.name.clone(), line: None, message: "too big".into() })
+                    .collect()
+            }
+        }
+        let source = |name: &str, text: &str| TemplateSource { name: name.into(), text: text.into() };
+        let (v1, _) = TemplateSet::load([source("a", MINIMAL), source("b", MINIMAL)]);
+        let refuse = Refuse { name: "b", seen: Default::default() };
+        let edited = MINIMAL.replace("image: x", "image: y");
+        let (v2, errors) = v1.update([source("a", MINIMAL), source("b", &edited), source("c", MINIMAL)], &refuse);
+        assert_eq!(*refuse.seen.borrow(), vec!["b", "c"], "unchanged text is not checked again");
+        assert_eq!(errors, vec![TemplateError { template: "b".into(), line: None, message: "too big".into() }]);
+        assert!(
+            Arc::ptr_eq(v2.get("b").unwrap(), v1.get("b").unwrap()),
+            "the refused edit keeps the last good version"
+        );
+        assert!(v2.get("c").is_some());
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::status::{InjectionStatus, TemplateRef};
-use super::template::{TemplateError, TemplateSet, TemplateSource};
+use super::template::{PreCheck, TemplateError, TemplateSet, TemplateSource};
 use super::{Engine, Outcome, PodRequest, names, pod, select};
 
 /// The verdict of a validating check.
@@ -328,11 +328,14 @@ fn quantities_equal(a: &str, b: &str) -> bool {
     }
 }
 
-/// Checks the data of a template ConfigMap: every `<name>.yaml` key must load. Returns warnings
-/// for keys that are not templates, or every template error.
-pub fn validate_template_data(data: &BTreeMap<String, String>) -> Result<Vec<String>, Vec<TemplateError>> {
+/// Checks the data of a template ConfigMap: every `<name>.yaml` key must pass `precheck` and load.
+/// Returns warnings for keys that are not templates, or every template error.
+pub fn validate_template_data(
+    data: &BTreeMap<String, String>,
+    precheck: &dyn PreCheck,
+) -> Result<Vec<String>, Vec<TemplateError>> {
     let (sources, warnings) = template_sources(data);
-    let (_, errors) = TemplateSet::load(sources);
+    let (_, errors) = TemplateSet::default().update(sources, precheck);
     if errors.is_empty() { Ok(warnings) } else { Err(errors) }
 }
 
@@ -511,7 +514,7 @@ inject:
         let good: BTreeMap<String, String> =
             [("a.yaml".to_owned(), TEMPLATE.to_owned()), ("README".to_owned(), "x".to_owned())].into();
         assert_eq!(
-            validate_template_data(&good),
+            validate_template_data(&good, &crate::engine::template::InProcess),
             Ok(vec!["key \"README\" is ignored: only keys named <template>.yaml hold templates".to_owned()])
         );
         let bad: BTreeMap<String, String> = [
@@ -519,7 +522,7 @@ inject:
             ("B.yaml".to_owned(), TEMPLATE.to_owned()),
         ]
         .into();
-        let errors = validate_template_data(&bad).unwrap_err();
+        let errors = validate_template_data(&bad, &crate::engine::template::InProcess).unwrap_err();
         let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
         assert_eq!(messages.len(), 2, "{messages:?}");
         assert!(messages[0].starts_with("template \"B\": invalid template name"), "{messages:?}");

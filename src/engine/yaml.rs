@@ -130,7 +130,20 @@ pub struct MapEntry {
 impl SourceNode {
     /// Parses one YAML document into a line-annotated tree.
     pub fn parse(text: &str) -> Result<SourceNode, YamlError> {
-        Ok(serde_saphyr::from_str_with_options(text, options(true))?)
+        // A template is one ConfigMap key (a ConfigMap holds at most 1 MiB): a budget of that size
+        // refuses alias bombs and deep nesting in microseconds instead of expanding them.
+        let mut options = options(true);
+        let mut budget = serde_saphyr::Budget::default();
+        budget.max_reader_input_bytes = Some(1024 * 1024);
+        budget.max_events = 100_000;
+        budget.max_nodes = 50_000;
+        budget.max_aliases = 100;
+        budget.max_anchors = 100;
+        budget.max_depth = 32;
+        budget.max_documents = 1;
+        budget.max_total_scalar_bytes = 1024 * 1024;
+        options.budget = Some(budget);
+        Ok(serde_saphyr::from_str_with_options(text, options)?)
     }
 
     /// The same data without lines, as JSON.

@@ -18,6 +18,7 @@ use tracing::Instrument;
 use crate::admission::{self, Endpoint, Reply};
 use crate::cluster::Namespaces;
 use crate::config::ServerSettings;
+use crate::engine::template::PreCheck;
 use crate::engine::{ClusterFacts, Engine};
 use crate::telemetry::{EndpointLabel, Metrics, TemplateLabel};
 
@@ -81,6 +82,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Time a body may take to arrive.
     pub body_timeout: Duration,
+    /// Checks new template text before it is loaded (the child-process sandbox in `serve`).
+    pub precheck: Arc<dyn PreCheck + Send + Sync>,
 }
 
 impl AppState {
@@ -88,7 +91,7 @@ impl AppState {
     /// a broken template stays in service (see `TemplateSet::update`).
     pub fn update_templates(&self, sources: Vec<crate::engine::TemplateSource>) {
         let current = self.engine.load();
-        let (templates, errors) = current.templates.update(sources);
+        let (templates, errors) = current.templates.update(sources, self.precheck.as_ref());
         for error in &errors {
             self.metrics.template_reload_errors.inc();
             tracing::error!(template = %error.template, line = error.line, error = %error.message, "template not loaded; the last good version (if any) stays in service");
@@ -190,7 +193,14 @@ async fn decide(endpoint: Endpoint, req: &HttpRequest, payload: web::Payload, st
             let cluster = **state.cluster.load();
             match endpoint {
                 Endpoint::Mutate => admission::mutate(&engine, request, &namespace, cluster),
-                Endpoint::Validate => admission::validate(&engine, request, &namespace, cluster, &state.own_namespace),
+                Endpoint::Validate => admission::validate(
+                    &engine,
+                    request,
+                    &namespace,
+                    cluster,
+                    &state.own_namespace,
+                    state.precheck.as_ref(),
+                ),
             }
         }
     };

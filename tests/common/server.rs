@@ -10,6 +10,7 @@ use std::time::Duration;
 use sidecar_injector::certs::{self, Pem};
 use sidecar_injector::cli::serve::Starting;
 use sidecar_injector::config::{ClusterMode, Settings, TlsMode};
+use sidecar_injector::sandbox::Sandbox;
 use sidecar_injector::server::AppState;
 
 /// A running server and what a client needs to talk to it.
@@ -72,7 +73,8 @@ impl TestServer {
                 tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
             })
             .block_on(async move {
-                let started = Starting::new(settings).await.expect("server starts");
+                let sandbox = Sandbox::new(env!("CARGO_BIN_EXE_sidecar-injector").into());
+                let started = Starting::new(settings, Arc::new(sandbox)).await.expect("server starts");
                 ready_tx.send((started.servers.https_addr, started.servers.http_addr, started.state.clone())).unwrap();
                 started
                     .servers

@@ -198,6 +198,13 @@ impl ControlPlane {
         Ok(took)
     }
 
+    /// Stops kube-apiserver (etcd stays).
+    pub fn stop_apiserver(&mut self) {
+        if let Some(mut process) = self.apiserver.take() {
+            process.stop(Duration::from_secs(10));
+        }
+    }
+
     /// Runs kubectl as the admin.
     pub fn kubectl(&self, args: &[&str]) -> Result<String> {
         self.kubectl_as(&self.admin_kubeconfig, args, None)

@@ -101,6 +101,7 @@ async fn run(root: &Path) -> Result<bool> {
         s09_job_pod_native_sidecar,
         s10_self_managed_certificates,
         s11_least_privilege,
+        s12_api_server_outage,
     ];
     let mut failed = Vec::new();
     for (name, scenario) in all {
@@ -143,5 +144,8 @@ async fn run(root: &Path) -> Result<bool> {
     }
     // Teardown: dropping the context stops the injector, kube-apiserver and etcd.
     drop(ctx);
+    if !failed.is_empty() {
+        println!("e2e: logs kept in {}", dir.keep().display());
+    }
     Ok(failed.is_empty())
 }

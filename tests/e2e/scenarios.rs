@@ -195,6 +195,13 @@ pub async fn s04_dry_run(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
+/// The log-shipper template with its image tag set to `tag`.
+fn with_shipper_tag(text: &str, tag: &str) -> String {
+    let start = text.find("fluent-bit:").map(|i| i + "fluent-bit:".len()).expect("the log-shipper image");
+    let end = start + text[start..].find('\n').unwrap_or(text.len() - start);
+    format!("{}{tag}{}", &text[..start], &text[end..])
+}
+
 async fn edit_templates(ctx: &Ctx, edit: impl Fn(&str) -> String) -> Result<(), kube::Error> {
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), "sidecar-injector");
     let mut configmap = configmaps.get("sidecar-templates").await?;
@@ -207,7 +214,7 @@ async fn edit_templates(ctx: &Ctx, edit: impl Fn(&str) -> String) -> Result<(), 
 /// Scenario 5: Editing the templates ConfigMap changes what the next pod gets within 5 s, without a restart.
 pub async fn s05_hot_reload(ctx: &mut Ctx) -> Result<()> {
     let pid_before = ctx.injector.as_ref().map(|i| i.process.log.clone());
-    edit_templates(ctx, |t| t.replace("fluent-bit:3.2.10", "fluent-bit:3.2.11")).await?;
+    edit_templates(ctx, |t| with_shipper_tag(t, "3.2.11")).await?;
     let edited = Instant::now();
     loop {
         let preview = ctx.dry_run_pod("e2e-shop", pod("reload", json!({"app": "web"}), json!({}))).await?;
@@ -481,6 +488,68 @@ pub async fn s11_least_privilege(ctx: &mut Ctx) -> Result<()> {
     for (args, expected) in expectations {
         ensure!(can(args) == *expected, "can-i {} should be {}", args.join(" "), if *expected { "yes" } else { "no" });
     }
+    Ok(())
+}
+
+/// Scenario 12: kube-apiserver stops for over 60 s while admission requests go straight to the
+/// webhook: they are answered from the caches (injected where the cached namespace labels say so).
+/// After the restart, a template edit takes effect within 5 s.
+pub async fn s12_api_server_outage(ctx: &mut Ctx) -> Result<()> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&ctx.first_ca_bundle) {
+        roots.add(cert?)?;
+    }
+    let tls =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let webhook = reqwest::Client::builder().tls_backend_preconfigured(tls).timeout(Duration::from_secs(5)).build()?;
+    let url = format!("https://127.0.0.1:{}/mutate", crate::controlplane::INJECTOR_HTTPS_PORT);
+    let review = |namespace: &str, uid: &str| {
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": namespace, "operation": "CREATE", "userInfo": {"username": "e2e"},
+            "object": pod("outage", json!({"app": "web"}), json!({}))}})
+    };
+
+    ctx.plane.stop_apiserver();
+    let down = Instant::now();
+    let (mut answered, mut injected, mut left_alone) = (0, 0, 0);
+    while down.elapsed() < Duration::from_secs(62) {
+        for (namespace, expect_patch) in [("e2e-shop", true), ("e2e-plain", false)] {
+            let response = webhook.post(&url).json(&review(namespace, &format!("outage-{answered}"))).send().await?;
+            ensure!(response.status() == 200, "status {} while the API server is down", response.status());
+            let answer: Value = response.json().await?;
+            ensure!(answer["response"]["allowed"] == true, "{answer}");
+            let patched = answer["response"].get("patch").is_some();
+            ensure!(patched == expect_patch, "{namespace}: patched={patched} while the API server is down");
+            answered += 1;
+            if patched { injected += 1 } else { left_alone += 1 }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!(
+        "      kube-apiserver down for {:.0} s: {answered} requests answered from the cache ({injected} injected, {left_alone} left alone)",
+        down.elapsed().as_secs_f64()
+    );
+
+    let restarted = ctx.plane.start_apiserver()?;
+    println!("      kube-apiserver ready again after {:.1} s", restarted.as_secs_f64());
+    edit_templates(ctx, |t| with_shipper_tag(t, "3.2.12")).await?;
+    let edited = Instant::now();
+    loop {
+        let preview = ctx.dry_run_pod("e2e-shop", pod("after-outage", json!({"app": "web"}), json!({}))).await?;
+        if log_shipper(&preview).and_then(|c| c.image).as_deref() == Some("cr.fluentbit.io/fluent/fluent-bit:3.2.12") {
+            break;
+        }
+        ensure!(edited.elapsed() < Duration::from_secs(5), "after the outage, the edit did not take effect within 5 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("      after the restart, the template edit took effect after {:?}", edited.elapsed());
     Ok(())
 }
 

@@ -1,0 +1,4 @@
+//! Fuzz target: see `sidecar_injector::fuzzing::admission` for the property.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sidecar_injector::fuzzing::admission(data));
