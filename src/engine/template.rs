@@ -279,8 +279,10 @@ impl<'a> Compiler<'a> {
                 }
                 "values" => {
                     self.mapping(node, key)?;
-                    let Value::Object(values) = node.to_json() else { unreachable!("checked to be a mapping") };
-                    template.values = values;
+                    // A mapping, or null (`values:` with nothing after it) meaning none.
+                    if let Value::Object(values) = node.to_json() {
+                        template.values = values;
+                    }
                 }
                 "overridable" => overridable_node = Some(node),
                 "inject" => template.inject = self.inject(node)?,
@@ -869,6 +871,15 @@ mod tests {
             assert_eq!(err.template, "t", "{case}");
             assert_eq!(err.line, *line, "{case}: {err}");
             assert!(err.message.contains(fragment), "{case}: expected {fragment:?} in {:?}", err.message);
+        }
+    }
+
+    #[test]
+    fn empty_sections_mean_none() {
+        // Found by the template fuzzer: `values:` with no value is YAML null.
+        for text in ["values:\n", "values:\ninject:\n", "inject:\n  labels:\n  sidecars:\n", "overridable: []\nvalues: ~\n"] {
+            let t = Template::load("t", text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            assert!(t.values.is_empty(), "{text:?}");
         }
     }
 
