@@ -163,11 +163,23 @@ pub struct ClusterSettings {
     pub namespace_wait_ms: u64,
     /// Kubernetes version to assume instead of asking the API server (e.g. `1.33`).
     pub kubernetes_version: Option<String>,
+    /// Watch pod metadata cluster-wide to export `sidecar_injector_drifted_pods` (needs list and
+    /// watch on pods).
+    pub watch_pods: bool,
+    /// How often the drift metrics are recomputed, in seconds.
+    pub drift_interval_seconds: u64,
 }
 
 impl Default for ClusterSettings {
     fn default() -> Self {
-        ClusterSettings { mode: ClusterMode::Auto, namespace: None, namespace_wait_ms: 2000, kubernetes_version: None }
+        ClusterSettings {
+            mode: ClusterMode::Auto,
+            namespace: None,
+            namespace_wait_ms: 2000,
+            kubernetes_version: None,
+            watch_pods: true,
+            drift_interval_seconds: 30,
+        }
     }
 }
 
@@ -266,6 +278,9 @@ impl Settings {
         }
         if tls.mode == TlsMode::Files && tls.cert_file.is_none() {
             return fail("tls.mode files needs tls.cert_file and tls.key_file");
+        }
+        if self.cluster.drift_interval_seconds == 0 {
+            return fail("cluster.drift_interval_seconds must be at least 1");
         }
         if tls.reload_interval_seconds == 0 || tls.check_interval_seconds == 0 {
             return fail("tls.reload_interval_seconds and tls.check_interval_seconds must be at least 1");

@@ -20,13 +20,17 @@ fn main() -> ExitCode {
         };
     }
     let result = match &cli.command {
+        Command::Explain { args, output, cluster: true, target, injector } => on_cluster(|client| async move {
+            cli::cluster::explain(&client, &args.namespace, target.as_deref(), injector, *output).await
+        }),
+        Command::Drift(args) => on_cluster(|client| async move { cli::cluster::drift(&client, args).await }),
         Command::Inject(args) => cli::inject(args).map(|(yaml, warnings)| {
             for warning in warnings {
                 eprintln!("warning: {warning}");
             }
             yaml
         }),
-        Command::Explain { args, output } => cli::explain(args, *output),
+        Command::Explain { args, output, .. } => cli::explain(args, *output),
         Command::CheckTemplates { path } => cli::check_templates(path),
         Command::Serve { .. } | Command::SandboxCheck => unreachable!("handled above"),
     };
@@ -42,4 +46,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs a cluster command on a small runtime; errors become the CLI's.
+fn on_cluster<F, Fut>(command: F) -> Result<String, cli::CliError>
+where
+    F: FnOnce(kube::Client) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<String>>,
+{
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
+    runtime
+        .block_on(async {
+            let client = cli::cluster::client().await?;
+            command(client).await
+        })
+        .map_err(|e| cli::CliError(vec![format!("{e:#}")]))
 }

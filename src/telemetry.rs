@@ -39,6 +39,17 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// Labels of a drift count.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DriftLabels {
+    /// Namespace of the pods.
+    pub namespace: String,
+    /// The template that differs.
+    pub template: String,
+    /// `stale` (injected with another version) or `not_injected`.
+    pub state: String,
+}
+
 /// One label: `endpoint`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabel {
@@ -69,6 +80,11 @@ pub struct Metrics {
     pub namespace_cache_misses: Counter,
     /// `sidecar_injector_ready`: 1 when `/readyz` answers ok.
     pub ready: Gauge,
+    /// `sidecar_injector_namespaces_watched`: namespaces in the cache.
+    pub namespaces_watched: Gauge,
+    /// `sidecar_injector_drifted_pods{namespace,template,state}`: pods whose injection is not what
+    /// the templates would do now. Only non-zero series exist.
+    pub drifted_pods: Family<DriftLabels, Gauge>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -120,6 +136,14 @@ impl Default for Metrics {
         );
         let ready = Gauge::default();
         registry.register("ready", "1 when the server is ready", ready.clone());
+        let namespaces_watched = Gauge::default();
+        registry.register("namespaces_watched", "Namespaces in the namespace cache", namespaces_watched.clone());
+        let drifted_pods = Family::<DriftLabels, Gauge>::default();
+        registry.register(
+            "drifted_pods",
+            "Pods injected with template versions that changed (stale) or never injected although templates apply (not_injected)",
+            drifted_pods.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -132,6 +156,8 @@ impl Default for Metrics {
             certificate_reload_errors,
             namespace_cache_misses,
             ready,
+            namespaces_watched,
+            drifted_pods,
         }
     }
 }

@@ -42,7 +42,8 @@ fn choice_json(choice: &Choice) -> Value {
     })
 }
 
-fn explain_one(found: PodDecision, labels_known: bool) -> Explanation {
+/// The explanation of one pod decision.
+pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
     let decision = &found.decision;
     let (result, message, status) = match &decision.outcome {
         Outcome::OutOfScope(reason) => ("outOfScope", format!("not injected: {reason}"), None),
@@ -160,7 +161,7 @@ pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliEr
     decide_all(args, |_, decision| {
         if let Some(found) = decision {
             choices.push(found.decision.choice.clone());
-            explanations.push(explain_one(found, args.namespace_labels.is_some()));
+            explanations.push(one(found, args.namespace_labels.is_some()));
         }
     })?;
     Ok(match format {

@@ -8,6 +8,7 @@ use super::{CliError, OfflineArgs, display_path, load_templates, read_input};
 use crate::engine::{Decision, Denial, Engine, Outcome, PodRequest, workload, yaml};
 
 /// One pod found in the input: where it is, and what the engine decided.
+#[derive(Clone)]
 pub(crate) struct PodDecision {
     /// `file: document N (Kind name)`.
     pub label: String,
@@ -37,9 +38,10 @@ pub(crate) fn decide_all(
     args: &OfflineArgs,
     mut visit: impl FnMut(&mut Value, Option<PodDecision>),
 ) -> Result<Vec<Value>, CliError> {
-    let text = read_input(&args.file)?;
+    let file = args.file.as_deref().ok_or_else(|| CliError::one("-f FILE|- is required (the manifests to read)"))?;
+    let text = read_input(file)?;
     let engine = Engine::new(load_templates(args.templates.as_deref())?, Vec::new());
-    let file = display_path(&args.file);
+    let file = display_path(file);
     let mut documents = yaml::parse_documents(&text).map_err(|e| CliError::one(format!("{file}: {e}")))?;
     for (index, document) in documents.iter_mut().enumerate() {
         let mut each = |doc: &mut Value, item: Option<usize>| {

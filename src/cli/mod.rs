@@ -2,6 +2,7 @@
 //! `check-templates`). These read files, call the engine and print; every decision is the engine's.
 
 mod check;
+pub mod cluster;
 mod explain;
 mod inject;
 pub mod serve;
@@ -44,14 +45,28 @@ pub enum Command {
     },
     /// Inject into the pods of YAML manifests and print the result (like `istioctl kube-inject`).
     Inject(OfflineArgs),
-    /// Say for each pod whether it would be injected, with which templates, and why.
+    /// Say for each pod whether it would be injected, with which templates, and why. With
+    /// --cluster, for a live namespace, pod or workload (TARGET: pod/NAME, deployment/NAME, ...).
     Explain {
         #[command(flatten)]
         args: OfflineArgs,
         /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
+        /// Ask the cluster (kubeconfig or in-cluster): the namespace, the webhook configuration, the
+        /// live templates; --namespace names the namespace.
+        #[arg(long, conflicts_with = "file")]
+        cluster: bool,
+        /// With --cluster: pod/NAME, deployment/NAME, statefulset/NAME, daemonset/NAME,
+        /// replicaset/NAME, job/NAME or cronjob/NAME (default: a new pod in the namespace).
+        #[arg(requires = "cluster")]
+        target: Option<String>,
+        #[command(flatten)]
+        injector: cluster::InjectorRef,
     },
+    /// List pods injected with template versions that changed, or never injected although they
+    /// should have been, by workload; --restart rolls their workloads one at a time.
+    Drift(cluster::DriftArgs),
     /// (internal) The template sandbox's child process: loads templates given on stdin.
     #[command(hide = true)]
     SandboxCheck,
@@ -76,7 +91,7 @@ pub enum OutputFormat {
 pub struct OfflineArgs {
     /// Manifest file with one or many YAML documents, or `-` for stdin.
     #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
-    pub file: String,
+    pub file: Option<String>,
     /// Directory of templates (`<name>.yaml`); the embedded defaults when absent.
     #[arg(long, value_name = "DIR")]
     pub templates: Option<PathBuf>,

@@ -84,10 +84,14 @@ impl Starting {
         metrics.certificate_expiry.set(store.expiry().unix_timestamp());
         let namespaces = match &client {
             Some(client) => Namespaces::Cache {
-                store: cluster::watch_namespaces(client.clone(), readiness.clone()),
+                store: cluster::watch_namespaces(client.clone(), readiness.clone(), metrics.clone()),
                 wait: Duration::from_millis(settings.cluster.namespace_wait_ms),
             },
             None => Namespaces::Unknown,
+        };
+        let namespace_store = match &namespaces {
+            Namespaces::Cache { store, .. } => Some(store.clone()),
+            Namespaces::Unknown => None,
         };
         let state = Arc::new(AppState {
             engine: ArcSwap::from_pointee(engine),
@@ -102,6 +106,10 @@ impl Starting {
         });
         if let Some(client) = &client {
             cluster::watch_templates(client.clone(), &own_namespace, state.clone());
+            if let (true, Some(store)) = (settings.cluster.watch_pods, namespace_store) {
+                let interval = Duration::from_secs(settings.cluster.drift_interval_seconds);
+                cluster::watch_drift(client.clone(), store, state.clone(), interval);
+            }
         }
         let servers = server::bind(&settings.server, state.clone(), tls::server_config(store)).with_context(|| {
             format!(

@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -79,18 +79,23 @@ impl Namespaces {
 }
 
 /// Starts the namespace reflector; returns its store. The readiness flag turns on when it has synced.
-pub fn watch_namespaces(client: Client, readiness: Arc<Readiness>) -> Store<PartialObjectMeta<Namespace>> {
+pub fn watch_namespaces(
+    client: Client,
+    readiness: Arc<Readiness>,
+    metrics: Arc<Metrics>,
+) -> Store<PartialObjectMeta<Namespace>> {
     let (reader, writer) = reflector::store();
     let stream = watcher(Api::<PartialObjectMeta<Namespace>>::all(client), watcher::Config::default())
         .backoff(backoff())
         .modify(|ns| ns.managed_fields_mut().clear())
         .reflect(writer)
         .applied_objects();
+    let counted = reader.clone();
     tokio::spawn(async move {
         futures::pin_mut!(stream);
         loop {
             match stream.try_next().await {
-                Ok(Some(_)) => {}
+                Ok(Some(_)) => drop(metrics.namespaces_watched.set(counted.len() as i64)),
                 Ok(None) => break,
                 Err(error) => tracing::warn!(%error, "namespace watch failed; retrying with backoff"),
             }
@@ -134,6 +139,78 @@ pub fn on_template_event(state: &AppState, store: &Store<ConfigMap>, event: &wat
     }
     state.update_templates(sources_of(&store.state()));
     state.readiness.templates_synced.store(true, Ordering::Relaxed);
+}
+
+/// Starts a metadata-only watch of every pod and, every `interval`, counts the drifted ones
+/// into `sidecar_injector_drifted_pods`. Cheap at 10,000 pods: only metadata is watched, and the
+/// cache keeps labels, owners and the injector's own annotations (managedFields and other
+/// annotations, such as kubectl's last-applied configuration, are dropped).
+pub fn watch_drift(
+    client: Client,
+    namespaces: Store<PartialObjectMeta<Namespace>>,
+    state: Arc<AppState>,
+    interval: Duration,
+) {
+    let (reader, writer) = reflector::store();
+    let stream = watcher(Api::<PartialObjectMeta<Pod>>::all(client), watcher::Config::default())
+        .backoff(backoff())
+        .modify(|pod| {
+            pod.managed_fields_mut().clear();
+            pod.annotations_mut().retain(|k, _| k.starts_with(names::PREFIX) || k == names::MIRROR_POD_ANNOTATION);
+        })
+        .reflect(writer)
+        .applied_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        loop {
+            match stream.try_next().await {
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(error) => tracing::warn!(%error, "pod metadata watch failed; retrying with backoff"),
+            }
+        }
+    });
+    tokio::spawn(async move {
+        if reader.wait_until_ready().await.is_err() {
+            return;
+        }
+        let mut ticker = tokio::time::interval(interval);
+        loop {
+            ticker.tick().await;
+            count_drift(&state, &reader.state(), &namespaces);
+        }
+    });
+}
+
+/// Recomputes the drift gauges from the cached pods.
+pub fn count_drift(
+    state: &AppState,
+    pods: &[Arc<PartialObjectMeta<Pod>>],
+    namespaces: &Store<PartialObjectMeta<Namespace>>,
+) {
+    use crate::engine::drift::{self, PodDrift};
+    use crate::telemetry::DriftLabels;
+    let engine = state.engine.load();
+    let mut counts: BTreeMap<(String, String, &'static str), i64> = BTreeMap::new();
+    for pod in pods {
+        let namespace_name = pod.namespace().unwrap_or_default();
+        let Some(namespace) = namespaces.get(&ObjectRef::new(&namespace_name)) else { continue };
+        let facts = NamespaceFacts::known(&namespace_name, namespace.labels().clone(), namespace.annotations().clone());
+        let (names, state): (Vec<String>, &'static str) =
+            match drift::classify(&engine, pod.labels(), pod.annotations(), &facts) {
+                PodDrift::Stale { templates } => (templates.into_iter().map(|t| t.name).collect(), "stale"),
+                PodDrift::NotInjected { templates } => (templates, "not_injected"),
+                PodDrift::Current | PodDrift::OutOfScope => continue,
+            };
+        for template in names {
+            *counts.entry((namespace_name.clone(), template, state)).or_default() += 1;
+        }
+    }
+    let family = &state.metrics.drifted_pods;
+    family.clear();
+    for ((namespace, template, state), count) in counts {
+        family.get_or_create(&DriftLabels { namespace, template, state: state.into() }).set(count);
+    }
 }
 
 /// The templates of every ConfigMap, ConfigMaps in name order (a name defined twice: the first wins).

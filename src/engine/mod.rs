@@ -6,6 +6,7 @@
 //! Entry point: [`Engine::evaluate`] takes a pod and the facts about its namespace and cluster and
 //! returns a [`Decision`]: out of scope, already up to date, a patch to apply, or a denial.
 
+pub mod drift;
 pub mod facts;
 pub mod inject;
 pub mod names;
@@ -15,6 +16,7 @@ pub mod select;
 pub mod status;
 pub mod template;
 pub mod validate;
+pub mod webhook;
 pub mod workload;
 pub mod yaml;
 

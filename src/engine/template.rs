@@ -877,7 +877,9 @@ mod tests {
     #[test]
     fn empty_sections_mean_none() {
         // Found by the template fuzzer: `values:` with no value is YAML null.
-        for text in ["values:\n", "values:\ninject:\n", "inject:\n  labels:\n  sidecars:\n", "overridable: []\nvalues: ~\n"] {
+        for text in
+            ["values:\n", "values:\ninject:\n", "inject:\n  labels:\n  sidecars:\n", "overridable: []\nvalues: ~\n"]
+        {
             let t = Template::load("t", text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
             assert!(t.values.is_empty(), "{text:?}");
         }

@@ -40,6 +40,11 @@ impl Process {
         Ok(Process { child: Some(child), log })
     }
 
+    /// Its process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether it is still running.
     pub fn running(&mut self) -> bool {
         self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
@@ -290,6 +295,7 @@ impl Injector {
             .env("SIDECAR_INJECTOR__SERVER__HTTP_PORT", http_port.to_string())
             .env("SIDECAR_INJECTOR__SERVER__SHUTDOWN_TIMEOUT_SECONDS", "5")
             .env("SIDECAR_INJECTOR__CLUSTER__NAMESPACE", "sidecar-injector")
+            .env("SIDECAR_INJECTOR__CLUSTER__DRIFT_INTERVAL_SECONDS", "2")
             .env("SIDECAR_INJECTOR__TLS__SELF_SIGNED_CA_FILE", plane.dir.join("unused-ca.pem"));
         for (key, value) in extra_env {
             command.env(key, value);

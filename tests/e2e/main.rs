@@ -101,6 +101,8 @@ async fn run(root: &Path) -> Result<bool> {
         s09_job_pod_native_sidecar,
         s10_self_managed_certificates,
         s11_least_privilege,
+        s13_explain_cluster,
+        s14_drift,
         s12_api_server_outage,
     ];
     let mut failed = Vec::new();
@@ -132,6 +134,18 @@ async fn run(root: &Path) -> Result<bool> {
         }
     }
     scenarios::cleanup(&ctx).await;
+    if let Some(pid) = ctx.injector.as_ref().and_then(|i| i.process.pid()) {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let peak = status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .unwrap_or("VmHWM: ?")
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or("?")
+            .to_owned();
+        println!("e2e: injector peak RSS {peak} kB");
+    }
     if !failed.is_empty() {
         println!("e2e: {} scenario(s) failed: {}", failed.len(), failed.join(", "));
         if let Some(injector) = &ctx.injector {

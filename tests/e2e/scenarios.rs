@@ -484,9 +484,184 @@ pub async fn s11_least_privilege(ctx: &mut Ctx) -> Result<()> {
         (&["update", "mutatingwebhookconfigurations/sidecar-injector"], true),
         (&["update", "mutatingwebhookconfigurations/someone-else"], false),
         (&["create", "pods", "-n", "e2e-shop"], false),
+        (&["list", "pods", "--all-namespaces"], true),
+        (&["get", "pods/web", "-n", "e2e-shop"], false),
+        (&["delete", "pods", "-n", "e2e-shop"], false),
     ];
     for (args, expected) in expectations {
         ensure!(can(args) == *expected, "can-i {} should be {}", args.join(" "), if *expected { "yes" } else { "no" });
+    }
+    Ok(())
+}
+
+/// Runs the CLI as the admin; returns stdout, or an error with stderr.
+fn cli(ctx: &Ctx, args: &[&str]) -> Result<String> {
+    let output =
+        std::process::Command::new(&ctx.binary).args(args).env("KUBECONFIG", &ctx.plane.admin_kubeconfig).output()?;
+    ensure!(
+        output.status.success(),
+        "sidecar-injector {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn explain(ctx: &Ctx, args: &[&str]) -> Result<Value> {
+    let mut full = vec!["explain", "--cluster", "-o", "json"];
+    full.extend_from_slice(args);
+    Ok(serde_json::from_str(&cli(ctx, &full)?)?)
+}
+
+/// Scenario 13: `explain --cluster` gives the right answer, naming the first rule that fails.
+pub async fn s13_explain_cluster(ctx: &mut Ctx) -> Result<()> {
+    let opted_in = explain(ctx, &["--namespace", "e2e-shop"])?;
+    ensure!(opted_in["wouldInject"] == true && opted_in["firstFailingRule"].is_null(), "{opted_in:#}");
+    ensure!(
+        opted_in["decision"]["message"].as_str().unwrap_or_default().contains("would inject log-shipper"),
+        "{opted_in:#}"
+    );
+
+    let existing = explain(ctx, &["--namespace", "e2e-shop", "pod/web"])?;
+    ensure!(existing["existingPod"]["injected"] == true, "{existing:#}");
+
+    let opted_out = explain(ctx, &["--namespace", "e2e-shop", "pod/opted-out"])?;
+    ensure!(
+        opted_out["wouldInject"] == false && opted_out["firstFailingRule"]["rule"] == "pod-selected",
+        "{opted_out:#}"
+    );
+    ensure!(
+        opted_out["firstFailingRule"]["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("sidecar-injector.io/inject=disabled"),
+        "{opted_out:#}"
+    );
+
+    let unlabelled = explain(ctx, &["--namespace", "e2e-plain"])?;
+    ensure!(unlabelled["firstFailingRule"]["rule"] == "namespace-selected", "{unlabelled:#}");
+    ensure!(
+        unlabelled["firstFailingRule"]["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("kubectl label namespace e2e-plain sidecar-injector.io/inject=enabled"),
+        "{unlabelled:#}"
+    );
+
+    // A webhook configuration whose selector no longer matches the opted-in namespace.
+    let configurations = Api::<MutatingWebhookConfiguration>::all(ctx.client.clone());
+    let original = configurations.get("sidecar-injector").await?;
+    let mut narrowed = original.clone();
+    narrowed.webhooks.as_mut().unwrap()[0].namespace_selector = Some(serde_json::from_value(
+        json!({"matchLabels": {"sidecar-injector.io/inject": "enabled", "team": "payments"}}),
+    )?);
+    configurations.replace("sidecar-injector", &PostParams::default(), &narrowed).await?;
+    let result = explain(ctx, &["--namespace", "e2e-shop"]);
+    let mut restore = configurations.get("sidecar-injector").await?;
+    restore.webhooks = original.webhooks;
+    configurations.replace("sidecar-injector", &PostParams::default(), &restore).await?;
+    let narrowed = result?;
+    ensure!(narrowed["firstFailingRule"]["rule"] == "namespace-selected", "{narrowed:#}");
+    ensure!(
+        narrowed["firstFailingRule"]["detail"].as_str().unwrap_or_default().contains("team=payments"),
+        "{narrowed:#}"
+    );
+
+    let text = cli(ctx, &["explain", "--cluster", "--namespace", "e2e-plain"])?;
+    ensure!(text.contains("a new pod would NOT be injected: namespace e2e-plain is not opted in"), "{text}");
+    Ok(())
+}
+
+/// Scenario 14: after a template edit, `drift` lists the pods created before it and not those
+/// after; `drift --restart --dry-run` plans and changes nothing; `drift --restart` patches the
+/// Deployment's pod template (no controller-manager runs, so the stored Deployment is checked).
+pub async fn s14_drift(ctx: &mut Ctx) -> Result<()> {
+    ctx.namespace("e2e-drift", &[("sidecar-injector.io/inject", "enabled")]).await?;
+    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}}
+    }))?;
+    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(ctx.client.clone(), "e2e-drift");
+    let deployment = deployments.create(&PostParams::default(), &deployment).await?;
+    let owner = |kind: &str, name: &str, uid: &str| json!([{"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": uid, "controller": true}]);
+    let replica_set: k8s_openapi::api::apps::v1::ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": "web-7d9f", "ownerReferences": owner("Deployment", "web", deployment.metadata.uid.as_deref().unwrap())},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}}
+    }))?;
+    let replica_set = Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(ctx.client.clone(), "e2e-drift")
+        .create(&PostParams::default(), &replica_set)
+        .await?;
+    let rs_owner = owner("ReplicaSet", "web-7d9f", replica_set.metadata.uid.as_deref().unwrap());
+    let owned = |name: &str| {
+        let mut p = pod(name, json!({"app": "web"}), json!({}));
+        p["metadata"]["ownerReferences"] = rs_owner.clone();
+        p
+    };
+    for name in ["web-7d9f-aaaaa", "web-7d9f-bbbbb"] {
+        ctx.create_pod("e2e-drift", owned(name)).await?;
+    }
+    ctx.create_pod("e2e-drift", pod("debug", json!({"app": "debug"}), json!({}))).await?;
+
+    edit_templates(ctx, |t| with_shipper_tag(t, "3.2.13")).await?;
+    let edited = Instant::now();
+    loop {
+        let preview = ctx.dry_run_pod("e2e-drift", pod("probe", json!({}), json!({}))).await?;
+        if log_shipper(&preview).and_then(|c| c.image).is_some_and(|i| i.ends_with(":3.2.13")) {
+            break;
+        }
+        ensure!(edited.elapsed() < Duration::from_secs(10), "the edit did not take effect");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ctx.create_pod("e2e-drift", owned("web-7d9f-ccccc")).await?;
+
+    let report: Value = serde_json::from_str(&cli(ctx, &["drift", "--namespace", "e2e-drift", "-o", "json"])?)?;
+    let workloads = report.as_array().context("a list")?;
+    let web = workloads.iter().find(|w| w["workload"]["kind"] == "Deployment").context("deployment/web not listed")?;
+    ensure!(web["workload"]["name"] == "web", "{web}");
+    ensure!(
+        web["stalePods"] == json!(["web-7d9f-aaaaa", "web-7d9f-bbbbb"]),
+        "pods created before the edit only: {web}"
+    );
+    ensure!(web["templates"] == json!(["log-shipper"]) && web["action"]["action"] == "restart", "{web}");
+    let debug = workloads.iter().find(|w| w["workload"]["kind"] == "Pod").context("the bare pod is not listed")?;
+    ensure!(debug["action"]["advice"].as_str().unwrap_or_default().contains("never deleted"), "{debug}");
+
+    let plan = cli(ctx, &["drift", "--namespace", "e2e-drift", "--restart", "--dry-run"])?;
+    ensure!(plan.contains("would restart deployment/web in e2e-drift (2 pod(s) drifted)"), "{plan}");
+    let restarted_at = |d: &k8s_openapi::api::apps::v1::Deployment| {
+        d.spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get("kubectl.kubernetes.io/restartedAt").cloned())
+    };
+    ensure!(restarted_at(&deployments.get("web").await?).is_none(), "the dry run changed the Deployment");
+
+    let done = cli(ctx, &["drift", "--namespace", "e2e-drift", "--restart", "--rollout-timeout", "0"])?;
+    ensure!(done.contains("restarted deployment/web in e2e-drift"), "{done}");
+    let stored = deployments.get("web").await?;
+    ensure!(restarted_at(&stored).is_some(), "the Deployment's pod template was not patched");
+    ensure!(ctx.pods("e2e-drift").get_opt("debug").await?.is_some(), "a bare pod was deleted");
+
+    // The server exports the same counts from its pod metadata watch.
+    let start = Instant::now();
+    let line = "sidecar_injector_drifted_pods{namespace=\"e2e-drift\",template=\"log-shipper\",state=\"stale\"} 3";
+    while !ctx.injector.as_ref().context("no injector")?.metrics().contains(line) {
+        ensure!(
+            start.elapsed() < Duration::from_secs(15),
+            "metric {line:?} not exported:\n{}",
+            ctx.injector
+                .as_ref()
+                .unwrap()
+                .metrics()
+                .lines()
+                .filter(|l| l.contains("drifted"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
     Ok(())
 }
@@ -555,7 +730,7 @@ pub async fn s12_api_server_outage(ctx: &mut Ctx) -> Result<()> {
 
 /// Deletes the pods created along the way (namespaces cannot be deleted without a controller-manager).
 pub async fn cleanup(ctx: &Ctx) {
-    for namespace in ["e2e-shop", "e2e-plain", "e2e-mutated", "e2e-broken"] {
+    for namespace in ["e2e-shop", "e2e-plain", "e2e-mutated", "e2e-broken", "e2e-drift"] {
         let _ = ctx.pods(namespace).delete_collection(&DeleteParams::default(), &Default::default()).await;
     }
 }

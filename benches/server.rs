@@ -1,0 +1,514 @@
+//! The load benchmark (`bench/run.sh`, or `cargo bench --bench server`): the release binary under
+//! `oha`, all figures from one run on one machine, written to `bench/results/`.
+//!
+//! A. The server alone (no cluster): requests/s at saturation, and p50/p99/p99.9 at a fixed rate,
+//!    for the no-op path (a pod that opts out), the injected path (a typical Deployment pod) and a
+//!    huge pod (1,000 env vars over 10 containers, over 64 KiB); peak RSS.
+//! B. Scaling, on the e2e control plane: per-request cost and RSS with 10 vs 10,000 namespaces in
+//!    the cache, and 3 vs 200 templates loaded.
+//! C. End to end: pod-create latency through the real API server with the injector (opted-in
+//!    namespace: mutating webhook, validating webhook, policy) vs without it.
+
+#[path = "../tests/e2e/controlplane.rs"]
+#[allow(dead_code)]
+mod controlplane;
+#[path = "../tests/common/fixtures.rs"]
+mod fixtures;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+
+use controlplane::{ControlPlane, INJECTOR_HTTPS_PORT, Injector, Process, free_port};
+
+/// How long each oha run lasts.
+struct Durations {
+    saturation: &'static str,
+    fixed: &'static str,
+    pods: usize,
+}
+
+/// One oha run.
+#[derive(Debug, Clone)]
+struct Load {
+    rps: f64,
+    failed: u64,
+    percentiles: BTreeMap<String, f64>,
+}
+
+impl Load {
+    fn ms(&self, p: &str) -> f64 {
+        self.percentiles.get(p).copied().unwrap_or(f64::NAN) * 1000.0
+    }
+}
+
+fn oha(url: &str, body: &Path, ca: &Path, duration: &str, connections: u32, rate: Option<u32>) -> Result<Load> {
+    let mut command = Command::new("oha");
+    command.args(["--no-tui", "--output-format", "json", "-m", "POST", "-T", "application/json", "-z", duration]);
+    command.args(["-c", &connections.to_string()]).arg("-D").arg(body).arg("--cacert").arg(ca);
+    if let Some(rate) = rate {
+        command.args(["-q", &rate.to_string(), "--latency-correction"]);
+    }
+    let output = command.arg(url).output().context("running oha (install it: cargo install oha --locked)")?;
+    ensure!(output.status.success(), "oha failed: {}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout)?;
+    let codes = &report["statusCodeDistribution"];
+    let ok = codes["200"].as_u64().unwrap_or(0);
+    let other: u64 = codes
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| *k != "200")
+        .map(|(_, v)| v.as_u64().unwrap_or(0))
+        .sum();
+    // oha aborts the requests still in flight when -z ends; those are the generator's, not errors.
+    let errors: u64 = report["errorDistribution"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| !k.contains("aborted due to deadline"))
+        .map(|(_, v)| v.as_u64().unwrap_or(0))
+        .sum();
+    ensure!(ok > 0, "no request succeeded: {}", String::from_utf8_lossy(&output.stdout));
+    let percentiles = report["latencyPercentiles"]
+        .as_object()
+        .context("no latency percentiles")?
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(f64::NAN)))
+        .collect();
+    Ok(Load { rps: report["summary"]["requestsPerSec"].as_f64().unwrap_or(0.0), failed: other + errors, percentiles })
+}
+
+/// Peak and current resident memory of a process, in MiB.
+fn memory(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+            / 1024.0
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+fn write_fixtures(dir: &Path) -> Result<BTreeMap<&'static str, (PathBuf, usize)>> {
+    std::fs::create_dir_all(dir)?;
+    let typical = fixtures::typical_pod();
+    let mut noop = typical.clone();
+    noop["metadata"]["labels"]["sidecar-injector.io/inject"] = json!("disabled");
+    let mut huge = fixtures::huge_pod(10, 100);
+    for container in huge["spec"]["containers"].as_array_mut().unwrap() {
+        for env in container["env"].as_array_mut().unwrap() {
+            let padded = format!("{}-{}", env["value"].as_str().unwrap(), "x".repeat(24));
+            env["value"] = json!(padded);
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (name, pod) in [("noop", noop), ("injected", typical), ("huge", huge)] {
+        let path = dir.join(format!("{name}.json"));
+        let body = serde_json::to_vec_pretty(&fixtures::admission_review(&pod, "shop", &format!("bench-{name}")))?;
+        std::fs::write(&path, &body)?;
+        out.insert(name, (path, serde_json::to_vec(&pod)?.len()));
+    }
+    ensure!(out["huge"].1 > 64 * 1024, "the huge pod must be over 64 KiB");
+    Ok(out)
+}
+
+struct Report {
+    md: String,
+    targets: Vec<(String, bool)>,
+    fixed: Vec<(String, Load)>,
+}
+
+impl Report {
+    fn target(&mut self, what: String, met: bool) {
+        self.targets.push((what, met));
+    }
+}
+
+/// Part A: the server alone.
+fn standalone(
+    binary: &Path,
+    fixtures: &BTreeMap<&'static str, (PathBuf, usize)>,
+    durations: &Durations,
+    report: &mut Report,
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ca = dir.path().join("ca.pem");
+    let (https, http) = (free_port(), free_port());
+    let mut command = Command::new(binary);
+    command
+        .arg("serve")
+        .env("SIDECAR_INJECTOR__CLUSTER__MODE", "off")
+        .env("SIDECAR_INJECTOR__SERVER__ADDRESS", "127.0.0.1")
+        .env("SIDECAR_INJECTOR__SERVER__HTTPS_PORT", https.to_string())
+        .env("SIDECAR_INJECTOR__SERVER__HTTP_PORT", http.to_string())
+        .env("SIDECAR_INJECTOR__TELEMETRY__LOG_LEVEL", "warn")
+        .env("SIDECAR_INJECTOR__TLS__SELF_SIGNED_CA_FILE", &ca);
+    let mut server = Process::spawn("bench-server", command, dir.path())?;
+    controlplane::wait_for("the server", Duration::from_secs(20), &mut server, || {
+        controlplane::curl(&format!("http://127.0.0.1:{http}/readyz"), None, None).is_some()
+    })?;
+    let url = format!("https://localhost:{https}/mutate");
+    let pid = server_pid(&server)?;
+
+    let mut saturation = BTreeMap::new();
+    for name in ["noop", "injected", "huge"] {
+        // Warm up connections and caches.
+        oha(&url, &fixtures[name].0, &ca, "2s", 16, None)?;
+        let load = oha(&url, &fixtures[name].0, &ca, durations.saturation, 16, None)?;
+        ensure!(load.failed == 0, "{name}: {} failed requests at saturation", load.failed);
+        saturation.insert(name, load);
+    }
+    // One fixed rate for all three: half of what the huge pod sustains, at most 1,000/s.
+    let rate = ((saturation["huge"].rps * 0.5) as u32).clamp(50, 1000);
+    let mut fixed = BTreeMap::new();
+    for name in ["noop", "injected", "huge"] {
+        let load = oha(&url, &fixtures[name].0, &ca, durations.fixed, 16, Some(rate))?;
+        ensure!(load.failed == 0, "{name}: {} failed requests at {rate}/s", load.failed);
+        fixed.insert(name, load);
+    }
+    let (peak, _) = memory(pid);
+    drop(server);
+
+    let md = &mut report.md;
+    writeln!(md, "## A. The server alone (no cluster), 16 connections, TLS 1.3, keep-alive\n")?;
+    writeln!(
+        md,
+        "| path | pod JSON | requests/s at saturation | p50 at {rate}/s | p99 | p99.9 |\n| --- | --- | --- | --- | --- | --- |"
+    )?;
+    for (name, label) in [
+        ("noop", "no-op (pod opts out)"),
+        ("injected", "injected (typical pod, 2 templates)"),
+        ("huge", "huge pod (1,000 env vars, 10 containers)"),
+    ] {
+        let (s, f) = (&saturation[name], &fixed[name]);
+        writeln!(
+            md,
+            "| {label} | {:.1} KiB | {:.0} | {:.2} ms | {:.2} ms | {:.2} ms |",
+            fixtures[name].1 as f64 / 1024.0,
+            s.rps,
+            f.ms("p50"),
+            f.ms("p99"),
+            f.ms("p99.9")
+        )?;
+        report.fixed.push((label.to_owned(), f.clone()));
+    }
+    let injected_ratio = saturation["injected"].rps / saturation["noop"].rps;
+    let huge_ratio = saturation["injected"].rps / saturation["huge"].rps;
+    writeln!(md, "\n- injected / no-op throughput: **{injected_ratio:.2}** (target ≥ 0.7)")?;
+    writeln!(
+        md,
+        "- huge / typical cost per request: **{huge_ratio:.2}×** for {:.0}× the bytes (target ≤ 5)",
+        fixtures["huge"].1 as f64 / fixtures["injected"].1 as f64
+    )?;
+    writeln!(md, "- peak RSS of the server: **{peak:.1} MiB**\n")?;
+    report.target(format!("injected-path throughput ≥ 0.7 × no-op: {injected_ratio:.2}"), injected_ratio >= 0.7);
+    report.target(format!("huge pod ≤ 5 × the typical pod's cost: {huge_ratio:.2}"), huge_ratio <= 5.0);
+    Ok(())
+}
+
+fn server_pid(process: &Process) -> Result<u32> {
+    process.pid().context("the server is not running")
+}
+
+async fn create_namespaces(client: &kube::Client, names: Vec<String>, labels: Value) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let results: Vec<Result<()>> = futures::stream::iter(names)
+        .map(|name| {
+            let (namespaces, labels) = (namespaces.clone(), labels.clone());
+            async move {
+                let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))?;
+                namespaces.create(&PostParams::default(), &ns).await?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+fn gauge(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+async fn wait_gauge(injector: &Injector, name: &str, want: f64, timeout: Duration) -> Result<()> {
+    let start = Instant::now();
+    while gauge(&injector.metrics(), name) < want {
+        ensure!(
+            start.elapsed() < timeout,
+            "{name} did not reach {want} within {timeout:?} (is {})",
+            gauge(&injector.metrics(), name)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// Parts B and C, on the e2e control plane.
+async fn on_a_cluster(
+    root: &Path,
+    binary: &Path,
+    injected: &Path,
+    durations: &Durations,
+    report: &mut Report,
+) -> Result<()> {
+    let status = Command::new("bash").arg("e2e/controlplane/build.sh").status()?;
+    ensure!(status.success(), "building the control plane failed");
+    let dir = tempfile::Builder::new().prefix("sidecar-injector-bench-").tempdir()?;
+    let plane = ControlPlane::start(&root.join("e2e/bin"), dir.path())?;
+    plane.kubectl(&["apply", "-k", "deploy/overlays/e2e"])?;
+    let kubeconfig = kube::config::Kubeconfig::read_from(&plane.admin_kubeconfig)?;
+    let client = kube::Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?)?;
+    let injector = Injector::start(&plane, binary, &[("SIDECAR_INJECTOR__TELEMETRY__LOG_LEVEL", "warn")])?;
+    let pid = injector.process.pid().context("the injector is not running")?;
+    let secret: k8s_openapi::api::core::v1::Secret =
+        Api::namespaced(client.clone(), "sidecar-injector").get("sidecar-injector-tls").await?;
+    let ca = dir.path().join("webhook-ca.pem");
+    std::fs::write(&ca, &secret.data.context("no Secret data")?["ca-bundle.crt"].0)?;
+    let url = format!("https://127.0.0.1:{INJECTOR_HTTPS_PORT}/mutate");
+
+    // Ten namespaces in all: the system ones, the injector's, and these.
+    create_namespaces(&client, vec!["shop".into()], json!({"sidecar-injector.io/inject": "enabled"})).await?;
+    create_namespaces(&client, (0..4).map(|i| format!("team-{i:05}")).collect(), json!({})).await?;
+    wait_gauge(&injector, "sidecar_injector_namespaces_watched", 10.0, Duration::from_secs(30)).await?;
+    let measure = |label: &str| -> Result<(Load, f64)> {
+        oha(&url, injected, &ca, "2s", 16, None)?;
+        let load = oha(&url, injected, &ca, durations.saturation, 16, None)?;
+        ensure!(load.failed == 0, "{label}: {} failed requests", load.failed);
+        Ok((load, memory(pid).1))
+    };
+    let small = measure("10 namespaces")?;
+
+    let started = Instant::now();
+    create_namespaces(&client, (4..9994).map(|i| format!("team-{i:05}")).collect(), json!({"team": "bench"})).await?;
+    wait_gauge(&injector, "sidecar_injector_namespaces_watched", 10_000.0, Duration::from_secs(120)).await?;
+    let created = started.elapsed();
+    let many_namespaces = measure("10,000 namespaces")?;
+
+    // 197 more templates, default: true but for pods labelled for them, so every request evaluates
+    // every one of them.
+    let data: BTreeMap<String, String> = (0..197)
+        .map(|i| {
+            let text = format!("default: true\npodSelector: {{matchLabels: {{bench-template: \"{i}\"}}}}\ninject:\n  labels: {{bench-{i}: \"{{{{ pod.metadata.name | default('x') }}}}\"}}\n");
+            (format!("bench-{i:03}.yaml"), text)
+        })
+        .collect();
+    let configmap: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "bench-templates", "labels": {"sidecar-injector.io/templates": "true"}}, "data": data
+    }))?;
+    Api::<ConfigMap>::namespaced(client.clone(), "sidecar-injector").create(&PostParams::default(), &configmap).await?;
+    wait_gauge(&injector, "sidecar_injector_templates_loaded", 200.0, Duration::from_secs(60)).await?;
+    let many_templates = measure("200 templates")?;
+
+    let md = &mut report.md;
+    writeln!(md, "## B. Scaling (injector on the e2e control plane, requests straight to the webhook)\n")?;
+    writeln!(md, "| cache | requests/s (typical pod) | µs per request | RSS |\n| --- | --- | --- | --- |")?;
+    for (label, (load, rss)) in [
+        ("10 namespaces, 3 templates", &small),
+        ("10,000 namespaces, 3 templates", &many_namespaces),
+        ("10,000 namespaces, 200 templates", &many_templates),
+    ] {
+        writeln!(md, "| {label} | {:.0} | {:.1} | {rss:.1} MiB |", load.rps, 1e6 / load.rps)?;
+    }
+    let ns_ratio = small.0.rps / many_namespaces.0.rps;
+    let tpl_ratio = many_namespaces.0.rps / many_templates.0.rps;
+    writeln!(
+        md,
+        "\n- 10,000 / 10 namespaces, cost per request: **{ns_ratio:.2}×** (target ≤ 1.1); 9,990 namespaces created and cached in {:.0} s",
+        created.as_secs_f64()
+    )?;
+    writeln!(md, "- 200 / 3 templates, cost per request: **{tpl_ratio:.2}×** (target ≤ 1.1)")?;
+    writeln!(md, "- RSS with 10,000 namespaces and 200 templates: **{:.1} MiB** (target ≤ 64)\n", many_templates.1)?;
+    report.target(format!("10,000 namespaces: cost within 1.1 × of 10: {ns_ratio:.2}"), ns_ratio <= 1.1);
+    report.target(format!("200 templates: cost within 1.1 × of 3: {tpl_ratio:.2}"), tpl_ratio <= 1.1);
+    report.target(
+        format!("RSS ≤ 64 MiB with 10,000 namespaces and 200 templates: {:.1} MiB", many_templates.1),
+        many_templates.1 <= 64.0,
+    );
+
+    // C. Pod creation through the API server, with and without the injector in the path.
+    create_namespaces(&client, vec!["plain".into()], json!({})).await?;
+    for namespace in ["shop", "plain"] {
+        let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}}))?;
+        Api::<ServiceAccount>::namespaced(client.clone(), namespace).create(&PostParams::default(), &account).await?;
+    }
+    let mut timings = BTreeMap::new();
+    for (round, namespace) in [(0, "plain"), (0, "shop"), (1, "plain"), (1, "shop")] {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let latencies: Vec<Result<Duration>> = futures::stream::iter(0..durations.pods / 2)
+            .map(|i| {
+                let pods = pods.clone();
+                async move {
+                    let mut pod = fixtures::typical_pod();
+                    pod["metadata"]["generateName"] = json!(format!("bench-{round}-{i}-"));
+                    pod["metadata"].as_object_mut().unwrap().remove("ownerReferences");
+                    pod["spec"]["serviceAccountName"] = json!("default");
+                    let pod: Pod = serde_json::from_value(pod)?;
+                    let started = Instant::now();
+                    let stored = pods.create(&PostParams::default(), &pod).await?;
+                    let injected =
+                        stored.metadata.annotations.unwrap_or_default().contains_key("sidecar-injector.io/status");
+                    if injected != (namespace == "shop") {
+                        bail!("{namespace}: injected = {injected}");
+                    }
+                    Ok(started.elapsed())
+                }
+            })
+            .buffer_unordered(8)
+            .collect()
+            .await;
+        let latencies = latencies.into_iter().collect::<Result<Vec<_>>>()?;
+        timings.entry(namespace).or_insert_with(Vec::new).extend(latencies);
+    }
+    let stats = |namespace: &str| {
+        let mut all: Vec<f64> = timings[namespace].iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        all.sort_by(f64::total_cmp);
+        let at = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
+        (all.iter().sum::<f64>() / all.len() as f64, at(0.5), at(0.99))
+    };
+    let (without, with) = (stats("plain"), stats("shop"));
+    let ratio = with.0 / without.0;
+    let md = &mut report.md;
+    writeln!(md, "## C. Pod creation through the API server ({} pods each, 8 at a time)\n", durations.pods)?;
+    writeln!(md, "| namespace | mean | p50 | p99 |\n| --- | --- | --- | --- |")?;
+    writeln!(
+        md,
+        "| not opted in (no webhook is called) | {:.2} ms | {:.2} ms | {:.2} ms |",
+        without.0, without.1, without.2
+    )?;
+    writeln!(
+        md,
+        "| opted in (mutating + validating webhook, policy) | {:.2} ms | {:.2} ms | {:.2} ms |",
+        with.0, with.1, with.2
+    )?;
+    writeln!(md, "\n- with / without the injector, mean pod-create latency: **{ratio:.2}×** (target ≤ 1.2)\n")?;
+    report.target(format!("pod create with the injector ≤ 1.2 × without: {ratio:.2}"), ratio <= 1.2);
+    drop(injector);
+    drop(plane);
+    Ok(())
+}
+
+/// A percentile chart of the fixed-rate runs.
+fn chart(series: &[(String, Load)]) -> String {
+    let points = ["p50", "p75", "p90", "p95", "p99", "p99.9"];
+    let (width, height, left, bottom, top, right) = (760.0, 380.0, 70.0, 50.0, 40.0, 220.0);
+    let max = series.iter().flat_map(|(_, l)| points.iter().map(move |p| l.ms(p))).fold(0.0_f64, f64::max).max(0.1);
+    let (lo, hi) = (0.01_f64.log10(), (max * 1.5).log10());
+    let x = |i: usize| left + (width - left - right) * i as f64 / (points.len() - 1) as f64;
+    let y = |ms: f64| top + (height - top - bottom) * (1.0 - (ms.max(0.01).log10() - lo) / (hi - lo));
+    let mut svg = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="{left}" y="22" font-size="14">Latency at a fixed rate (ms, log scale)</text>"#
+    );
+    let mut tick = 0.01;
+    while tick <= max * 1.5 {
+        let _ = write!(
+            svg,
+            r##"<line x1="{left}" x2="{}" y1="{y}" y2="{y}" stroke="#dddddd"/><text x="{}" y="{}" text-anchor="end">{tick}</text>"##,
+            width - right,
+            left - 6.0,
+            y(tick) + 4.0,
+            y = y(tick)
+        );
+        tick *= 10.0;
+    }
+    for (i, p) in points.iter().enumerate() {
+        let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="middle">{p}</text>"#, x(i), height - bottom + 20.0);
+    }
+    for (n, ((label, load), color)) in series.iter().zip(["#2b8a3e", "#1c7ed6", "#e8590c"]).enumerate() {
+        let path: Vec<String> =
+            points.iter().enumerate().map(|(i, p)| format!("{:.1},{:.1}", x(i), y(load.ms(p)))).collect();
+        let _ = write!(svg, r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#, path.join(" "));
+        let ly = top + 20.0 * n as f64;
+        let _ = write!(
+            svg,
+            r#"<line x1="{}" x2="{}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="3"/><text x="{}" y="{}">{label}</text>"#,
+            width - right + 10.0,
+            width - right + 30.0,
+            width - right + 36.0,
+            ly + 4.0
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let standalone_only = args.iter().any(|a| a == "--no-cluster");
+    let durations = if quick {
+        Durations { saturation: "3s", fixed: "3s", pods: 100 }
+    } else {
+        Durations { saturation: "10s", fixed: "10s", pods: 500 }
+    };
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    std::env::set_current_dir(&root)?;
+    let binary = std::env::var_os("SIDECAR_INJECTOR_BIN")
+        .map_or_else(|| root.join("target/release/sidecar-injector"), PathBuf::from);
+    ensure!(
+        binary.is_file(),
+        "{} not found: run `cargo build --release --locked` first (bench/run.sh does)",
+        binary.display()
+    );
+    ensure!(Command::new("oha").arg("--version").output().is_ok(), "oha not found: cargo install oha --locked");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    let started = Instant::now();
+    let fixtures = write_fixtures(&root.join("bench/fixtures"))?;
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        .unwrap_or_default();
+    let mut report = Report {
+        md: format!(
+            "# Benchmark results\n\nOne run of `bench/run.sh{}` on {} CPU(s) ({cpu}); load from `oha` on the same machine, loopback only.\n\n",
+            if quick { " --quick" } else { "" },
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        ),
+        targets: Vec::new(),
+        fixed: Vec::new(),
+    };
+    println!("bench: A. the server alone ...");
+    standalone(&binary, &fixtures, &durations, &mut report)?;
+    if !standalone_only {
+        println!("bench: B and C. on the e2e control plane ...");
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        runtime.block_on(on_a_cluster(&root, &binary, &fixtures["injected"].0, &durations, &mut report))?;
+    }
+    let mut summary = String::from("## Targets\n\n");
+    for (what, met) in &report.targets {
+        let _ = writeln!(summary, "- {} {what}", if *met { "met:" } else { "**missed:**" });
+    }
+    let md = format!(
+        "{}{summary}\nTotal time: {:.0} s.\n\n![latency percentiles](latency.svg)\n",
+        report.md,
+        started.elapsed().as_secs_f64()
+    );
+    let results = root.join("bench/results");
+    std::fs::create_dir_all(&results)?;
+    std::fs::write(results.join("results.md"), &md)?;
+    std::fs::write(results.join("latency.svg"), chart(&report.fixed))?;
+    println!("{md}");
+    println!("bench: written to bench/results/results.md and bench/results/latency.svg");
+    Ok(())
+}
