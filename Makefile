@@ -1,5 +1,5 @@
 # The commands the README names. `make test` is what CI runs (through .ci/run).
-.PHONY: test lint unit e2e release golden bench
+.PHONY: test lint unit e2e release golden bench fuzz
 
 test: lint unit e2e
 
@@ -26,3 +26,12 @@ golden:
 
 bench:
 	cargo bench --locked --bench engine
+
+# Fuzzing with libFuzzer (needs the nightly toolchain and `cargo install cargo-fuzz`): each target
+# for FUZZ_SECONDS. New findings land in fuzz/artifacts/; commit a reproducer as
+# fuzz/corpus/<target>/regression-<name> so that `cargo test` replays it (tests/fuzz_corpus.rs).
+FUZZ_SECONDS ?= 300
+fuzz:
+	cd fuzz && for target in admission template patch; do \
+		cargo +nightly fuzz run -O $$target corpus/$$target -- -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 || exit 1; \
+	done

@@ -80,25 +80,21 @@ fn describe_refs(refs: &[TemplateRef]) -> String {
     refs.iter().map(|r| format!("{}@{}", r.name, r.hash)).collect::<Vec<_>>().join(", ")
 }
 
-fn find_named<'p>(items: Option<&'p Vec<Value>>, name: &str) -> Option<&'p Value> {
-    items?.iter().find(|c| c.get("name").and_then(Value::as_str) == Some(name))
-}
-
 fn check_named_items(pod: &Value, status: &InjectionStatus) -> Result<(), String> {
     let containers = pod::list(pod, "containers").map_err(|e| e.to_string())?;
     let init = pod::list(pod, "initContainers").map_err(|e| e.to_string())?;
     for name in &status.containers {
-        if find_named(containers, name).is_none() {
+        if find_by(containers, "name", name).is_none() {
             return Err(format!("injected sidecar container {name:?} was removed from the pod after injection"));
         }
     }
     for name in &status.init_containers {
-        if find_named(init, name).is_none() {
+        if find_by(init, "name", name).is_none() {
             return Err(format!("injected init container {name:?} was removed from the pod after injection"));
         }
     }
     for name in &status.native_sidecars {
-        let policy = find_named(init, name).and_then(|c| c.get("restartPolicy")).and_then(Value::as_str);
+        let policy = find_by(init, "name", name).and_then(|c| c.get("restartPolicy")).and_then(Value::as_str);
         if policy != Some("Always") {
             return Err(format!(
                 "native sidecar {name:?} lost restartPolicy: Always after injection (it is {}), so it would block the pod's start",
@@ -130,18 +126,11 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
         ("volume", "volumes", &injection.status.volumes),
     ];
     for (kind, list, names) in lists {
-        let expected_items = pod::list(&expected, list).ok().flatten();
-        let actual_items = pod::list(actual, list).ok().flatten();
+        let (expected_items, actual_items) =
+            (pod::list(&expected, list).ok().flatten(), pod::list(actual, list).ok().flatten());
         for name in names {
-            match (find_named(expected_items, name), find_named(actual_items, name)) {
-                (Some(want), Some(have)) => {
-                    if let Some(diff) = first_difference(want, have, "") {
-                        return Err(format!("injected {kind} {name:?} was changed after injection: {diff}"));
-                    }
-                }
-                (Some(_), None) => return Err(format!("injected {kind} {name:?} was removed after injection")),
-                _ => {}
-            }
+            let what = || format!("injected {kind} {name:?}");
+            compare(what, find_by(expected_items, "name", name), find_by(actual_items, "name", name))?;
         }
     }
     let expected_containers = pod::list(&expected, "containers").ok().flatten();
@@ -151,59 +140,44 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
     let injected_containers =
         injection.status.app_containers.iter().filter(|(c, _)| status.app_containers.contains_key(*c));
     for (container, additions) in injected_containers {
-        let want = find_named(expected_containers, container);
-        let have = find_named(actual_containers, container);
-        let (Some(want), Some(have)) = (want, have) else {
+        let (Some(want), Some(have)) =
+            (find_by(expected_containers, "name", container), find_by(actual_containers, "name", container))
+        else {
             continue;
         };
         for env in &additions.env {
-            let pick = |c: &Value| {
-                c.get("env")
-                    .and_then(Value::as_array)
-                    .and_then(|e| e.iter().find(|v| v["name"] == env.as_str()))
-                    .cloned()
-            };
-            match (pick(want), pick(have)) {
-                (Some(w), Some(h)) => {
-                    if let Some(diff) = first_difference(&w, &h, "") {
-                        return Err(format!(
-                            "env var {env:?} injected into container {container:?} was changed after injection: {diff}"
-                        ));
-                    }
-                }
-                (Some(_), None) => {
-                    return Err(format!(
-                        "env var {env:?} injected into container {container:?} was removed after injection"
-                    ));
-                }
-                _ => {}
-            }
+            let what = || format!("env var {env:?} injected into container {container:?}");
+            compare(what, find_by(list_of(want, "env"), "name", env), find_by(list_of(have, "env"), "name", env))?;
         }
         for path in &additions.volume_mounts {
-            let pick = |c: &Value| {
-                c.get("volumeMounts")
-                    .and_then(Value::as_array)
-                    .and_then(|m| m.iter().find(|v| v["mountPath"] == path.as_str()))
-                    .cloned()
-            };
-            match (pick(want), pick(have)) {
-                (Some(w), Some(h)) => {
-                    if let Some(diff) = first_difference(&w, &h, "") {
-                        return Err(format!(
-                            "volume mount {path:?} injected into container {container:?} was changed after injection: {diff}"
-                        ));
-                    }
-                }
-                (Some(_), None) => {
-                    return Err(format!(
-                        "volume mount {path:?} injected into container {container:?} was removed after injection"
-                    ));
-                }
-                _ => {}
-            }
+            let what = || format!("volume mount {path:?} injected into container {container:?}");
+            let (want, have) = (list_of(want, "volumeMounts"), list_of(have, "volumeMounts"));
+            compare(what, find_by(want, "mountPath", path), find_by(have, "mountPath", path))?;
         }
     }
     Ok(())
+}
+
+/// An injected item as the templates make it, against the pod's: changed, removed, or fine.
+fn compare(what: impl Fn() -> String, want: Option<&Value>, have: Option<&Value>) -> Result<(), String> {
+    match (want, have) {
+        (Some(want), Some(have)) => match first_difference(want, have, "") {
+            Some(diff) => Err(format!("{} was changed after injection: {diff}", what())),
+            None => Ok(()),
+        },
+        (Some(_), None) => Err(format!("{} was removed after injection", what())),
+        _ => Ok(()),
+    }
+}
+
+/// A container's list field (`env`, `volumeMounts`).
+fn list_of<'c>(container: &'c Value, field: &str) -> Option<&'c Vec<Value>> {
+    container.get(field).and_then(Value::as_array)
+}
+
+/// The item of a list whose `key` is `value`.
+fn find_by<'p>(items: Option<&'p Vec<Value>>, key: &str, value: &str) -> Option<&'p Value> {
+    items?.iter().find(|item| item.get(key).and_then(Value::as_str) == Some(value))
 }
 
 /// The pod as it was before the injection the status describes.
