@@ -210,7 +210,7 @@ pub struct TelemetrySettings {
     pub log_format: LogFormat,
     /// Log filter, `tracing` EnvFilter syntax (`info`, `sidecar_injector=debug,warn`).
     pub log_level: String,
-    /// OTLP/HTTP endpoint for traces (`http://collector:4318`); traces are off when absent.
+    /// OTLP/HTTP endpoint for traces (`http://collector:4318`, plain HTTP); traces are off when absent.
     pub otlp_endpoint: Option<String>,
     /// `service.name` of the traces.
     pub service_name: String,
