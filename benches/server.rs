@@ -359,7 +359,9 @@ async fn on_a_cluster(
                 async move {
                     let mut pod = fixtures::typical_pod();
                     pod["metadata"]["generateName"] = json!(format!("bench-{round}-{i}-"));
-                    pod["metadata"].as_object_mut().unwrap().remove("ownerReferences");
+                    let metadata = pod["metadata"].as_object_mut().unwrap();
+                    metadata.remove("ownerReferences");
+                    metadata.remove("namespace");
                     pod["spec"]["serviceAccountName"] = json!("default");
                     let pod: Pod = serde_json::from_value(pod)?;
                     let started = Instant::now();

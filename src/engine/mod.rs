@@ -131,6 +131,15 @@ impl Engine {
 
     /// Decides what to do with a pod.
     pub fn evaluate(&self, request: &PodRequest) -> Decision {
+        self.evaluate_with(request, false)
+    }
+
+    /// Decides with every field computed from pod data masked (see `render::render_masked`).
+    pub(crate) fn evaluate_masked(&self, request: &PodRequest) -> Decision {
+        self.evaluate_with(request, true)
+    }
+
+    fn evaluate_with(&self, request: &PodRequest, mask_pod_reads: bool) -> Decision {
         let mut warnings = Vec::new();
         let decision = |choice, outcome, warnings| Decision { choice, outcome, warnings };
         let pod = &*request.pod;
@@ -173,7 +182,11 @@ impl Engine {
         let pod_value = render::pod_value(request.pod.clone());
         let mut planned = Vec::with_capacity(selected.len());
         for template in selected {
-            match render::render(template, &pod_value, &annotations, &request.namespace) {
+            let rendered = match mask_pod_reads {
+                true => render::render_masked(template, &pod_value, &annotations, &request.namespace),
+                false => render::render(template, &pod_value, &annotations, &request.namespace),
+            };
+            match rendered {
                 Ok(mut rendered) => {
                     warnings.append(&mut rendered.warnings);
                     planned.push(PlannedTemplate {

@@ -77,7 +77,15 @@ pub(crate) struct CompiledText {
     line: u64,
     id: String,
     source: String,
+    /// Whether it reads `pod`: its result may differ between the mutating call and a later look at
+    /// the stored pod (the API server fills `metadata.name` from `generateName` in between, other
+    /// mutators change labels), so the validating recomputation does not compare it.
+    reads_pod: bool,
 }
+
+/// What a field rendered from pod data is replaced by in a masked render: the validating check
+/// accepts any value in its place (see `validate::first_difference`).
+pub const POD_DERIVED: &str = "\u{1}sidecar-injector:pod-derived\u{1}";
 
 /// The compiled expressions of one template.
 #[derive(Default)]
@@ -132,7 +140,9 @@ impl ExpressionsBuilder {
         self.env
             .add_template_owned(id.clone(), source)
             .map_err(|e| TemplateError::at(template, line, format!("{} in {display:?}", describe(&e))))?;
-        Ok(CompiledText { line, id, source: display.to_owned() })
+        let compiled = self.env.get_template(&id).expect("just added");
+        let reads_pod = compiled.undeclared_variables(false).contains("pod");
+        Ok(CompiledText { line, id, source: display.to_owned(), reads_pod })
     }
 
     /// A string scalar containing expressions.
@@ -232,6 +242,27 @@ pub fn render(
     pod_annotations: &BTreeMap<String, String>,
     namespace: &NamespaceFacts,
 ) -> Result<RenderedTemplate, RenderError> {
+    render_with(template, pod, pod_annotations, namespace, false)
+}
+
+/// Like [`render`], but every string computed from pod data (other than names and mount paths,
+/// which identify items) is [`POD_DERIVED`]: what the validating check compares against.
+pub fn render_masked(
+    template: &Template,
+    pod: &JinjaValue,
+    pod_annotations: &BTreeMap<String, String>,
+    namespace: &NamespaceFacts,
+) -> Result<RenderedTemplate, RenderError> {
+    render_with(template, pod, pod_annotations, namespace, true)
+}
+
+fn render_with(
+    template: &Template,
+    pod: &JinjaValue,
+    pod_annotations: &BTreeMap<String, String>,
+    namespace: &NamespaceFacts,
+    mask_pod_reads: bool,
+) -> Result<RenderedTemplate, RenderError> {
     let mut warnings = Vec::new();
     let values = effective_values(template, pod_annotations, &mut warnings).map_err(RenderError::Override)?;
     let context = JinjaValue::from_pairs([
@@ -247,8 +278,14 @@ pub fn render(
         ("values", JinjaValue::from(Serde(&values))),
         ("template", JinjaValue::from_pairs([("name", JinjaValue::from(template.name.as_str()))])),
     ]);
-    let mut renderer =
-        Renderer { template, context, values: &values, fuel_left: FUEL_PER_TEMPLATE, output_left: MAX_TEMPLATE_OUTPUT };
+    let mut renderer = Renderer {
+        template,
+        context,
+        values: &values,
+        fuel_left: FUEL_PER_TEMPLATE,
+        output_left: MAX_TEMPLATE_OUTPUT,
+        mask_pod_reads,
+    };
     let spec = &template.inject;
     let err = RenderError::Template;
     Ok(RenderedTemplate {
@@ -330,6 +367,7 @@ struct Renderer<'t> {
     values: &'t serde_json::Map<String, Value>,
     fuel_left: u64,
     output_left: usize,
+    mask_pod_reads: bool,
 }
 
 impl Renderer<'_> {
@@ -372,6 +410,7 @@ impl Renderer<'_> {
     fn piece(&mut self, piece: &Piece) -> Result<Value, TemplateError> {
         Ok(match piece {
             Piece::Literal(v) => v.clone(),
+            Piece::Text(text) if self.mask_pod_reads && text.reads_pod => Value::String(POD_DERIVED.to_owned()),
             Piece::Text(text) => Value::String(self.text(text)?),
             Piece::ValueRef { line, path } => lookup_path(self.values, path)
                 .cloned()

@@ -157,6 +157,17 @@ pub async fn s02_pod_injected(ctx: &mut Ctx) -> Result<()> {
     ensure!(app.volume_mounts.iter().flatten().any(|m| m.mount_path == "/var/log/app"), "app container not mounted");
     let metrics = ctx.injector.as_ref().context("no injector")?.metrics();
     ensure!(metrics.contains("sidecar_injector_injections_total{template=\"log-shipper\"}"), "injection not counted");
+
+    // A pod named by the API server (generateName, as every Deployment's pods are) has no name at
+    // the mutating call and a generated one at the validating call; it must pass both.
+    let mut generated = pod("ignored", json!({"app": "web"}), json!({}));
+    generated["metadata"].as_object_mut().unwrap().remove("name");
+    generated["metadata"]["generateName"] = json!("web-7d9f-");
+    let stored = ctx.create_pod("e2e-shop", generated).await.context("a pod with generateName")?;
+    let name = stored.metadata.name.clone().unwrap_or_default();
+    ensure!(name.starts_with("web-7d9f-") && name.len() > "web-7d9f-".len(), "{name}");
+    let args = log_shipper(&stored).context("not injected")?.args.unwrap_or_default();
+    ensure!(args.iter().any(|a| a == "--prop=tag=e2e-shop.web-7d9f-"), "rendered with the name at mutation: {args:?}");
     Ok(())
 }
 
