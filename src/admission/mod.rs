@@ -1,12 +1,12 @@
 //! AdmissionReview in, engine decision, AdmissionReview out: pure functions over
 //! `kube::core::admission` types, shared by the HTTP handlers and the tests.
 //!
-//! Parsing is two-step on purpose. kube's `AdmissionReview<T>` flattens its type meta, which makes
-//! serde buffer the whole body before deserializing it (a second pass over a pod that may be
-//! hundreds of KiB), and it cannot say *which* part of a bad review is wrong. So the envelope is read
-//! first with the request left as borrowed raw JSON (checking apiVersion, kind and presence of the
-//! request), then kube's `AdmissionRequest<RawObject>` is deserialized from it, where [`RawObject`]
-//! keeps the object as the raw JSON the engine works on.
+//! Parsing takes one pass on the happy path: kube's `AdmissionReview<T>` flattens its type meta,
+//! which makes serde buffer the whole body before deserializing it (a second pass over a pod that
+//! may be hundreds of KiB), so the review is read into a small envelope holding kube's
+//! `AdmissionRequest<RawObject>` directly, where [`RawObject`] keeps the object as the raw JSON the
+//! engine works on. Only when that fails is the body read again to say precisely what is wrong:
+//! apiVersion and kind first, then the path of the bad field.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -27,22 +27,23 @@ pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
 
 /// An object of a kind known only at run time, kept as raw JSON so that fields unknown to our
-/// Kubernetes types survive, with its metadata parsed for convenience.
+/// Kubernetes types survive. Its typed metadata (for the `Resource` trait) is parsed on first use.
 #[derive(Debug, Clone)]
 pub struct RawObject {
     /// The object as sent.
     pub json: Value,
-    metadata: ObjectMeta,
+    metadata: std::sync::OnceLock<ObjectMeta>,
+}
+
+impl RawObject {
+    fn parsed_metadata(&self) -> ObjectMeta {
+        self.json.get("metadata").and_then(|m| ObjectMeta::deserialize(m).ok()).unwrap_or_default()
+    }
 }
 
 impl<'de> Deserialize<'de> for RawObject {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let json = Value::deserialize(deserializer)?;
-        let metadata = match json.get("metadata") {
-            Some(m) => ObjectMeta::deserialize(m).map_err(serde::de::Error::custom)?,
-            None => ObjectMeta::default(),
-        };
-        Ok(RawObject { json, metadata })
+        Ok(RawObject { json: Value::deserialize(deserializer)?, metadata: std::sync::OnceLock::new() })
     }
 }
 
@@ -72,10 +73,13 @@ impl Resource for RawObject {
         dt.plural.as_str().into()
     }
     fn meta(&self) -> &ObjectMeta {
-        &self.metadata
+        self.metadata.get_or_init(|| self.parsed_metadata())
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
+        if self.metadata.get().is_none() {
+            let _ = self.metadata.set(self.parsed_metadata());
+        }
+        self.metadata.get_mut().expect("just set")
     }
 }
 
@@ -133,72 +137,125 @@ pub struct Summary {
 pub struct BadRequest(pub String);
 
 #[derive(Deserialize)]
-struct Envelope<'a> {
+struct Review {
     #[serde(rename = "apiVersion")]
     api_version: Option<String>,
     kind: Option<String>,
-    #[serde(borrow)]
-    request: Option<&'a RawValue>,
+    request: Option<Request>,
 }
 
-/// Reads an AdmissionReview, with a specific message for every way it can be wrong.
-pub fn parse(body: &[u8]) -> Result<Request, BadRequest> {
+fn check_types(api_version: Option<&str>, kind: Option<&str>) -> Result<(), BadRequest> {
     let bad = |m: String| Err(BadRequest(m));
-    let text = match std::str::from_utf8(body) {
-        Ok(text) => text,
-        Err(e) => return bad(format!("the body is not UTF-8: invalid byte at offset {}", e.valid_up_to())),
-    };
-    let envelope: Envelope = match serde_json::from_str(text) {
-        Ok(envelope) => envelope,
-        Err(e) if e.is_data() => return bad(format!("the body is not an AdmissionReview: {e}")),
-        Err(e) => return bad(format!("the body is not valid JSON: {e}")),
-    };
-    match envelope.api_version.as_deref() {
+    match api_version {
         Some(API_VERSION) => {}
         Some(other) => return bad(format!("unsupported apiVersion {other:?}: only {API_VERSION} is served")),
         None => return bad(format!("apiVersion is missing: expected {API_VERSION}")),
     }
-    match envelope.kind.as_deref() {
-        Some(KIND) => {}
-        Some(other) => return bad(format!("unsupported kind {other:?}: expected {KIND}")),
-        None => return bad(format!("kind is missing: expected {KIND}")),
+    match kind {
+        Some(KIND) => Ok(()),
+        Some(other) => bad(format!("unsupported kind {other:?}: expected {KIND}")),
+        None => bad(format!("kind is missing: expected {KIND}")),
     }
-    let Some(raw) = envelope.request.filter(|r| r.get() != "null") else {
-        return bad("the AdmissionReview has no request".into());
-    };
-    // Field presence first, for messages that name the field rather than serde's wording.
-    #[derive(Deserialize)]
-    struct Presence<'a> {
-        #[serde(borrow)]
-        uid: Option<&'a RawValue>,
-        operation: Option<&'a RawValue>,
-        #[serde(borrow)]
-        object: Option<&'a RawValue>,
+}
+
+/// Reads an AdmissionReview, with a specific message for every way it can be wrong.
+pub fn parse(body: &[u8]) -> Result<Request, BadRequest> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| BadRequest(format!("the body is not UTF-8: invalid byte at offset {}", e.valid_up_to())))?;
+    let review: Review = serde_json::from_str(text).map_err(|e| diagnose(text, e))?;
+    check_types(review.api_version.as_deref(), review.kind.as_deref())?;
+    let mut request = review.request.ok_or_else(|| BadRequest("the AdmissionReview has no request".into()))?;
+    if request.uid.is_empty() {
+        return Err(BadRequest("request.uid is missing".into()));
     }
-    let presence: Presence = serde_json::from_str(raw.get()).map_err(|e| BadRequest(format!("request: {e}")))?;
-    if presence.uid.is_none_or(|u| u.get() == "null" || u.get() == "\"\"") {
-        return bad("request.uid is missing".into());
+    if matches!(request.operation, Operation::Create | Operation::Update) && request.object.is_none() {
+        return Err(BadRequest("request.object is missing".into()));
     }
-    let needs_object = presence.operation.is_some_and(|o| matches!(o.get(), "\"CREATE\"" | "\"UPDATE\""));
-    if needs_object && presence.object.is_none_or(|o| o.get() == "null") {
-        return bad("request.object is missing".into());
-    }
-    let mut request: Request = serde_json::from_str(raw.get()).map_err(|e| BadRequest(format!("request: {e}")))?;
     request.types = TypeMeta { api_version: API_VERSION.into(), kind: KIND.into() };
     Ok(request)
 }
 
-/// The review body of a response. kube's `AdmissionResponse` serializes the patch bytes as a JSON
-/// array of numbers; the API server would accept that, but the documented wire format (and a third
-/// of the size) is base64, so the patch is encoded here.
-fn encode(mut response: AdmissionResponse) -> Vec<u8> {
-    use base64::Engine as _;
-    let patch = response.patch.take();
-    let mut review = serde_json::to_value(response.into_review()).expect("a review serializes");
-    if let Some(patch) = patch {
-        review["response"]["patch"] = Value::String(base64::engine::general_purpose::STANDARD.encode(patch));
+/// Says what is wrong with a body that did not parse: not JSON at all, apiVersion or kind (before
+/// anything in the request), then the request's first bad field with its path.
+fn diagnose(text: &str, error: serde_json::Error) -> BadRequest {
+    #[derive(Deserialize)]
+    struct Envelope<'a> {
+        #[serde(rename = "apiVersion")]
+        api_version: Option<String>,
+        kind: Option<String>,
+        #[serde(borrow)]
+        request: Option<&'a RawValue>,
     }
-    serde_json::to_vec(&review).expect("a review serializes")
+    if error.is_syntax() || error.is_eof() {
+        return BadRequest(format!("the body is not valid JSON: {error}"));
+    }
+    let envelope: Envelope = match serde_json::from_str(text) {
+        Ok(envelope) => envelope,
+        Err(e) if e.is_data() => return BadRequest(format!("the body is not an AdmissionReview: {e}")),
+        Err(e) => return BadRequest(format!("the body is not valid JSON: {e}")),
+    };
+    if let Err(bad) = check_types(envelope.api_version.as_deref(), envelope.kind.as_deref()) {
+        return bad;
+    }
+    let Some(raw) = envelope.request else { return BadRequest(format!("the body is not an AdmissionReview: {error}")) };
+    let mut deserializer = serde_json::Deserializer::from_str(raw.get());
+    match serde_path_to_error::deserialize::<_, Request>(&mut deserializer) {
+        Ok(_) => BadRequest(format!("request: {error}")),
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let message = inner.to_string();
+            match message.strip_prefix("missing field `").and_then(|m| m.split('`').next()) {
+                Some(field) if path == "." => BadRequest(format!("request.{field} is missing")),
+                _ if path == "." => BadRequest(format!("request: {message}")),
+                _ => BadRequest(format!("request.{path}: {message}")),
+            }
+        }
+    }
+}
+
+/// The review body of a response, written in one pass. kube's `AdmissionResponse` serializes the
+/// patch bytes as a JSON array of numbers; the API server would accept that, but the documented
+/// wire format (and a third of the size) is base64, so the response is written field by field here.
+fn encode(response: AdmissionResponse) -> Vec<u8> {
+    use base64::Engine as _;
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Wire<'a> {
+        api_version: &'static str,
+        kind: &'static str,
+        response: WireResponse<'a>,
+    }
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct WireResponse<'a> {
+        uid: &'a str,
+        allowed: bool,
+        status: &'a kube::core::Status,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        patch: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        patch_type: Option<&'static str>,
+        #[serde(skip_serializing_if = "std::collections::HashMap::is_empty")]
+        audit_annotations: &'a std::collections::HashMap<String, String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        warnings: Option<&'a Vec<String>>,
+    }
+    let patch = response.patch.as_ref().map(|p| base64::engine::general_purpose::STANDARD.encode(p));
+    let wire = Wire {
+        api_version: API_VERSION,
+        kind: KIND,
+        response: WireResponse {
+            uid: &response.uid,
+            allowed: response.allowed,
+            status: &response.result,
+            patch_type: patch.as_ref().map(|_| "JSONPatch"),
+            patch,
+            audit_annotations: &response.audit_annotations,
+            warnings: response.warnings.as_ref(),
+        },
+    };
+    serde_json::to_vec(&wire).expect("a review serializes")
 }
 
 /// The 400 answer to an unreadable review.

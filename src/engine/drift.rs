@@ -55,11 +55,8 @@ pub fn classify(
         return PodDrift::OutOfScope;
     }
     let choice = select::choose(&engine.templates, labels, annotations, namespace);
-    let current: BTreeMap<&str, &str> = choice
-        .selected()
-        .filter_map(|name| engine.templates.get(name))
-        .map(|t| (t.name.as_str(), t.hash.as_str()))
-        .collect();
+    let current: BTreeMap<&str, &str> =
+        choice.selected().filter_map(|name| engine.templates.get(name)).map(|t| (&*t.name, t.hash.as_str())).collect();
     let status = annotations.get(names::STATUS_ANNOTATION).and_then(|s| InjectionStatus::parse(s).ok());
     let Some(status) = status else {
         return if current.is_empty() {
@@ -68,7 +65,7 @@ pub fn classify(
             PodDrift::NotInjected { templates: current.keys().map(|n| (*n).to_owned()).collect() }
         };
     };
-    let injected: BTreeMap<&str, &str> = status.templates.iter().map(|t| (t.name.as_str(), t.hash.as_str())).collect();
+    let injected: BTreeMap<&str, &str> = status.templates.iter().map(|t| (&*t.name, t.hash.as_str())).collect();
     let mut names: Vec<&str> = injected.keys().chain(current.keys()).copied().collect();
     names.sort_unstable();
     names.dedup();

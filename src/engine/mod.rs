@@ -38,8 +38,6 @@ pub use select::{Choice, ChoiceSource, OutOfScope, TemplateVerdict};
 pub use status::InjectionStatus;
 pub use template::{Template, TemplateError, TemplateSet, TemplateSource};
 
-use status::TemplateRef;
-
 /// The injection engine: the templates in service plus the namespaces it never touches.
 #[derive(Debug, Clone, Default)]
 pub struct Engine {
@@ -163,8 +161,6 @@ impl Engine {
             return decision(Some(choice), Outcome::Denied(denial), warnings);
         }
         let selected: Vec<&Arc<Template>> = choice.selected().filter_map(|name| self.templates.get(name)).collect();
-        let refs: Vec<TemplateRef> =
-            selected.iter().map(|t| TemplateRef { name: t.name.clone(), hash: t.hash.clone() }).collect();
         let previous = match annotations.get(names::STATUS_ANNOTATION).map(|s| InjectionStatus::parse(s)) {
             None => None,
             Some(Ok(status)) => Some(status),
@@ -176,7 +172,8 @@ impl Engine {
                 None
             }
         };
-        if let Some(previous) = previous.as_ref().filter(|p| p.is_current(&refs)) {
+        let current = selected.iter().map(|t| (&*t.name, t.hash.as_str()));
+        if let Some(previous) = previous.as_ref().filter(|p| p.is_current(current)) {
             return decision(Some(choice), Outcome::UpToDate(previous.clone()), warnings);
         }
         let pod_value = render::pod_value(request.pod.clone());

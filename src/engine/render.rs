@@ -81,6 +81,21 @@ pub(crate) struct CompiledText {
     /// the stored pod (the API server fills `metadata.name` from `generateName` in between, other
     /// mutators change labels), so the validating recomputation does not compare it.
     reads_pod: bool,
+    /// Whether it reads `namespace`.
+    reads_namespace: bool,
+    /// Whether it reads `values` (so a pod's override can change it).
+    reads_values: bool,
+    /// Its output when it reads neither `pod` nor `namespace`, with the default values: rendered
+    /// once when the template is loaded, used for every pod that overrides nothing it reads.
+    constant: Option<Constant>,
+}
+
+/// A pre-rendered expression and the fuel it took, which still counts against the template's budget
+/// so that a template behaves the same whether or not its expressions were pre-rendered.
+#[derive(Debug, Clone)]
+pub(crate) struct Constant {
+    output: String,
+    fuel: u64,
 }
 
 /// What a field rendered from pod data is replaced by in a masked render: the validating check
@@ -140,9 +155,17 @@ impl ExpressionsBuilder {
         self.env
             .add_template_owned(id.clone(), source)
             .map_err(|e| TemplateError::at(template, line, format!("{} in {display:?}", describe(&e))))?;
-        let compiled = self.env.get_template(&id).expect("just added");
-        let reads_pod = compiled.undeclared_variables(false).contains("pod");
-        Ok(CompiledText { line, id, source: display.to_owned(), reads_pod })
+        let variables = self.env.get_template(&id).expect("just added").undeclared_variables(false);
+        Ok(CompiledText {
+            line,
+            id,
+            source: display.to_owned(),
+            reads_pod: variables.contains("pod"),
+            // `namespace` is also MiniJinja's namespace() function; either way it is not constant.
+            reads_namespace: variables.contains("namespace"),
+            reads_values: variables.contains("values"),
+            constant: None,
+        })
     }
 
     /// A string scalar containing expressions.
@@ -265,6 +288,7 @@ fn render_with(
 ) -> Result<RenderedTemplate, RenderError> {
     let mut warnings = Vec::new();
     let values = effective_values(template, pod_annotations, &mut warnings).map_err(RenderError::Override)?;
+    let overridden = values != template.values;
     let context = JinjaValue::from_pairs([
         ("pod", pod.clone()),
         (
@@ -276,7 +300,7 @@ fn render_with(
             ]),
         ),
         ("values", JinjaValue::from(Serde(&values))),
-        ("template", JinjaValue::from_pairs([("name", JinjaValue::from(template.name.as_str()))])),
+        ("template", JinjaValue::from_pairs([("name", JinjaValue::from(&*template.name))])),
     ]);
     let mut renderer = Renderer {
         template,
@@ -285,11 +309,12 @@ fn render_with(
         fuel_left: FUEL_PER_TEMPLATE,
         output_left: MAX_TEMPLATE_OUTPUT,
         mask_pod_reads,
+        overridden,
     };
     let spec = &template.inject;
     let err = RenderError::Template;
     Ok(RenderedTemplate {
-        name: template.name.clone(),
+        name: template.name.to_string(),
         hash: template.hash.clone(),
         labels: renderer.string_map(&spec.labels, "inject.labels").map_err(err)?,
         annotations: renderer.string_map(&spec.annotations, "inject.annotations").map_err(err)?,
@@ -368,6 +393,8 @@ struct Renderer<'t> {
     fuel_left: u64,
     output_left: usize,
     mask_pod_reads: bool,
+    /// Whether the pod overrides any of the template's values.
+    overridden: bool,
 }
 
 impl Renderer<'_> {
@@ -376,6 +403,10 @@ impl Renderer<'_> {
     }
 
     fn text(&mut self, text: &CompiledText) -> Result<String, TemplateError> {
+        if let Some(constant) = text.constant.as_ref().filter(|_| !(self.overridden && text.reads_values)) {
+            self.charge(text, constant.fuel, constant.output.len())?;
+            return Ok(constant.output.clone());
+        }
         let env = self.template.expressions.env.as_ref().expect("a compiled text implies an environment");
         let compiled = env.get_template(&text.id).expect("compiled texts are registered by id");
         let limit = self.output_left.min(MAX_EXPRESSION_OUTPUT);
@@ -397,14 +428,22 @@ impl Renderer<'_> {
             self.err(text.line, message)
         })?;
         let consumed = captured.state().fuel_levels().map_or(0, |(consumed, _)| consumed);
-        self.fuel_left = self.fuel_left.checked_sub(consumed).ok_or_else(|| {
+        self.charge(text, consumed, out.buf.len())?;
+        String::from_utf8(out.buf).map_err(|_| self.err(text.line, "rendered output is not valid UTF-8"))
+    }
+
+    /// Counts an expression's fuel and output against the template's budgets.
+    fn charge(&mut self, text: &CompiledText, fuel: u64, output: usize) -> Result<(), TemplateError> {
+        self.fuel_left = self.fuel_left.checked_sub(fuel).ok_or_else(|| {
             self.err(
                 text.line,
                 format!("the template's expressions did not finish within {FUEL_PER_TEMPLATE} instructions"),
             )
         })?;
-        self.output_left -= out.buf.len();
-        String::from_utf8(out.buf).map_err(|_| self.err(text.line, "rendered output is not valid UTF-8"))
+        self.output_left = self.output_left.checked_sub(output).ok_or_else(|| {
+            self.err(text.line, format!("the template's rendered output is larger than {MAX_TEMPLATE_OUTPUT} bytes"))
+        })?;
+        Ok(())
     }
 
     fn piece(&mut self, piece: &Piece) -> Result<Value, TemplateError> {
@@ -477,6 +516,49 @@ impl Write for LimitedWriter {
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+/// Renders, once, every expression of `template` that reads neither `pod` nor `namespace`, with its
+/// default values, and keeps the result in the compiled text. Called when a template is loaded.
+pub(crate) fn prerender(template: &mut Template) {
+    let values = JinjaValue::from(Serde(&template.values));
+    let context = JinjaValue::from_pairs([
+        ("values", values),
+        ("template", JinjaValue::from_pairs([("name", JinjaValue::from(&*template.name))])),
+    ]);
+    let Some(env) = template.expressions.env.clone() else { return };
+    let render = |text: &mut CompiledText| {
+        if text.reads_pod || text.reads_namespace {
+            return;
+        }
+        let compiled = env.get_template(&text.id).expect("compiled texts are registered by id");
+        let mut out = LimitedWriter { buf: Vec::new(), limit: MAX_EXPRESSION_OUTPUT };
+        if let Ok(captured) = compiled.render_captured_to(context.clone(), &mut out) {
+            let fuel = captured.state().fuel_levels().map_or(0, |(consumed, _)| consumed);
+            text.constant = String::from_utf8(out.buf).ok().map(|output| Constant { output, fuel });
+        }
+    };
+    fn walk(piece: &mut Piece, render: &dyn Fn(&mut CompiledText)) {
+        match piece {
+            Piece::Text(text) => render(text),
+            Piece::Seq(items) => items.iter_mut().for_each(|i| walk_item(i, render)),
+            Piece::Map(entries) => entries.iter_mut().for_each(|(_, p)| walk(p, render)),
+            Piece::Literal(_) | Piece::ValueRef { .. } => {}
+        }
+    }
+    fn walk_item(item: &mut SeqItem, render: &dyn Fn(&mut CompiledText)) {
+        if let Some(when) = &mut item.when {
+            render(when);
+        }
+        walk(&mut item.piece, render);
+    }
+    let spec = &mut template.inject;
+    spec.labels.iter_mut().chain(spec.annotations.iter_mut()).for_each(|(_, p)| walk(p, &render));
+    for list in
+        [&mut spec.init_containers, &mut spec.sidecars, &mut spec.volumes, &mut spec.env, &mut spec.volume_mounts]
+    {
+        list.iter_mut().for_each(|i| walk_item(i, &render));
     }
 }
 
@@ -923,6 +1005,27 @@ inject:
         let err =
             Template::load("team", "inject:\n  labels:\n    t: \"{{ pod.metadata.labels.team }}\"\n").unwrap_err();
         assert!(err.message.contains("undefined value") && err.message.contains("sample pod"), "{err}");
+    }
+
+    #[test]
+    fn expressions_that_read_only_values_are_rendered_once_and_still_follow_overrides() {
+        let t = template(
+            "pre",
+            "values: {port: 1}\noverridable: [port]\ninject:\n  annotations:\n    fixed: \"{{ template.name }}-{{ values.port + 1 }}\"\n    name: \"{{ pod.metadata.name }}\"\n    ns: \"{{ namespace.name }}\"\n",
+        );
+        let constants: BTreeMap<&str, bool> = t
+            .inject
+            .annotations
+            .iter()
+            .map(|(k, p)| (k.as_str(), matches!(p, Piece::Text(text) if text.constant.is_some())))
+            .collect();
+        assert_eq!(constants, [("fixed", true), ("name", false), ("ns", false)].into());
+        let plain = render_for(&t, pod(), &[]).unwrap();
+        assert_eq!(plain.annotations["fixed"], "pre-2");
+        assert_eq!((plain.annotations["name"].as_str(), plain.annotations["ns"].as_str()), ("web-1", "shop"));
+        let overridden =
+            render_for(&t, pod(), &[(&crate::engine::names::override_annotation("pre", "port"), "41")]).unwrap();
+        assert_eq!(overridden.annotations["fixed"], "pre-42", "an override bypasses the pre-rendered output");
     }
 
     #[test]

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -108,12 +109,12 @@ pub enum TemplateVerdict {
     /// Its podSelector does not match the pod's labels.
     PodSelectorMismatch {
         /// The selector.
-        selector: String,
+        selector: Arc<str>,
     },
     /// Its namespaceSelector does not match the namespace's labels.
     NamespaceSelectorMismatch {
         /// The selector.
-        selector: String,
+        selector: Arc<str>,
     },
 }
 
@@ -139,18 +140,18 @@ pub struct Choice {
     /// Where the candidates came from.
     pub source: ChoiceSource,
     /// Every template considered, in injection order for the selected ones.
-    pub verdicts: Vec<(String, TemplateVerdict)>,
+    pub verdicts: Vec<(Arc<str>, TemplateVerdict)>,
 }
 
 impl Choice {
     /// Names of the templates that will be injected, in order.
     pub fn selected(&self) -> impl Iterator<Item = &str> {
-        self.verdicts.iter().filter(|(_, v)| *v == TemplateVerdict::Selected).map(|(name, _)| name.as_str())
+        self.verdicts.iter().filter(|(_, v)| *v == TemplateVerdict::Selected).map(|(name, _)| &**name)
     }
 
     /// Names that an annotation gave but that do not exist.
     pub fn missing(&self) -> impl Iterator<Item = &str> {
-        self.verdicts.iter().filter(|(_, v)| *v == TemplateVerdict::NotFound).map(|(name, _)| name.as_str())
+        self.verdicts.iter().filter(|(_, v)| *v == TemplateVerdict::NotFound).map(|(name, _)| &**name)
     }
 
     /// One line on why nothing was selected.
@@ -199,6 +200,18 @@ pub fn scope(
     Ok(())
 }
 
+/// The template names an annotation lists, in order, without duplicates.
+fn named_templates(annotations: &BTreeMap<String, String>) -> Option<Vec<&str>> {
+    let list = annotations.get(names::TEMPLATES_ANNOTATION)?;
+    let mut names: Vec<&str> = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    Some(names)
+}
+
 /// Chooses the templates for an in-scope pod.
 pub fn choose(
     templates: &TemplateSet,
@@ -206,17 +219,6 @@ pub fn choose(
     pod_annotations: &BTreeMap<String, String>,
     namespace: &NamespaceFacts,
 ) -> Choice {
-    let named = |annotations: &BTreeMap<String, String>| {
-        annotations.get(names::TEMPLATES_ANNOTATION).map(|list| {
-            let mut seen = Vec::new();
-            for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                if !seen.iter().any(|s| s == name) {
-                    seen.push(name.to_owned());
-                }
-            }
-            seen
-        })
-    };
     let verdict = |template: &Template| {
         if let Some(selector) = template.pod_selector.as_ref().filter(|s| !s.matches(pod_labels)) {
             return TemplateVerdict::PodSelectorMismatch { selector: selector.text.clone() };
@@ -226,7 +228,7 @@ pub fn choose(
         }
         TemplateVerdict::Selected
     };
-    let (source, names) = match (named(pod_annotations), named(&namespace.annotations)) {
+    let (source, names) = match (named_templates(pod_annotations), named_templates(&namespace.annotations)) {
         (Some(names), _) => (ChoiceSource::PodAnnotation, Some(names)),
         (None, Some(names)) => (ChoiceSource::NamespaceAnnotation, Some(names)),
         (None, None) => (ChoiceSource::Defaults, None),
@@ -234,9 +236,9 @@ pub fn choose(
     let verdicts = match names {
         Some(names) => names
             .into_iter()
-            .map(|name| {
-                let v = templates.get(&name).map_or(TemplateVerdict::NotFound, |t| verdict(t));
-                (name, v)
+            .map(|name| match templates.get(name) {
+                Some(t) => (t.name.clone(), verdict(t)),
+                None => (name.into(), TemplateVerdict::NotFound),
             })
             .collect(),
         None => templates
@@ -431,8 +433,7 @@ mod tests {
     fn verdicts_say_why_a_template_was_not_chosen() {
         let engine = engine(&[("base", DEFAULT), ("extra", OPTIONAL), ("web", WEB_ONLY), ("prod", PROD_ONLY)]);
         let choice = choose(&engine.templates, &map(&[("app", "db")]), &map(&[]), &opted_in("dev", &[]));
-        let verdicts: BTreeMap<&str, String> =
-            choice.verdicts.iter().map(|(n, v)| (n.as_str(), v.to_string())).collect();
+        let verdicts: BTreeMap<&str, String> = choice.verdicts.iter().map(|(n, v)| (&**n, v.to_string())).collect();
         assert_eq!(verdicts["base"], "selected");
         assert_eq!(verdicts["extra"], "not default: true and not named by an annotation");
         assert_eq!(verdicts["web"], "podSelector \"app in (api,web),!canary\" does not match the pod's labels");

@@ -128,9 +128,11 @@ impl InjectionStatus {
         serde_json::to_string(self).expect("the status always serializes")
     }
 
-    /// Whether the injection recorded here is what `templates` would inject now.
-    pub fn is_current(&self, templates: &[TemplateRef]) -> bool {
-        self.templates == templates
+    /// Whether the injection recorded here is what `templates` (name, hash, in order) would inject now.
+    pub fn is_current<'t>(&self, templates: impl IntoIterator<Item = (&'t str, &'t str)>) -> bool {
+        let mut current = templates.into_iter();
+        self.templates.iter().all(|t| current.next() == Some((t.name.as_str(), t.hash.as_str())))
+            && current.next().is_none()
     }
 }
 

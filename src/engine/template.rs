@@ -81,7 +81,7 @@ impl SidecarMode {
 #[derive(Debug, Clone)]
 pub struct TemplateSelector {
     /// The selector in Kubernetes syntax (`app in (web),tier!=db`), for explanations.
-    pub text: String,
+    pub text: Arc<str>,
     pub(crate) selector: Selector,
     pub(crate) label_selector: LabelSelector,
 }
@@ -156,8 +156,9 @@ pub(crate) struct InjectSpec {
 /// A parsed, compiled and checked template.
 #[derive(Debug)]
 pub struct Template {
-    /// Template name (the ConfigMap key or file name without `.yaml`).
-    pub name: String,
+    /// Template name (the ConfigMap key or file name without `.yaml`); shared, because every
+    /// decision names the templates it considered.
+    pub name: Arc<str>,
     /// Human description.
     pub description: String,
     /// Injected when no `sidecar-injector.io/templates` annotation names templates.
@@ -189,8 +190,9 @@ impl Template {
             line: e.line,
             message: e.message,
         })?;
-        let template = Compiler::new(name).template(&root)?;
+        let mut template = Compiler::new(name).template(&root)?;
         render::check(&template)?;
+        render::prerender(&mut template);
         Ok(template)
     }
 }
@@ -238,7 +240,7 @@ impl<'a> Compiler<'a> {
     fn template(mut self, root: &SourceNode) -> Result<Template, TemplateError> {
         let entries = self.mapping(root, "the template")?;
         let mut template = Template {
-            name: self.name.to_owned(),
+            name: self.name.into(),
             description: String::new(),
             default: false,
             pod_selector: None,
@@ -329,7 +331,7 @@ impl<'a> Compiler<'a> {
             .map_err(|e| self.err(node.line, format!("{key} is not a valid LabelSelector: {e}")))?;
         let selector = Selector::try_from(label_selector.clone())
             .map_err(|e| self.err(node.line, format!("{key} is not a valid LabelSelector: {e}")))?;
-        Ok(Some(TemplateSelector { text: selector.to_string(), selector, label_selector }))
+        Ok(Some(TemplateSelector { text: selector.to_string().into(), selector, label_selector }))
     }
 
     /// k8s-openapi ignores unknown LabelSelector fields, so a typo (`matchLabel`) would silently
@@ -905,7 +907,7 @@ mod tests {
         assert_eq!(t.description, "d");
         assert!(t.default);
         assert_eq!(t.sidecar_mode, SidecarMode::Container);
-        assert_eq!(t.pod_selector.as_ref().unwrap().text, "app=web");
+        assert_eq!(&*t.pod_selector.as_ref().unwrap().text, "app=web");
         assert!(t.namespace_selector.is_none());
         assert_eq!(t.values["port"], 80);
         assert_eq!(t.overridable, vec!["port"]);

@@ -61,9 +61,9 @@ pub fn validate_pod(engine: &Engine, request: &PodRequest) -> Verdict {
     let current: Vec<TemplateRef> = choice
         .selected()
         .filter_map(|n| engine.templates.get(n))
-        .map(|t| TemplateRef { name: t.name.clone(), hash: t.hash.clone() })
+        .map(|t| TemplateRef { name: t.name.to_string(), hash: t.hash.clone() })
         .collect();
-    if !status.is_current(&current) {
+    if !status.is_current(current.iter().map(|t| (t.name.as_str(), t.hash.as_str()))) {
         return Verdict::Allowed(vec![format!(
             "the pod was injected with templates [{}] but this injector now serves [{}]; its sidecars were not compared with the templates",
             describe_refs(&status.templates),

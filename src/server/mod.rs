@@ -271,6 +271,9 @@ pub fn bind(settings: &ServerSettings, state: Arc<AppState>, tls: rustls::Server
             .default_service(web::to(not_found))
     })
     .workers(workers)
+    // The API server's webhook client waits for whole responses; without TCP_NODELAY a response
+    // written in two segments can wait out a 40 ms delayed ACK.
+    .tcp_nodelay(true)
     .max_connections(settings.max_connections_per_worker)
     .client_request_timeout(Duration::from_millis(settings.client_request_timeout_ms))
     .client_disconnect_timeout(Duration::from_secs(1))
