@@ -7,6 +7,10 @@
 //!   (re-injection after a template change replaces exactly those), and
 //! - the injector's own status annotation and `injected` label, which it owns.
 //!
+//! Each injected container also gets the service-account token mount that Kubernetes would add
+//! after the webhooks ran (see `service_account_token_mount`): the stored pod is the same, and the
+//! API server has no reason to call the webhook a second time.
+//!
 //! Conflicts: when the pod (or an earlier template) already has a container, init container,
 //! volume, env var, mount path, label or annotation of the same name, the existing one wins and the
 //! status records the skip. Container names are unique across containers and init containers, as
@@ -221,6 +225,16 @@ pub fn plan(
             }
         }
     }
+    if !new_init.is_empty() || !new_containers.is_empty() {
+        let kept_containers = containers.iter().enumerate().filter(|(i, _)| !removed_containers.contains(i));
+        let kept_init = init_containers.into_iter().flatten().enumerate().filter(|(i, _)| !removed_init.contains(i));
+        let kept = kept_containers.chain(kept_init).map(|(_, c)| c);
+        if let Some(mount) = service_account_token_mount(pod, volumes, kept) {
+            for container in new_init.iter_mut().chain(&mut new_containers) {
+                mount_unless_path_taken(container, &mount);
+            }
+        }
+    }
     status.labels = added_labels.keys().cloned().collect();
     status.annotations = added_annotations.keys().cloned().collect();
     for app in app_containers.iter().filter(|a| !a.added_env.is_empty() || !a.added_mounts.is_empty()) {
@@ -283,6 +297,52 @@ pub fn plan(
     builder.append(&["spec", "volumes"], volumes.is_some(), new_volumes);
 
     Ok(Injection { patch: builder.ops, status })
+}
+
+/// Where Kubernetes' ServiceAccount admission plugin mounts the API token.
+const SERVICE_ACCOUNT_TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The API-token mount Kubernetes is about to give the injected containers, when the pod shows that
+/// the ServiceAccount admission plugin has mounted the token into the pod's own containers.
+///
+/// Why: the plugin runs before mutating webhooks and again after them, and on that second run it
+/// mounts the token into every container we added. That changes the pod, so the API server calls
+/// this webhook a second time (`reinvocationPolicy: IfNeeded`): one more round trip on every pod
+/// create. Adding the very mount the plugin would add leaves it nothing to change.
+///
+/// The plugin's rule: the first volume named `kube-api-access-*`, mounted read-only at the token
+/// path into every container and init container that has no mount at that path. It is applied here
+/// only when the pod shows the plugin's work: `automountServiceAccountToken` is not false, every
+/// kept container has a mount at the path and one of them is exactly the plugin's. A pod that opts
+/// out, or a manifest rendered offline, gets nothing.
+fn service_account_token_mount<'p>(
+    pod: &Value,
+    volumes: Option<&Vec<Value>>,
+    mut kept_containers: impl Iterator<Item = &'p Value>,
+) -> Option<Value> {
+    if pod["spec"].get("automountServiceAccountToken") == Some(&Value::Bool(false)) {
+        return None;
+    }
+    let volume = volumes?.iter().map(rendered_name).find(|name| name.starts_with("kube-api-access-"))?;
+    let mount = serde_json::json!({"name": volume, "readOnly": true, "mountPath": SERVICE_ACCOUNT_TOKEN_PATH});
+    let mut plugin_mounted = false;
+    let every_container_mounted = kept_containers.all(|container| {
+        let mounts = container.get("volumeMounts").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+        plugin_mounted |= mounts.contains(&mount);
+        mounts.iter().any(|m| mount_path(m) == SERVICE_ACCOUNT_TOKEN_PATH)
+    });
+    (every_container_mounted && plugin_mounted).then_some(mount)
+}
+
+/// Adds `mount` to an injected container unless the template already mounts something at its path.
+fn mount_unless_path_taken(container: &mut Value, mount: &Value) {
+    let Some(container) = container.as_object_mut() else { return };
+    match container.entry("volumeMounts").or_insert(Value::Null) {
+        Value::Array(mounts) if mounts.iter().any(|m| mount_path(m) == mount_path(mount)) => {}
+        Value::Array(mounts) => mounts.push(mount.clone()),
+        slot @ Value::Null => *slot = Value::Array(vec![mount.clone()]),
+        _ => {}
+    }
 }
 
 struct AppContainer<'p> {

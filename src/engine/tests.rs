@@ -399,3 +399,98 @@ fn out_of_scope_pods_get_no_patch() {
         Outcome::OutOfScope(OutOfScope::PodOptedOut)
     ));
 }
+
+const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// What Kubernetes' ServiceAccount admission plugin does to a pod whose token it mounts: the first
+/// `kube-api-access-*` volume, read-only at the token path, into every container without a mount
+/// there. (A model of plugin/pkg/admission/serviceaccount in kubernetes, for the tests below.)
+fn service_account_plugin(pod: &mut Value) {
+    let volume =
+        names(&pod["spec"]["volumes"]).into_iter().find(|n| n.starts_with("kube-api-access-")).unwrap().to_owned();
+    for list in ["initContainers", "containers"] {
+        for container in pod["spec"][list].as_array_mut().into_iter().flatten() {
+            let mounts = container.as_object_mut().unwrap().entry("volumeMounts").or_insert(json!([]));
+            if !mounts.as_array().unwrap().iter().any(|m| m["mountPath"] == TOKEN_PATH) {
+                mounts.as_array_mut().unwrap().push(json!({"name": volume, "readOnly": true, "mountPath": TOKEN_PATH}));
+            }
+        }
+    }
+}
+
+/// A pod as the API server hands it to the webhook: the plugin has already mounted the token.
+fn pod_with_token_mounted() -> Value {
+    let mut pod = web_pod();
+    pod["spec"]["volumes"].as_array_mut().unwrap().push(json!({"name": "kube-api-access-x7k2p", "projected": {}}));
+    service_account_plugin(&mut pod);
+    pod
+}
+
+#[test]
+fn injected_containers_get_the_api_token_mount_kubernetes_would_add_so_the_webhook_is_not_called_twice() {
+    const OWN_TOKEN: &str = r#"
+sidecarMode: container
+inject:
+  sidecars:
+    - name: api-client
+      image: client
+      volumeMounts: [{name: own-token, mountPath: /var/run/secrets/kubernetes.io/serviceaccount}]
+  volumes: [{name: own-token, emptyDir: {}}]
+"#;
+    let engine = engine(&[("logs", LOGS), ("proxy", PROXY), ("classic", CLASSIC), ("own-token", OWN_TOKEN)]);
+    let injected = ["proxy-init", "proxy", "logs", "agent"];
+    // (case, how the pod differs from one the plugin mounted the token into, token mount expected)
+    type Change = fn(&mut Value);
+    let cases: [(&str, Change, bool); 4] = [
+        ("the plugin mounted the token", |_| {}, true),
+        ("the pod opts out of the token", |pod| pod["spec"]["automountServiceAccountToken"] = json!(false), false),
+        ("no token volume (a manifest rendered offline)", |pod| *pod = web_pod(), false),
+        (
+            "a container without the mount: not the plugin's work",
+            |pod| pod["spec"]["containers"][1]["volumeMounts"] = json!([]),
+            false,
+        ),
+    ];
+    for (case, change, expected) in cases {
+        let mut pod = pod_with_token_mounted();
+        change(&mut pod);
+        pod["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!("proxy,logs,classic,own-token");
+        let injection = inject(&engine, &pod);
+        assert!(only_adds(&injection.patch), "{case}");
+        let out = apply(&pod, &injection.patch);
+        let containers: Vec<&Value> =
+            ["initContainers", "containers"].iter().flat_map(|l| out["spec"][l].as_array().unwrap()).collect();
+        for name in injected {
+            let container = containers.iter().find(|c| c["name"] == name).unwrap();
+            let token_mounts: Vec<Value> = container["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|m| m["mountPath"] == TOKEN_PATH)
+                .cloned()
+                .collect();
+            let want = match expected {
+                true => vec![json!({"name": "kube-api-access-x7k2p", "readOnly": true, "mountPath": TOKEN_PATH})],
+                false => vec![],
+            };
+            assert_eq!(token_mounts, want, "{case}: {name}");
+        }
+        let own = containers.iter().find(|c| c["name"] == "api-client").unwrap();
+        assert_eq!(own["volumeMounts"], json!([{"name": "own-token", "mountPath": TOKEN_PATH}]), "{case}");
+        if expected {
+            // The plugin's run after the webhooks finds nothing to change, so no reinvocation.
+            let mut rerun = out.clone();
+            service_account_plugin(&mut rerun);
+            assert_eq!(rerun, out, "{case}");
+            assert!(matches!(
+                engine.evaluate(&request(out.clone(), opted_in("shop", &[]))).outcome,
+                Outcome::UpToDate(_)
+            ));
+            assert_eq!(
+                validate::validate_pod(&engine, &request(out, opted_in("shop", &[]))),
+                validate::Verdict::Allowed(vec![]),
+                "{case}"
+            );
+        }
+    }
+}

@@ -117,6 +117,14 @@ pub async fn wait_for_injection(ctx: &Ctx, namespace: &str) -> Result<Duration> 
     bail!("the webhook did not start mutating pods in {namespace} within 60 s")
 }
 
+/// Admission requests the injector has answered on /mutate.
+fn mutate_calls(ctx: &Ctx) -> Result<f64> {
+    let metrics = ctx.injector.as_ref().context("no injector")?.metrics();
+    let series =
+        metrics.lines().filter(|l| l.starts_with("sidecar_injector_admission_requests_total{endpoint=\"mutate\""));
+    series.map(|l| Ok(l.rsplit_once(' ').context("no value")?.1.parse::<f64>()?)).sum()
+}
+
 /// Scenario 1: Every object of the e2e overlay is accepted; the default install and the cert-manager
 /// overlay's standard objects pass a server-side dry run.
 pub async fn s01_overlay_accepted(ctx: &mut Ctx) -> Result<()> {
@@ -144,11 +152,19 @@ pub async fn s01_overlay_accepted(ctx: &mut Ctx) -> Result<()> {
 pub async fn s02_pod_injected(ctx: &mut Ctx) -> Result<()> {
     ctx.namespace("e2e-shop", &[("sidecar-injector.io/inject", "enabled")]).await?;
     wait_for_injection(ctx, "e2e-shop").await?;
+    let calls_before = mutate_calls(ctx)?;
     let stored = ctx.create_pod("e2e-shop", pod("web", json!({"app": "web"}), json!({}))).await?;
+    // The sidecar gets the API-token mount the ServiceAccount plugin would add after the webhooks,
+    // so the plugin changes nothing and the API server does not call the webhook a second time.
+    let calls = mutate_calls(ctx)? - calls_before;
+    ensure!(calls == 1.0, "the mutating webhook was called {calls} times for one pod");
     let status = status(&stored).context("no status annotation")?;
     ensure!(status.templates.iter().map(|t| t.name.as_str()).collect::<Vec<_>>() == ["log-shipper"], "{status:?}");
     let sidecar = log_shipper(&stored).context("no log-shipper init container")?;
     ensure!(sidecar.restart_policy.as_deref() == Some("Always"), "not a native sidecar: {sidecar:?}");
+    let token = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let token_mounts = sidecar.volume_mounts.iter().flatten().filter(|m| m.mount_path == token).count();
+    ensure!(token_mounts == 1, "{token_mounts} API-token mounts in the sidecar: {sidecar:?}");
     let labels = stored.metadata.labels.clone().unwrap_or_default();
     ensure!(labels.get("sidecar-injector.io/injected").map(String::as_str) == Some("true"), "{labels:?}");
     let spec = stored.spec.context("no spec")?;
