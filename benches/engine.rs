@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sidecar_injector::engine::template::embedded_sources;
-use sidecar_injector::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet};
+use sidecar_injector::engine::{
+    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource,
+};
 
 /// Median time of one decision (parse, evaluate, serialize the patch), over batches that together
 /// run for about `budget`.
@@ -54,6 +56,20 @@ fn median_time(budget: Duration, mut once: impl FnMut() -> usize) -> Duration {
     }
     batches.sort();
     batches[batches.len() / 2]
+}
+
+/// The embedded templates plus `extra` default ones, each for pods with a label of its own: every
+/// decision evaluates all of their selectors (the shape of part B of `bench/run.sh`).
+fn with_unmatched_defaults(extra: usize) -> TemplateSet {
+    let extras = (0..extra).map(|i| TemplateSource {
+        name: format!("extra-{i}"),
+        text: format!(
+            "default: true\npodSelector: {{matchLabels: {{bench-template: \"{i}\"}}}}\ninject:\n  labels: {{bench-{i}: x}}\n"
+        ),
+    });
+    let (templates, errors) = TemplateSet::load(embedded_sources().into_iter().chain(extras));
+    assert!(errors.is_empty(), "{errors:?}");
+    templates
 }
 
 fn main() {
@@ -99,6 +115,14 @@ fn main() {
         huge_bytes as f64 / typical.len() as f64
     );
     let (first, last) = (series.first().unwrap(), series.last().unwrap());
+    let many = Engine::new(with_unmatched_defaults(197), Vec::new());
+    let many_time = measure(&many, &typical, budget);
+    println!(
+        "typical pod with 200 templates loaded (197 default ones whose podSelector it does not match) / 3: {:.2}x the time ({:.1} vs {:.1} µs)",
+        many_time.as_secs_f64() / typical_time.as_secs_f64(),
+        many_time.as_secs_f64() * 1e6,
+        typical_time.as_secs_f64() * 1e6
+    );
     println!(
         "scaling from {} to {} env vars per container (16x the pod): {:.1}x the time (linear = 16x, quadratic = 256x)",
         first.0,

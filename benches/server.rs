@@ -355,19 +355,27 @@ async fn on_a_cluster(
     create_namespaces(&client, vec!["shop".into()], json!({"sidecar-injector.io/inject": "enabled"})).await?;
     create_namespaces(&client, (0..4).map(|i| format!("team-{i:05}")).collect(), json!({})).await?;
     wait_gauge(&injector, "sidecar_injector_namespaces_watched", 10.0, Duration::from_secs(30)).await?;
-    let measure = |label: &str| -> Result<(Load, f64)> {
+    // The best of several runs: on 2 cores shared with the API server and etcd, noise only ever slows
+    // a run down, and one slow run would otherwise decide a 1.1x ratio.
+    let measure = |label: &str, runs: usize| -> Result<(Load, f64)> {
         oha(&url, injected, &ca, "2s", 16, None)?;
-        let load = oha(&url, injected, &ca, durations.saturation, 16, None)?;
-        ensure!(load.failed == 0, "{label}: {} failed requests", load.failed);
-        Ok((load, memory(pid).1))
+        let mut best: Option<Load> = None;
+        for _ in 0..runs {
+            let load = oha(&url, injected, &ca, durations.saturation, 16, None)?;
+            ensure!(load.failed == 0, "{label}: {} failed requests", load.failed);
+            if best.as_ref().is_none_or(|b| load.rps > b.rps) {
+                best = Some(load);
+            }
+        }
+        Ok((best.expect("at least one run"), memory(pid).1))
     };
-    let small = measure("10 namespaces")?;
+    let small = measure("10 namespaces", 3)?;
 
     let started = Instant::now();
     create_namespaces(&client, (4..9994).map(|i| format!("team-{i:05}")).collect(), json!({"team": "bench"})).await?;
     wait_gauge(&injector, "sidecar_injector_namespaces_watched", 10_000.0, Duration::from_secs(120)).await?;
     let created = started.elapsed();
-    let many_namespaces = measure("10,000 namespaces")?;
+    let many_namespaces = measure("10,000 namespaces", 3)?;
 
     // 197 more templates, default: true but for pods labelled for them, so every request evaluates
     // every one of them.
@@ -380,22 +388,41 @@ async fn on_a_cluster(
     let configmap: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "bench-templates", "labels": {"sidecar-injector.io/templates": "true"}}, "data": data
     }))?;
-    Api::<ConfigMap>::namespaced(client.clone(), "sidecar-injector").create(&PostParams::default(), &configmap).await?;
-    wait_gauge(&injector, "sidecar_injector_templates_loaded", 200.0, Duration::from_secs(60)).await?;
-    let many_templates = measure("200 templates")?;
+    // Measured alternately without and with them, one run each, best of three rounds on each side:
+    // whatever else the machine does during the run falls on both sides alike. The last round keeps
+    // them loaded for part C.
+    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), "sidecar-injector");
+    let (mut few_templates, mut many_templates) = (None, None);
+    let keep_faster = |best: &mut Option<(Load, f64)>, run: (Load, f64)| {
+        if best.as_ref().is_none_or(|b| run.0.rps > b.0.rps) {
+            *best = Some(run);
+        }
+    };
+    for round in 0..3 {
+        if round > 0 {
+            configmaps.delete("bench-templates", &Default::default()).await?;
+            wait_gauge(&injector, "sidecar_injector_templates_loaded", 3.0, Duration::from_secs(60)).await?;
+        }
+        keep_faster(&mut few_templates, measure("3 templates", 1)?);
+        configmaps.create(&PostParams::default(), &configmap).await?;
+        wait_gauge(&injector, "sidecar_injector_templates_loaded", 200.0, Duration::from_secs(60)).await?;
+        keep_faster(&mut many_templates, measure("200 templates", 1)?);
+    }
+    let (few_templates, many_templates) = (few_templates.expect("3 rounds"), many_templates.expect("3 rounds"));
 
     let md = &mut report.md;
     writeln!(md, "## B. Scaling (injector on the e2e control plane, requests straight to the webhook)\n")?;
-    writeln!(md, "| cache | requests/s (typical pod) | µs per request | RSS |\n| --- | --- | --- | --- |")?;
+    writeln!(md, "| cache | requests/s (typical pod, best run) | µs per request | RSS |\n| --- | --- | --- | --- |")?;
     for (label, (load, rss)) in [
         ("10 namespaces, 3 templates", &small),
         ("10,000 namespaces, 3 templates", &many_namespaces),
-        ("10,000 namespaces, 200 templates", &many_templates),
+        ("10,000 namespaces, 3 templates (alternating with the next row)", &few_templates),
+        ("10,000 namespaces, 200 templates (alternating with the row above)", &many_templates),
     ] {
         writeln!(md, "| {label} | {:.0} | {:.1} | {rss:.1} MiB |", load.rps, 1e6 / load.rps)?;
     }
     let ns_ratio = small.0.rps / many_namespaces.0.rps;
-    let tpl_ratio = many_namespaces.0.rps / many_templates.0.rps;
+    let tpl_ratio = few_templates.0.rps / many_templates.0.rps;
     writeln!(
         md,
         "\n- 10,000 / 10 namespaces, cost per request: **{ns_ratio:.2}×** (target ≤ 1.1); 9,990 namespaces created and cached in {:.0} s",
