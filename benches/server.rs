@@ -473,6 +473,7 @@ async fn on_a_cluster(
     for (concurrency, round) in &rounds {
         round.write_phases(&mut report.md, *concurrency)?;
     }
+    writeln!(report.md)?;
     drop(injector);
     drop(plane);
     Ok(())
