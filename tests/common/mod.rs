@@ -1,2 +1,3 @@
 pub mod fixtures;
+pub mod process;
 pub mod server;
