@@ -2,7 +2,9 @@
 //! - the patch of a pod without a status only adds (and writes the injector's own label/annotation);
 //! - every field the pod had is still there with its value after the patch;
 //! - injecting the patched pod again yields no patch (idempotence);
-//! - re-injecting an injection made with other templates equals injecting the original pod.
+//! - re-injecting an injection made with other templates equals injecting the original pod;
+//! - whatever status annotation a pod carries (copied, edited, forged), nothing of the pod that an
+//!   earlier injection did not provably add is ever removed or changed.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -10,6 +12,7 @@ use std::sync::Arc;
 use json_patch::PatchOperation;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
+use sidecar_injector::engine::template::InProcess;
 use sidecar_injector::engine::validate::first_difference;
 use sidecar_injector::engine::{
     ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, yaml,
@@ -115,12 +118,77 @@ fn template() -> impl Strategy<Value = String> {
         })
 }
 
+fn sources(templates: &[String]) -> impl Iterator<Item = TemplateSource> + '_ {
+    templates.iter().enumerate().map(|(i, text)| TemplateSource { name: format!("t{i}"), text: text.clone() })
+}
+
 fn engine(templates: &[String]) -> Engine {
-    let sources =
-        templates.iter().enumerate().map(|(i, text)| TemplateSource { name: format!("t{i}"), text: text.clone() });
-    let (set, errors) = TemplateSet::load(sources);
+    let (set, errors) = TemplateSet::load(sources(templates));
     assert!(errors.is_empty(), "{errors:?}");
     Engine::new(set, Vec::new())
+}
+
+/// The engine after a template edit: `new` replaces `old.templates`, as the webhook's hot reload does.
+fn edited(old: &Engine, new: &[String]) -> Engine {
+    let (set, errors) = old.templates.update(sources(new), &InProcess);
+    assert!(errors.is_empty(), "{errors:?}");
+    Engine::new(set, Vec::new())
+}
+
+/// `after` is `before` with at most env vars and volume mounts appended (what injection adds to an
+/// app container, or the API-token mount to an injected one).
+fn unchanged_but_for_additions(before: &Value, after: &Value) -> bool {
+    let (Some(b), Some(a)) = (before.as_object(), after.as_object()) else { return before == after };
+    let lists = ["env", "volumeMounts"];
+    b.iter().all(|(k, v)| match (lists.contains(&k.as_str()), v, a.get(k)) {
+        (true, Value::Array(items), Some(Value::Array(now))) => items.iter().all(|i| now.contains(i)),
+        (_, v, now) => now == Some(v),
+    }) && a.keys().all(|k| b.contains_key(k) || lists.contains(&k.as_str()))
+}
+
+/// A status annotation as a pod might carry it: names drawn from the pod's own items and the
+/// templates', hashes current or made up.
+/// Claimed sidecars, init containers, volumes, env vars, whether the hashes are current, and keys.
+type Claim = (Vec<&'static str>, Vec<&'static str>, Vec<&'static str>, Vec<&'static str>, bool, Vec<&'static str>);
+
+fn claim() -> impl Strategy<Value = Claim> {
+    (names(), names(), names(), names(), any::<bool>(), proptest::sample::subsequence(KEYS.to_vec(), 0..=2))
+}
+
+fn with_claim(pod: &Value, engine: &Engine, (containers, init, volumes, env, current, keys): Claim) -> Value {
+    let templates: Vec<Value> = engine
+        .templates
+        .iter()
+        .map(
+            |t| json!({"name": &*t.name, "hash": if current { t.hash.clone() } else { "0000000000000000".to_owned() }}),
+        )
+        .collect();
+    let app: Map<String, Value> = pod["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_owned(),
+                json!({"env": env.iter().map(|n| n.to_uppercase()).collect::<Vec<_>>()}),
+            )
+        })
+        .collect();
+    let status = json!({
+        "templates": templates,
+        "containers": containers.iter().map(|n| format!("c-{n}")).collect::<Vec<_>>(),
+        "initContainers": init.iter().map(|n| format!("i-{n}")).chain(containers.iter().map(|n| format!("c-{n}"))).collect::<Vec<_>>(),
+        "nativeSidecars": containers.iter().map(|n| format!("c-{n}")).collect::<Vec<_>>(),
+        "volumes": volumes,
+        "labels": keys,
+        "annotations": keys,
+        "appContainers": app,
+    });
+    let mut pod = pod.clone();
+    let metadata = pod["metadata"].as_object_mut().unwrap();
+    let annotations = metadata.entry("annotations").or_insert(json!({}));
+    annotations["sidecar-injector.io/status"] = Value::String(status.to_string());
+    pod
 }
 
 fn evaluate(engine: &Engine, pod: &Value, native: bool) -> Outcome {
@@ -203,7 +271,8 @@ proptest! {
         new in proptest::collection::vec(template(), 1..=2),
         native in any::<bool>(),
     ) {
-        let (old_engine, new_engine) = (engine(&old), engine(&new));
+        let old_engine = engine(&old);
+        let new_engine = edited(&old_engine, &new);
         let (injected_old, _) = patched(&pod, evaluate(&old_engine, &pod, native));
         let expected = match evaluate(&new_engine, &pod, native) {
             outcome @ Outcome::Inject(_) => patched(&pod, outcome).0,
@@ -216,5 +285,64 @@ proptest! {
             other => panic!("{other:?}"),
         };
         prop_assert_eq!(normalize(&reinjected), normalize(&expected));
+    }
+
+    #[test]
+    fn a_status_claim_never_costs_the_pod_anything_it_did_not_provably_get_from_us(
+        pod in pod(),
+        templates in proptest::collection::vec(template(), 1..=2),
+        claim in claim(),
+        injected_first in any::<bool>(),
+        native in any::<bool>(),
+    ) {
+        let engine = engine(&templates);
+        // Either a pod that really was injected, then given a rewritten claim, or a fresh pod with
+        // a forged one.
+        let base = match (injected_first, evaluate(&engine, &pod, native)) {
+            (true, outcome @ Outcome::Inject(_)) => patched(&pod, outcome).0,
+            _ => pod.clone(),
+        };
+        let claimed = with_claim(&base, &engine, claim);
+        let decision = engine.evaluate(&PodRequest {
+            pod: Arc::new(claimed.clone()),
+            namespace: NamespaceFacts::known("shop", [("sidecar-injector.io/inject".into(), "enabled".into())].into(), Default::default()),
+            cluster: ClusterFacts { native_sidecars: native },
+        });
+        let Outcome::Inject(injection) = decision.outcome else { return Ok(()) };
+        let mut out = claimed.clone();
+        json_patch::patch(&mut out, &injection.patch).expect("the patch applies");
+        let removed = &injection.removed;
+        // Every item of the input is still there and unchanged, unless the injection says it removed it.
+        for (list, gone) in [("containers", &removed.containers), ("initContainers", &removed.init_containers), ("volumes", &removed.volumes)] {
+            for item in claimed["spec"][list].as_array().into_iter().flatten() {
+                let name = item["name"].as_str().unwrap();
+                if gone.iter().any(|g| g == name) { continue; }
+                let kept = out["spec"][list].as_array().and_then(|l| l.iter().find(|i| i["name"] == name));
+                prop_assert!(kept.is_some(), "{} {} was removed", list, name);
+                prop_assert!(unchanged_but_for_additions(item, kept.unwrap()), "{} {} was changed: {} -> {}", list, name, item, kept.unwrap());
+            }
+        }
+        for container in claimed["spec"]["containers"].as_array().unwrap() {
+            let name = container["name"].as_str().unwrap();
+            let Some(after) = out["spec"]["containers"].as_array().unwrap().iter().find(|c| c["name"] == name) else { continue };
+            let gone = removed.app_containers.get(name);
+            for env in container["env"].as_array().into_iter().flatten() {
+                let env_name = env["name"].as_str().unwrap();
+                if gone.is_some_and(|g| g.env.iter().any(|e| e == env_name)) { continue; }
+                prop_assert!(after["env"].as_array().is_some_and(|l| l.contains(env)), "env {} of {} was removed or changed", env_name, name);
+            }
+        }
+        for section in ["labels", "annotations"] {
+            let gone = if section == "labels" { &removed.labels } else { &removed.annotations };
+            for (key, value) in claimed["metadata"][section].as_object().into_iter().flatten() {
+                if key == "sidecar-injector.io/status" || key == "sidecar-injector.io/injected" || gone.contains(key) { continue; }
+                prop_assert_eq!(&out["metadata"][section][key], value, "{} {} was changed or removed", section, key);
+            }
+        }
+        // And what was removed is only ever something the injection had really added to `base`.
+        if !injected_first {
+            prop_assert!(removed.containers.is_empty() && removed.init_containers.is_empty() && removed.volumes.is_empty(),
+                "a forged claim on a pod never injected removed {:?}", removed);
+        }
     }
 }

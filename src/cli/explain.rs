@@ -26,6 +26,9 @@ pub struct Explanation {
     /// What the injection adds (or added, when up to date), as in the status annotation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<InjectionStatus>,
+    /// What the injection removes: items an earlier injection provably added, replaced now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub removes: Option<InjectionStatus>,
     /// Warnings (ignored overrides and the like).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
@@ -45,6 +48,10 @@ fn choice_json(choice: &Choice) -> Value {
 /// The explanation of one pod decision.
 pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
     let decision = &found.decision;
+    let removes = match &decision.outcome {
+        Outcome::Inject(injection) if !is_empty(&injection.removed) => Some((*injection.removed).clone()),
+        _ => None,
+    };
     let (result, message, status) = match &decision.outcome {
         Outcome::OutOfScope(reason) => ("outOfScope", format!("not injected: {reason}"), None),
         Outcome::UpToDate(status) => (
@@ -78,7 +85,54 @@ pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
         message,
         templates: decision.choice.as_ref().map(choice_json),
         status,
+        removes,
         warnings,
+    }
+}
+
+fn is_empty(items: &InjectionStatus) -> bool {
+    items.containers.is_empty()
+        && items.init_containers.is_empty()
+        && items.volumes.is_empty()
+        && items.labels.is_empty()
+        && items.annotations.is_empty()
+        && items.app_containers.is_empty()
+}
+
+/// The item lists of a status, one line each, under `heading`.
+fn item_lines(out: &mut String, heading: &str, status: &InjectionStatus) {
+    let lines = [
+        ("sidecars (native, in initContainers)", &status.native_sidecars),
+        ("init containers", &status.init_containers),
+        ("sidecar containers", &status.containers),
+        ("volumes", &status.volumes),
+        ("labels", &status.labels),
+        ("annotations", &status.annotations),
+    ];
+    out.push_str(heading);
+    for (what, names) in lines {
+        let names: Vec<&str> = names
+            .iter()
+            .filter(|n| what != "init containers" || !status.native_sidecars.contains(n))
+            .map(String::as_str)
+            .collect();
+        if !names.is_empty() {
+            out.push_str(&format!("    {what}: {}\n", names.join(", ")));
+        }
+    }
+    for (container, additions) in &status.app_containers {
+        let mut parts = Vec::new();
+        if !additions.env.is_empty() {
+            parts.push(format!("env {}", additions.env.join(", ")));
+        }
+        if !additions.volume_mounts.is_empty() {
+            parts.push(format!("mounts {}", additions.volume_mounts.join(", ")));
+        }
+        out.push_str(&format!(
+            "    {} container {container}: {}\n",
+            if heading.contains("removes") { "from" } else { "into" },
+            parts.join("; ")
+        ));
     }
 }
 
@@ -93,39 +147,12 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>]) -> String {
                 out.push_str(&format!("    {name:width$}  {verdict}\n"));
             }
         }
+        if let Some(removes) = &e.removes {
+            item_lines(&mut out, "  removes (an earlier injection's own items, replaced):\n", removes);
+        }
         if let Some(status) = e.status.as_ref().filter(|s| !s.templates.is_empty()) {
-            let lines = [
-                ("sidecars (native, in initContainers)", &status.native_sidecars),
-                ("init containers", &status.init_containers),
-                ("sidecar containers", &status.containers),
-                ("volumes", &status.volumes),
-                ("labels", &status.labels),
-                ("annotations", &status.annotations),
-            ];
-            out.push_str(if e.result == "upToDate" { "  added earlier:\n" } else { "  adds:\n" });
-            for (what, names) in lines {
-                let names: Vec<&String> = if what == "init containers" {
-                    names.iter().filter(|n| !status.native_sidecars.contains(n)).collect()
-                } else {
-                    names.iter().collect()
-                };
-                if !names.is_empty() {
-                    out.push_str(&format!(
-                        "    {what}: {}\n",
-                        names.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-                    ));
-                }
-            }
-            for (container, additions) in &status.app_containers {
-                let mut parts = Vec::new();
-                if !additions.env.is_empty() {
-                    parts.push(format!("env {}", additions.env.join(", ")));
-                }
-                if !additions.volume_mounts.is_empty() {
-                    parts.push(format!("mounts {}", additions.volume_mounts.join(", ")));
-                }
-                out.push_str(&format!("    into container {container}: {}\n", parts.join("; ")));
-            }
+            let heading = if e.result == "upToDate" { "  added earlier:\n" } else { "  adds:\n" };
+            item_lines(&mut out, heading, status);
             for skip in &status.skipped {
                 let container = skip.container.as_ref().map(|c| format!(" in container {c}")).unwrap_or_default();
                 let owner = if skip.owner == "pod" {

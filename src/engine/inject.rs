@@ -3,9 +3,12 @@
 //! The patch is built operation by operation rather than by diffing two documents (`json_patch::diff`
 //! compares lists by index, so inserting init containers at the front would "replace" every existing
 //! one). Every operation is an `add` of something the injection brings, except:
-//! - `remove` of items that the pod's previous status annotation says an earlier injection added
-//!   (re-injection after a template change replaces exactly those), and
-//! - the injector's own status annotation and `injected` label, which it owns.
+//! - `remove` of items an earlier injection provably added (`ownership`: the status annotation
+//!   claims them *and* they are exactly what the claimed template version renders), so that
+//!   re-injection after a template change replaces exactly those and equals a fresh injection (a
+//!   list or map that only held such items is removed whole, as if it had never been added), and
+//! - the injector's own status annotation and `injected` label, which it always rewrites to say
+//!   what really happened.
 //!
 //! Each injected container also gets the service-account token mount that Kubernetes would add
 //! after the webhooks ran (see `service_account_token_mount`): the stored pod is the same, and the
@@ -43,18 +46,40 @@ pub struct Injection {
     pub patch: Vec<PatchOperation>,
     /// The status annotation the patch writes.
     pub status: InjectionStatus,
+    /// What the patch removes: items an earlier injection provably added (empty on a first
+    /// injection).
+    pub removed: Box<InjectionStatus>,
 }
 
-/// Plans the injection of `templates` into `pod`, replacing what `previous` says was injected.
+/// What an earlier injection left in the pod, as far as it is proven (see `ownership`; never the
+/// raw status annotation).
+#[derive(Debug, Clone, Copy)]
+pub enum Earlier<'s> {
+    /// Nothing: a first injection.
+    None,
+    /// These items are the earlier injection's own, from other template versions or another
+    /// template set: they are removed and the templates injected afresh.
+    Replace(&'s InjectionStatus),
+    /// These items are the current templates' own and present: they stay where they are and count
+    /// as injected; only what is missing is added (a reinvocation after another webhook added a
+    /// container, or an injected env var that went missing).
+    Keep(&'s InjectionStatus),
+}
+
+/// Plans the injection of `templates` into `pod` over what an `earlier` injection left.
 /// `reason_if_none` is recorded in the status when `templates` is empty.
 pub fn plan(
     pod: &Value,
-    previous: Option<&InjectionStatus>,
+    earlier: Earlier<'_>,
     templates: &[PlannedTemplate],
     reason_if_none: Option<String>,
 ) -> Result<Injection, PodShapeError> {
     let empty = InjectionStatus::default();
-    let previous = previous.unwrap_or(&empty);
+    let (previous, kept) = match earlier {
+        Earlier::None => (&empty, &empty),
+        Earlier::Replace(previous) => (previous, &empty),
+        Earlier::Keep(kept) => (&empty, kept),
+    };
     if !matches!(pod.get("metadata"), None | Some(Value::Null | Value::Object(_))) {
         return Err(shape_error("metadata", "must be an object"));
     }
@@ -93,8 +118,10 @@ pub fn plan(
         .map(|(_, n)| *n)
         .chain(init_names.iter().enumerate().filter(|(i, _)| !removed_init.contains(i)).map(|(_, n)| *n))
         .collect();
+    taken_containers.keep(kept.containers.iter().chain(&kept.init_containers));
     let mut taken_volumes: Taken =
         volume_names.iter().enumerate().filter(|(i, _)| !removed_volumes.contains(i)).map(|(_, n)| *n).collect();
+    taken_volumes.keep(&kept.volumes);
     let kept_labels: BTreeMap<&str, &str> = labels
         .iter()
         .filter(|(k, _)| !previous.labels.contains(k) && k.as_str() != names::INJECTED_LABEL)
@@ -106,12 +133,17 @@ pub fn plan(
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     let mut taken_labels: Taken = kept_labels.keys().copied().chain([names::INJECTED_LABEL]).collect();
+    taken_labels.keep(&kept.labels);
     let mut taken_annotations: Taken = kept_annotations.keys().copied().chain([names::STATUS_ANNOTATION]).collect();
+    taken_annotations.keep(&kept.annotations);
+    // Keys of labels and annotations that stay as injected (no operation, but in the status).
+    let (mut kept_label_keys, mut kept_annotation_keys) = (Vec::new(), Vec::new());
 
     // App containers that stay, with their index once the previous sidecars are gone.
     let mut app_containers = Vec::new();
     for (index, container) in containers.iter().enumerate() {
-        if removed_containers.contains(&index) {
+        // Sidecars of an earlier injection are not app containers, whether they go or stay.
+        if removed_containers.contains(&index) || kept.containers.iter().any(|k| k == container_names[index]) {
             continue;
         }
         let name = container_names[index];
@@ -123,13 +155,21 @@ pub fn plan(
         let mount_paths = pod::keys(mounts, "mountPath", || format!("{}.volumeMounts", field()))?;
         let removed_env = prev.map(|p| indexes_named(&env_names, &p.env)).unwrap_or_default();
         let removed_mounts = prev.map(|p| indexes_named(&mount_paths, &p.volume_mounts)).unwrap_or_default();
+        let mut taken_env = Taken::by_pod(&env_names, &removed_env);
+        let mut taken_mounts = Taken::by_pod(&mount_paths, &removed_mounts);
+        if let Some(kept) = kept.app_containers.get(name) {
+            taken_env.keep(&kept.env);
+            taken_mounts.keep(&kept.volume_mounts);
+        }
         app_containers.push(AppContainer {
             name,
             new_index: index - removed_containers.iter().filter(|r| **r < index).count(),
             has_env: container.get("env").is_some_and(|e| !e.is_null()),
             has_mounts: container.get("volumeMounts").is_some_and(|m| !m.is_null()),
-            taken_env: Taken::by_pod(&env_names, &removed_env),
-            taken_mounts: Taken::by_pod(&mount_paths, &removed_mounts),
+            env_count: env_names.len(),
+            mount_count: mount_paths.len(),
+            taken_env,
+            taken_mounts,
             removed_env,
             removed_mounts,
             added_env: Vec::new(),
@@ -157,53 +197,66 @@ pub fn plan(
         };
         for (key, value) in &t.labels {
             match taken_labels.claim(key, owner) {
-                Ok(()) => {
+                Ok(Claimed::New) => {
                     added_labels.insert(key.clone(), value.clone());
                 }
+                Ok(Claimed::Kept) => kept_label_keys.push(key.clone()),
                 Err(by) => skip(ItemKind::Label, key, None, by),
             }
         }
         for (key, value) in &t.annotations {
             match taken_annotations.claim(key, owner) {
-                Ok(()) => {
+                Ok(Claimed::New) => {
                     added_annotations.insert(key.clone(), value.clone());
                 }
+                Ok(Claimed::Kept) => kept_annotation_keys.push(key.clone()),
                 Err(by) => skip(ItemKind::Annotation, key, None, by),
             }
         }
         for container in &t.init_containers {
             let name = rendered_name(container);
             match taken_containers.claim(name, owner) {
-                Ok(()) => {
+                Ok(claimed) => {
                     status.init_containers.push(name.to_owned());
-                    new_init.push(container.clone());
+                    if claimed == Claimed::New {
+                        new_init.push(container.clone());
+                    }
                 }
                 Err(by) => skip(ItemKind::InitContainer, name, None, by),
             }
         }
         for sidecar in &t.sidecars {
             let name = rendered_name(sidecar);
-            if let Err(by) = taken_containers.claim(name, owner) {
-                skip(ItemKind::Sidecar, name, None, by);
-                continue;
-            }
+            let claimed = match taken_containers.claim(name, owner) {
+                Ok(claimed) => claimed,
+                Err(by) => {
+                    skip(ItemKind::Sidecar, name, None, by);
+                    continue;
+                }
+            };
             if planned.native_sidecars {
-                let mut native = sidecar.clone();
-                native["restartPolicy"] = Value::from("Always");
                 status.init_containers.push(name.to_owned());
                 status.native_sidecars.push(name.to_owned());
-                new_init.push(native);
+                if claimed == Claimed::New {
+                    let mut native = sidecar.clone();
+                    native["restartPolicy"] = Value::from("Always");
+                    new_init.push(native);
+                }
             } else {
                 status.containers.push(name.to_owned());
-                new_containers.push(sidecar.clone());
+                if claimed == Claimed::New {
+                    new_containers.push(sidecar.clone());
+                }
             }
         }
         for volume in &t.volumes {
             let name = rendered_name(volume);
             match taken_volumes.claim(name, owner) {
-                Ok(()) => {
+                Ok(claimed) => {
                     status.volumes.push(name.to_owned());
-                    new_volumes.push(volume.clone());
+                    if claimed == Claimed::New {
+                        new_volumes.push(volume.clone());
+                    }
                 }
                 Err(by) => skip(ItemKind::Volume, name, None, by),
             }
@@ -212,14 +265,16 @@ pub fn plan(
             for env in &t.env {
                 let name = rendered_name(env);
                 match app.taken_env.claim(name, owner) {
-                    Ok(()) => app.added_env.push(env),
+                    Ok(Claimed::New) => app.added_env.push(Addition::New(env)),
+                    Ok(Claimed::Kept) => app.added_env.push(Addition::Kept(env)),
                     Err(by) => skip(ItemKind::Env, name, Some(app.name), by),
                 }
             }
             for mount in &t.volume_mounts {
                 let path = mount_path(mount);
                 match app.taken_mounts.claim(path, owner) {
-                    Ok(()) => app.added_mounts.push(mount),
+                    Ok(Claimed::New) => app.added_mounts.push(Addition::New(mount)),
+                    Ok(Claimed::Kept) => app.added_mounts.push(Addition::Kept(mount)),
                     Err(by) => skip(ItemKind::VolumeMount, path, Some(app.name), by),
                 }
             }
@@ -235,14 +290,17 @@ pub fn plan(
             }
         }
     }
-    status.labels = added_labels.keys().cloned().collect();
-    status.annotations = added_annotations.keys().cloned().collect();
+    let sorted = |added: &BTreeMap<String, String>, kept: Vec<String>| -> Vec<String> {
+        added.keys().cloned().chain(kept).collect::<std::collections::BTreeSet<_>>().into_iter().collect()
+    };
+    status.labels = sorted(&added_labels, kept_label_keys);
+    status.annotations = sorted(&added_annotations, kept_annotation_keys);
     for app in app_containers.iter().filter(|a| !a.added_env.is_empty() || !a.added_mounts.is_empty()) {
         status.app_containers.insert(
             app.name.to_owned(),
             AppContainerAdditions {
-                env: app.added_env.iter().map(|e| rendered_name(e).to_owned()).collect(),
-                volume_mounts: app.added_mounts.iter().map(|m| mount_path(m).to_owned()).collect(),
+                env: app.added_env.iter().map(|e| rendered_name(e.item()).to_owned()).collect(),
+                volume_mounts: app.added_mounts.iter().map(|m| mount_path(m.item()).to_owned()).collect(),
             },
         );
     }
@@ -255,13 +313,20 @@ pub fn plan(
     let injected = !templates.is_empty();
     let mut label_removals: Vec<&str> =
         previous.labels.iter().map(String::as_str).filter(|k| labels.contains_key(*k)).collect();
-    if !injected && labels.contains_key(names::INJECTED_LABEL) && !previous.templates.is_empty() {
+    if !injected && labels.contains_key(names::INJECTED_LABEL) {
         label_removals.push(names::INJECTED_LABEL);
     }
     if injected {
         added_labels.insert(names::INJECTED_LABEL.to_owned(), "true".to_owned());
     }
-    builder.string_map("labels", pod.get("metadata").and_then(|m| m.get("labels")), &label_removals, added_labels);
+    let empties_labels = label_removals.len() == labels.len();
+    builder.string_map(
+        "labels",
+        pod.get("metadata").and_then(|m| m.get("labels")),
+        &label_removals,
+        added_labels,
+        empties_labels,
+    );
     let annotation_removals: Vec<&str> =
         previous.annotations.iter().map(String::as_str).filter(|k| annotations.contains_key(*k)).collect();
     added_annotations.insert(names::STATUS_ANNOTATION.to_owned(), status.to_annotation());
@@ -270,37 +335,87 @@ pub fn plan(
         pod.get("metadata").and_then(|m| m.get("annotations")),
         &annotation_removals,
         added_annotations,
+        false,
     );
 
-    builder.removals(&["spec", "initContainers"], &removed_init);
-    builder.insert_front(&["spec", "initContainers"], init_containers.is_some(), new_init);
+    let init_left = builder.removals(&["spec", "initContainers"], &removed_init, init_names.len(), new_init.is_empty());
+    builder.insert_front(&["spec", "initContainers"], init_left, new_init);
 
-    builder.removals(&["spec", "containers"], &removed_containers);
+    // The app containers stay, so the list is never removed whole.
+    builder.removals(&["spec", "containers"], &removed_containers, usize::MAX, false);
     for app in &app_containers {
         let index = app.new_index.to_string();
-        builder.removals(&["spec", "containers", &index, "env"], &app.removed_env);
-        builder.append(
-            &["spec", "containers", &index, "env"],
-            app.has_env,
-            app.added_env.iter().map(|v| (*v).clone()).collect(),
-        );
-        builder.removals(&["spec", "containers", &index, "volumeMounts"], &app.removed_mounts);
-        builder.append(
-            &["spec", "containers", &index, "volumeMounts"],
-            app.has_mounts,
-            app.added_mounts.iter().map(|v| (*v).clone()).collect(),
-        );
+        let env_path = ["spec", "containers", &index, "env"];
+        let env_left = app.has_env
+            && builder.removals(
+                &env_path,
+                &app.removed_env,
+                app.env_count,
+                app.added_env.iter().all(Addition::is_kept),
+            );
+        builder.append(&env_path, env_left, app.added_env.iter().filter_map(Addition::new_item).collect());
+        let mounts_path = ["spec", "containers", &index, "volumeMounts"];
+        let mounts_left = app.has_mounts
+            && builder.removals(
+                &mounts_path,
+                &app.removed_mounts,
+                app.mount_count,
+                app.added_mounts.iter().all(Addition::is_kept),
+            );
+        builder.append(&mounts_path, mounts_left, app.added_mounts.iter().filter_map(Addition::new_item).collect());
     }
     builder.append(&["spec", "containers"], true, new_containers);
 
-    builder.removals(&["spec", "volumes"], &removed_volumes);
-    builder.append(&["spec", "volumes"], volumes.is_some(), new_volumes);
+    let volumes_left =
+        builder.removals(&["spec", "volumes"], &removed_volumes, volume_names.len(), new_volumes.is_empty());
+    builder.append(&["spec", "volumes"], volumes_left, new_volumes);
 
-    Ok(Injection { patch: builder.ops, status })
+    let removed = removed_items(
+        previous,
+        &container_names,
+        &init_names,
+        &volume_names,
+        &label_removals,
+        &annotation_removals,
+        &app_containers,
+    );
+    Ok(Injection { patch: builder.ops, status, removed: Box::new(removed) })
 }
 
-/// Where Kubernetes' ServiceAccount admission plugin mounts the API token.
-const SERVICE_ACCOUNT_TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+use super::ownership::SERVICE_ACCOUNT_TOKEN_PATH;
+
+/// The items `plan` removes, in the status layout (for `explain` and the warnings of `inject`).
+fn removed_items(
+    previous: &InjectionStatus,
+    containers: &[&str],
+    init: &[&str],
+    volumes: &[&str],
+    labels: &[&str],
+    annotations: &[&str],
+    app_containers: &[AppContainer<'_>],
+) -> InjectionStatus {
+    let present = |names: &[String], from: &[&str]| -> Vec<String> {
+        names.iter().filter(|n| from.contains(&n.as_str())).cloned().collect()
+    };
+    InjectionStatus {
+        templates: previous.templates.clone(),
+        containers: present(&previous.containers, containers),
+        init_containers: present(&previous.init_containers, init),
+        native_sidecars: present(&previous.native_sidecars, init),
+        volumes: present(&previous.volumes, volumes),
+        labels: labels.iter().filter(|k| **k != names::INJECTED_LABEL).map(|k| (*k).to_owned()).collect(),
+        annotations: annotations.iter().map(|k| (*k).to_owned()).collect(),
+        app_containers: app_containers
+            .iter()
+            .filter_map(|app| {
+                let prev = previous.app_containers.get(app.name)?;
+                // `previous` holds only items the pod has (proven by `ownership`).
+                (!prev.env.is_empty() || !prev.volume_mounts.is_empty()).then(|| (app.name.to_owned(), prev.clone()))
+            })
+            .collect(),
+        ..InjectionStatus::default()
+    }
+}
 
 /// The API-token mount Kubernetes is about to give the injected containers, when the pod shows that
 /// the ServiceAccount admission plugin has mounted the token into the pod's own containers.
@@ -350,25 +465,62 @@ struct AppContainer<'p> {
     new_index: usize,
     has_env: bool,
     has_mounts: bool,
+    env_count: usize,
+    mount_count: usize,
     taken_env: Taken<'p>,
     taken_mounts: Taken<'p>,
     removed_env: Vec<usize>,
     removed_mounts: Vec<usize>,
-    added_env: Vec<&'p Value>,
-    added_mounts: Vec<&'p Value>,
+    added_env: Vec<Addition<'p>>,
+    added_mounts: Vec<Addition<'p>>,
 }
 
-/// Who holds a name: the pod itself or an earlier template.
+/// An env var or mount a template gives an app container: new, or already there from an earlier
+/// injection of the same template version.
+enum Addition<'p> {
+    New(&'p Value),
+    Kept(&'p Value),
+}
+
+impl Addition<'_> {
+    fn item(&self) -> &Value {
+        match self {
+            Addition::New(v) | Addition::Kept(v) => v,
+        }
+    }
+    fn new_item(&self) -> Option<Value> {
+        match self {
+            Addition::New(v) => Some((*v).clone()),
+            Addition::Kept(_) => None,
+        }
+    }
+    fn is_kept(&self) -> bool {
+        matches!(self, Addition::Kept(_))
+    }
+}
+
+/// Who holds a name: the pod itself, an earlier template, or an earlier injection of the current
+/// templates that stays in place ([`Earlier::Keep`]).
 #[derive(Clone, Copy)]
 enum Owner<'a> {
     Pod,
     Template(&'a str),
+    Kept,
+}
+
+/// How a template got a name.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Claimed {
+    /// The name was free: the item is added.
+    New,
+    /// The item is already there from an earlier injection: nothing to add.
+    Kept,
 }
 
 impl std::fmt::Display for Owner<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Owner::Pod => f.write_str("pod"),
+            Owner::Pod | Owner::Kept => f.write_str("pod"),
             Owner::Template(name) => write!(f, "template:{name}"),
         }
     }
@@ -391,13 +543,26 @@ impl<'a> Taken<'a> {
         names.iter().enumerate().filter(|(i, _)| removed.binary_search(i).is_err()).map(|(_, n)| *n).collect()
     }
 
+    /// Marks names as held by an earlier injection that stays ([`Earlier::Keep`]).
+    fn keep(&mut self, names: impl IntoIterator<Item = &'a String>) {
+        for name in names {
+            self.0.insert(name, Owner::Kept);
+        }
+    }
+
     /// Takes `name` for `owner`, or says who already holds it.
-    fn claim(&mut self, name: &'a str, owner: Owner<'a>) -> Result<(), Owner<'a>> {
+    fn claim(&mut self, name: &'a str, owner: Owner<'a>) -> Result<Claimed, Owner<'a>> {
         match self.0.entry(name) {
-            std::collections::hash_map::Entry::Occupied(holder) => Err(*holder.get()),
+            std::collections::hash_map::Entry::Occupied(mut holder) => match holder.get() {
+                Owner::Kept => {
+                    holder.insert(owner);
+                    Ok(Claimed::Kept)
+                }
+                other => Err(*other),
+            },
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(owner);
-                Ok(())
+                Ok(Claimed::New)
             }
         }
     }
@@ -448,14 +613,21 @@ impl Builder {
         self.ops.push(PatchOperation::Remove(RemoveOperation { path: Self::pointer(path) }));
     }
 
-    /// Removes the items at `indexes` (ascending) of the list at `path`.
-    fn removals(&mut self, path: &[&str], indexes: &[usize]) {
+    /// Removes the items at `indexes` (ascending) of the list at `path`, which has `len` items.
+    /// When that empties the list and `nothing_follows`, the list itself goes (a fresh injection
+    /// would not have created it). Returns whether the list still exists.
+    fn removals(&mut self, path: &[&str], indexes: &[usize], len: usize, nothing_follows: bool) -> bool {
+        if len > 0 && indexes.len() == len && nothing_follows {
+            self.remove(path);
+            return false;
+        }
         for index in indexes.iter().rev() {
             let index = index.to_string();
             let mut full = path.to_vec();
             full.push(&index);
             self.remove(&full);
         }
+        len > 0
     }
 
     /// Appends to a list, creating it when the pod has none.
@@ -485,14 +657,19 @@ impl Builder {
         }
     }
 
-    /// Labels or annotations: removals, then additions; a missing map is added whole.
+    /// Labels or annotations: removals, then additions; a missing map is added whole, and a map
+    /// the removals empty (`empties`) with nothing to add is removed whole.
     fn string_map(
         &mut self,
         section: &str,
         existing: Option<&Value>,
         removals: &[&str],
         additions: BTreeMap<String, String>,
+        empties: bool,
     ) {
+        if empties && additions.is_empty() && !removals.is_empty() {
+            return self.remove(&["metadata", section]);
+        }
         for key in removals {
             self.remove(&["metadata", section, key]);
         }

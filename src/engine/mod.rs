@@ -10,6 +10,7 @@ pub mod drift;
 pub mod facts;
 pub mod inject;
 pub mod names;
+pub mod ownership;
 pub mod pod;
 pub mod render;
 pub mod select;
@@ -77,7 +78,9 @@ pub struct Decision {
 pub enum Outcome {
     /// Not considered for injection.
     OutOfScope(OutOfScope),
-    /// The pod's status annotation already lists exactly the templates and hashes it would get.
+    /// The pod already has exactly the injection it would get: its status annotation names the
+    /// current template versions, and every item it names is really there, holding every field
+    /// its template sets (see `ownership`).
     UpToDate(InjectionStatus),
     /// Apply this patch. The status may list no templates (nothing matched); the patch then only
     /// writes the status annotation, which says why.
@@ -161,7 +164,7 @@ impl Engine {
             return decision(Some(choice), Outcome::Denied(denial), warnings);
         }
         let selected: Vec<&Arc<Template>> = choice.selected().filter_map(|name| self.templates.get(name)).collect();
-        let previous = match annotations.get(names::STATUS_ANNOTATION).map(|s| InjectionStatus::parse(s)) {
+        let claim = match annotations.get(names::STATUS_ANNOTATION).map(|s| InjectionStatus::parse(s)) {
             None => None,
             Some(Ok(status)) => Some(status),
             Some(Err(e)) => {
@@ -172,24 +175,78 @@ impl Engine {
                 None
             }
         };
-        let current = selected.iter().map(|t| (&*t.name, t.hash.as_str()));
-        if let Some(previous) = previous.as_ref().filter(|p| p.is_current(current)) {
-            return decision(Some(choice), Outcome::UpToDate(previous.clone()), warnings);
-        }
-        let pod_value = render::pod_value(request.pod.clone());
-        let mut planned = Vec::with_capacity(selected.len());
-        for template in selected {
-            let rendered = match mask_pod_reads {
+        let render_one = |template: &Template, pod: &Arc<Value>| {
+            let annotations = pod::string_map(pod, "annotations").unwrap_or_default();
+            let pod_value = render::pod_value(pod.clone());
+            match mask_pod_reads {
                 true => render::render_masked(template, &pod_value, &annotations, &request.namespace),
                 false => render::render(template, &pod_value, &annotations, &request.namespace),
-            };
-            match rendered {
+            }
+        };
+        let native = |template: &Template| template.sidecar_mode.is_native(request.cluster.native_sidecars);
+
+        // The status annotation is a claim (see `ownership`): check it against what the claimed
+        // template versions render for the pod without the claimed items.
+        let (owned, base) = match &claim {
+            None => (InjectionStatus::default(), request.pod.clone()),
+            Some(claim) => {
+                let base = Arc::new(validate::strip_injection(pod, claim));
+                let renderings: Vec<(String, Option<RenderedTemplate>)> = claim
+                    .templates
+                    .iter()
+                    .map(|claimed| {
+                        let rendered = self
+                            .templates
+                            .version(&claimed.name, &claimed.hash)
+                            .and_then(|t| render_one(t, &base).ok());
+                        (claimed.name.clone(), rendered)
+                    })
+                    .collect();
+                let claimed: Vec<ownership::ClaimedRendering> = renderings
+                    .iter()
+                    .map(|(name, rendered)| ownership::ClaimedRendering { name, rendered: rendered.as_ref() })
+                    .collect();
+                let assessed = ownership::assess(pod, claim, &claimed);
+                let current = selected.iter().map(|t| (&*t.name, t.hash.as_str()));
+                if claim.is_current(current) {
+                    // Same versions: the items that hold stay where they are, anything missing is
+                    // added. Up to date when that adds nothing.
+                    let planned: Vec<PlannedTemplate> = renderings
+                        .iter()
+                        .zip(&selected)
+                        .filter_map(|((_, r), t)| {
+                            r.clone().map(|rendered| PlannedTemplate { rendered, native_sidecars: native(t) })
+                        })
+                        .collect();
+                    if planned.len() == selected.len() {
+                        let reason = planned.is_empty().then(|| choice.summary_of_none());
+                        match inject::plan(pod, inject::Earlier::Keep(&assessed.present), &planned, reason) {
+                            Ok(fresh) if fresh.status == *claim && assessed.all_present => {
+                                return decision(Some(choice), Outcome::UpToDate(claim.clone()), warnings);
+                            }
+                            Ok(fresh) if fresh.status.includes_items_of(&assessed.present) => {
+                                warnings.extend(assessed.doubts);
+                                return decision(Some(choice), Outcome::Inject(fresh), warnings);
+                            }
+                            // The claim puts items where the templates do not: prove and replace.
+                            _ => {}
+                        }
+                    }
+                }
+                warnings.extend(assessed.doubts.iter().cloned());
+                let base = match ownership::owns_everything(&assessed, claim) {
+                    true => base,
+                    false => Arc::new(validate::strip_injection(pod, &assessed.owned)),
+                };
+                (assessed.owned, base)
+            }
+        };
+        let mut planned = Vec::with_capacity(selected.len());
+        for template in selected {
+            match render_one(template, &base) {
                 Ok(mut rendered) => {
                     warnings.append(&mut rendered.warnings);
-                    planned.push(PlannedTemplate {
-                        rendered,
-                        native_sidecars: template.sidecar_mode.is_native(request.cluster.native_sidecars),
-                    });
+                    planned.push(PlannedTemplate { rendered, native_sidecars: native(template) });
                 }
                 Err(e) => {
                     return decision(Some(choice), Outcome::Denied(Denial::Render(e)), warnings);
@@ -197,7 +254,7 @@ impl Engine {
             }
         }
         let reason = planned.is_empty().then(|| choice.summary_of_none());
-        match inject::plan(pod, previous.as_ref(), &planned, reason) {
+        match inject::plan(pod, inject::Earlier::Replace(&owned), &planned, reason) {
             Ok(injection) => decision(Some(choice), Outcome::Inject(injection), warnings),
             Err(e) => decision(Some(choice), Outcome::Denied(Denial::Shape(e)), warnings),
         }

@@ -128,6 +128,25 @@ impl InjectionStatus {
         serde_json::to_string(self).expect("the status always serializes")
     }
 
+    /// Whether every item `other` lists is listed here too, in the same place (same kind, same
+    /// container), and every skip it records is recorded here.
+    pub fn includes_items_of(&self, other: &InjectionStatus) -> bool {
+        let all = |mine: &[String], theirs: &[String]| theirs.iter().all(|n| mine.contains(n));
+        all(&self.containers, &other.containers)
+            && all(&self.init_containers, &other.init_containers)
+            && all(&self.native_sidecars, &other.native_sidecars)
+            && all(&self.volumes, &other.volumes)
+            && all(&self.labels, &other.labels)
+            && all(&self.annotations, &other.annotations)
+            && other.app_containers.iter().all(|(name, theirs)| {
+                self.app_containers
+                    .get(name)
+                    .is_some_and(|mine| all(&mine.env, &theirs.env) && all(&mine.volume_mounts, &theirs.volume_mounts))
+            })
+            && other.skipped.iter().all(|s| self.skipped.contains(s))
+            && self.templates == other.templates
+    }
+
     /// Whether the injection recorded here is what `templates` (name, hash, in order) would inject now.
     pub fn is_current<'t>(&self, templates: impl IntoIterator<Item = (&'t str, &'t str)>) -> bool {
         let mut current = templates.into_iter();

@@ -638,7 +638,14 @@ pub struct TemplateSource {
 #[derive(Debug, Clone, Default)]
 pub struct TemplateSet {
     templates: BTreeMap<String, Arc<Template>>,
+    /// Versions replaced or removed by earlier updates, newest first, at most
+    /// [`RETIRED_VERSIONS_KEPT`]: a pod injected with one of them can still prove which items are
+    /// the injector's own (see `ownership`) and be re-injected cleanly after a template edit.
+    retired: Vec<Arc<Template>>,
 }
+
+/// How many replaced template versions a [`TemplateSet`] remembers.
+pub const RETIRED_VERSIONS_KEPT: usize = 32;
 
 impl TemplateSet {
     /// Loads every source; returns the templates that loaded and the errors of those that did not.
@@ -701,12 +708,27 @@ impl TemplateSet {
                 }
             }
         }
-        (TemplateSet { templates }, errors)
+        let retired = self
+            .templates
+            .values()
+            .filter(|old| templates.get(&*old.name).is_none_or(|new| new.hash != old.hash))
+            .chain(&self.retired)
+            .filter(|old| templates.get(&*old.name).is_none_or(|new| new.hash != old.hash))
+            .take(RETIRED_VERSIONS_KEPT)
+            .cloned()
+            .collect();
+        (TemplateSet { templates, retired }, errors)
     }
 
     /// The template of that name.
     pub fn get(&self, name: &str) -> Option<&Arc<Template>> {
         self.templates.get(name)
+    }
+
+    /// The template of that name with that content hash: the one in service, or a version that an
+    /// earlier update replaced and this set still remembers.
+    pub fn version(&self, name: &str, hash: &str) -> Option<&Arc<Template>> {
+        self.templates.get(name).into_iter().chain(&self.retired).find(|t| &*t.name == name && t.hash == hash)
     }
 
     /// Templates in name order.

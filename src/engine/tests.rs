@@ -249,11 +249,29 @@ fn other_mutators_changes_survive_re_admission() {
     // Another webhook adds an env var to every container (ours included) and a container of its own.
     for list in ["initContainers", "containers"] {
         for c in out["spec"][list].as_array_mut().unwrap() {
-            c["env"] = json!([{"name": "OTHER", "value": "1"}]);
+            let env = c.as_object_mut().unwrap().entry("env").or_insert(json!([]));
+            env.as_array_mut().unwrap().push(json!({"name": "OTHER", "value": "1"}));
         }
     }
+    assert!(matches!(engine.evaluate(&request(out.clone(), opted_in("shop", &[]))).outcome, Outcome::UpToDate(_)));
+
+    // A container another webhook adds is an app container like any other: on reinvocation it gets
+    // the templates' env and mounts (only additions), whatever order the webhooks ran in.
     out["spec"]["containers"].as_array_mut().unwrap().push(json!({"name": "other-agent", "image": "x"}));
-    assert!(matches!(engine.evaluate(&request(out, opted_in("shop", &[]))).outcome, Outcome::UpToDate(_)));
+    let injection = inject(&engine, &out);
+    assert!(only_adds(&injection.patch), "{:#?}", injection.patch);
+    assert!(injection.status.app_containers.contains_key("other-agent"));
+    out = apply(&out, &injection.patch);
+    assert!(matches!(engine.evaluate(&request(out.clone(), opted_in("shop", &[]))).outcome, Outcome::UpToDate(_)));
+
+    // But a pod whose injected env var was taken away is not up to date: it gets it back, and
+    // nothing else changes.
+    out["spec"]["containers"][0]["env"].as_array_mut().unwrap().retain(|e| e["name"] != "LOG_DIR");
+    let injection = inject(&engine, &out);
+    assert!(only_adds(&injection.patch), "{:#?}", injection.patch);
+    let again = apply(&out, &injection.patch);
+    assert!(again["spec"]["containers"][0]["env"].as_array().unwrap().iter().any(|e| e["name"] == "LOG_DIR"));
+    assert!(matches!(engine.evaluate(&request(again, opted_in("shop", &[]))).outcome, Outcome::UpToDate(_)));
 }
 
 #[test]
@@ -264,7 +282,14 @@ fn re_injection_after_a_template_change_replaces_exactly_what_was_injected() {
         .replace("- name: logs\n", "- name: logs-v2\n")
         .replace("{name: LOG_DIR, value: /var/log/app}", "{name: LOG_PATH, value: /logs}")
         .replace("logging/shipper: fluent-bit", "logging/agent: fluent-bit");
-    let v2 = engine(&[("logs", &v2_logs), ("classic", CLASSIC)]);
+    // v2 replaces v1 in the running set, which remembers v1 (a pod injected with v1 can prove it).
+    let (set, errors) = v1.templates.update(
+        [("logs", v2_logs.as_str()), ("classic", CLASSIC)]
+            .map(|(name, text)| TemplateSource { name: name.into(), text: text.into() }),
+        &template::InProcess,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let v2 = Engine::new(set, v1.excluded_namespaces.clone());
     let mut pod = web_pod();
     pod["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!("logs,classic");
 
@@ -493,4 +518,156 @@ inject:
             );
         }
     }
+}
+
+// The status annotation is a claim (see `ownership`): these are the shapes that used to lose data.
+
+/// Every item of `before` (containers, init containers, volumes, env, mounts, labels, annotations
+/// other than the injector's two keys) is still in `after`, unchanged.
+fn keeps_everything(before: &Value, after: &Value) {
+    for list in ["containers", "initContainers", "volumes"] {
+        for item in before["spec"][list].as_array().into_iter().flatten() {
+            let name = &item["name"];
+            let kept = after["spec"][list].as_array().and_then(|l| l.iter().find(|i| &i["name"] == name));
+            let kept = kept.unwrap_or_else(|| panic!("{list} {name} was removed"));
+            for field in ["env", "volumeMounts"] {
+                for entry in item[field].as_array().into_iter().flatten() {
+                    assert!(kept[field].as_array().unwrap().contains(entry), "{list} {name}: {field} {entry} lost");
+                }
+            }
+            let others = |v: &Value| {
+                let mut v = v.clone();
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("env");
+                    o.remove("volumeMounts");
+                }
+                v
+            };
+            assert_eq!(others(item), others(kept), "{list} {name} was rewritten");
+        }
+    }
+    for section in ["labels", "annotations"] {
+        for (key, value) in before["metadata"][section].as_object().into_iter().flatten() {
+            if key.starts_with("sidecar-injector.io/status") || key == "sidecar-injector.io/injected" {
+                continue;
+            }
+            assert_eq!(&after["metadata"][section][key], value, "{section} {key} was changed or removed");
+        }
+    }
+}
+
+#[test]
+fn a_forged_or_copied_status_never_removes_what_the_author_wrote() {
+    let engine = engine(&[("logs", LOGS)]);
+    // The issue's pod: a status naming a template version nobody serves and the pod's own items.
+    let pod = json!({
+        "metadata": {"name": "stale", "annotations": {"sidecar-injector.io/status":
+            r#"{"templates":[{"name":"logs","hash":"0000000000000000"}],"containers":["web"],"volumes":["data"],"appContainers":{"web":{"env":["DB"]}}}"#}},
+        "spec": {"containers": [{"name": "web", "image": "nginx", "env": [{"name": "DB", "value": "prod"}]}],
+                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}
+    });
+    let decision = engine.evaluate(&request(pod.clone(), opted_in("shop", &[])));
+    let Outcome::Inject(injection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    assert!(only_adds(&injection.patch), "{:#?}", injection.patch);
+    assert_eq!(
+        *injection.removed,
+        InjectionStatus { templates: injection.removed.templates.clone(), ..Default::default() }
+    );
+    let out = apply(&pod, &injection.patch);
+    keeps_everything(&pod, &out);
+    assert_eq!(names(&out["spec"]["initContainers"]), ["logs"], "and the pod gets a real injection");
+    let doubts = decision.warnings.join("\n");
+    for item in ["sidecar \"web\"", "volume \"data\"", "env var \"DB\" of container \"web\""] {
+        assert!(doubts.contains(item) && doubts.contains("kept as the pod's own"), "{item}: {doubts}");
+    }
+
+    // The same claim with the *current* hash: web is still not what `logs` renders.
+    let current = engine.templates.get("logs").unwrap().hash.clone();
+    let mut pod = pod;
+    let text = pod["metadata"]["annotations"]["sidecar-injector.io/status"]
+        .as_str()
+        .unwrap()
+        .replace("0000000000000000", &current);
+    pod["metadata"]["annotations"]["sidecar-injector.io/status"] = json!(text);
+    let Outcome::Inject(injection) = engine.evaluate(&request(pod.clone(), opted_in("shop", &[]))).outcome else {
+        panic!("a current claim whose items are missing is not up to date")
+    };
+    assert!(only_adds(&injection.patch), "{:#?}", injection.patch);
+    keeps_everything(&pod, &apply(&pod, &injection.patch));
+}
+
+#[test]
+fn a_current_claim_whose_items_are_missing_gets_them_injected() {
+    let engine = engine(&[("logs", LOGS)]);
+    let injected = apply(&web_pod(), &inject(&engine, &web_pod()).patch);
+    // Copy the status onto the original pod (a chart copying annotations).
+    let mut copy = web_pod();
+    copy["metadata"]["annotations"]["sidecar-injector.io/status"] =
+        injected["metadata"]["annotations"]["sidecar-injector.io/status"].clone();
+    let injection = inject(&engine, &copy);
+    assert!(only_adds(&injection.patch), "{:#?}", injection.patch);
+    let out = apply(&copy, &injection.patch);
+    assert_eq!(out, injected, "the copy ends up exactly like a fresh injection");
+}
+
+#[test]
+fn an_edited_injected_item_is_kept_and_reported_not_replaced() {
+    let engine = engine(&[("logs", LOGS), ("classic", CLASSIC)]);
+    let injected = apply(&web_pod(), &inject(&engine, &web_pod()).patch);
+    // `kubectl get -o yaml`, then the sidecar's image edited, then created again.
+    let mut edited = injected.clone();
+    edited["spec"]["initContainers"][0]["image"] = json!("evil/not-fluent-bit");
+    let decision = engine.evaluate(&request(edited.clone(), opted_in("shop", &[])));
+    let Outcome::Inject(injection) = &decision.outcome else { panic!("an edited sidecar is not up to date") };
+    let out = apply(&edited, &injection.patch);
+    keeps_everything(&edited, &out);
+    assert_eq!(out["spec"]["initContainers"][0]["image"], "evil/not-fluent-bit");
+    assert!(
+        injection.status.skipped.iter().any(|s| s.name == "logs" && s.owner == "pod"),
+        "the status says the sidecar was not injected: {:?}",
+        injection.status
+    );
+    assert!(!injection.status.init_containers.contains(&"logs".to_owned()));
+    assert!(
+        decision.warnings.iter().any(|w| w.contains("image is \"evil/not-fluent-bit\"")),
+        "{:?}",
+        decision.warnings
+    );
+
+    // An author's addition to an injected sidecar is not lost when the pod moves to other templates.
+    let mut added = injected.clone();
+    added["spec"]["initContainers"][0]["env"] = json!([{"name": "MINE", "value": "1"}]);
+    added["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!("classic");
+    let injection = inject(&engine, &added);
+    let out = apply(&added, &injection.patch);
+    assert_eq!(out["spec"]["initContainers"][0], added["spec"]["initContainers"][0]);
+    assert_eq!(injection.removed.volumes, ["app-logs"], "the unedited items of logs do go");
+    assert!(injection.removed.init_containers.is_empty());
+}
+
+#[test]
+fn re_injection_with_another_template_set_equals_a_fresh_injection() {
+    let engine = engine(&[("logs", LOGS), ("proxy", PROXY), ("classic", CLASSIC)]);
+    let bare = json!({"metadata": {"name": "p", "annotations": {"sidecar-injector.io/templates": "logs,proxy"}},
+                      "spec": {"containers": [{"name": "app", "image": "app"}]}});
+    let first = apply(&bare, &inject(&engine, &bare).patch);
+    let mut switched = first.clone();
+    switched["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!("classic");
+    let injection = inject(&engine, &switched);
+    let reinjected = apply(&switched, &injection.patch);
+    let mut fresh_input = bare.clone();
+    fresh_input["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!("classic");
+    let fresh = apply(&fresh_input, &inject(&engine, &fresh_input).patch);
+    assert_eq!(reinjected, fresh, "no empty env, initContainers, volumes or labels left behind");
+    assert_eq!(injection.removed.init_containers, ["logs", "proxy-init", "proxy"]);
+
+    // And to no template at all: every injected list and label goes, the injected label too.
+    let mut none = first;
+    none["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!(" , ");
+    let out = apply(&none, &inject(&engine, &none).patch);
+    let mut expected = bare.clone();
+    expected["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!(" , ");
+    expected["metadata"]["annotations"]["sidecar-injector.io/status"] =
+        out["metadata"]["annotations"]["sidecar-injector.io/status"].clone();
+    assert_eq!(out, expected);
 }

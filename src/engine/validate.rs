@@ -315,7 +315,7 @@ fn quantity(text: &str) -> Option<f64> {
     Some(number * multiplier)
 }
 
-fn quantities_equal(a: &str, b: &str) -> bool {
+pub(crate) fn quantities_equal(a: &str, b: &str) -> bool {
     match (quantity(a), quantity(b)) {
         (Some(x), Some(y)) => (x - y).abs() <= f64::EPSILON * x.abs().max(y.abs()).max(1.0),
         _ => false,

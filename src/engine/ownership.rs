@@ -1,0 +1,334 @@
+//! Which items of a pod are provably the injector's own.
+//!
+//! The status annotation (`sidecar-injector.io/status`) travels with the pod: `kubectl get -o yaml`
+//! copies it, charts copy annotations, and anyone who can create a pod can write it by hand. So it is
+//! a *claim*, never a licence: the engine believes an item is its own only when it can check it.
+//!
+//! The proof chosen is re-rendering: an item named by the claim is the injector's own when the
+//! template version the claim names (same name, same content hash, still in service) renders, for
+//! this pod without the claimed items, exactly that item. Nothing in the pod can forge this, since
+//! the engine computes the expected item itself, and no key has to be shared between replicas and
+//! the offline CLI (an HMAC over the status would need one, and would still say nothing about
+//! whether the item was edited since). The price: items from a template version that is no longer
+//! in service cannot be proven, so they are kept as the pod's own (and a warning says so).
+//!
+//! Two strengths of match, for two uses:
+//! - **present**: the pod's item holds every field the template sets (other mutators may have added
+//!   fields, as `/validate` allows). Enough to call a pod *up to date*, which removes nothing.
+//! - **owned**: the pod's item is exactly the rendering, apart from what the API server adds by
+//!   itself (field defaults, the service-account token mount) and the native-sidecar
+//!   `restartPolicy`. Required before an item may be *removed* or replaced, so that nothing the
+//!   author added to an item is ever lost.
+
+use serde_json::Value;
+
+use super::names;
+use super::render::RenderedTemplate;
+use super::status::{AppContainerAdditions, InjectionStatus, ItemKind};
+use super::validate::{first_difference, quantities_equal};
+
+/// A claimed template: its rendering for this pod, when the claimed version is the one in service.
+pub struct ClaimedRendering<'r> {
+    /// Template name as claimed.
+    pub name: &'r str,
+    /// The rendering, or `None` when the claimed version is unknown or fails to render.
+    pub rendered: Option<&'r RenderedTemplate>,
+}
+
+/// What the claim says, checked against the pod.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ownership {
+    /// Claimed items that exactly match their template: safe to remove or replace.
+    pub owned: InjectionStatus,
+    /// Claimed items present with every field their template sets (a superset of `owned`).
+    pub present: InjectionStatus,
+    /// Whether every claimed item is present.
+    pub all_present: bool,
+    /// Why claimed items are not treated as the injector's own, one sentence each.
+    pub doubts: Vec<String>,
+}
+
+/// Checks every item `claim` names against the pod and the claimed templates' renderings.
+pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[ClaimedRendering<'_>]) -> Ownership {
+    let mut owned = InjectionStatus { templates: claim.templates.clone(), ..InjectionStatus::default() };
+    let mut present = owned.clone();
+    let mut doubts = Vec::new();
+    let mut all_present = true;
+    let mut judge = |kind: ItemKind,
+                     name: &str,
+                     container: Option<&str>,
+                     expected: Option<Value>,
+                     actual: Option<&Value>| {
+        let what = match container {
+            Some(c) => format!("{} {name:?} of container {c:?}", kind.describe()),
+            None => format!("{} {name:?}", kind.describe()),
+        };
+        match (expected, actual) {
+            (_, None) => {
+                all_present = false;
+                doubts.push(format!("the status claims {what} was injected, but the pod does not have it"));
+                Match::None
+            }
+            (None, Some(_)) => {
+                all_present = false;
+                doubts.push(format!(
+                    "the status claims {what} was injected, but no template version in service renders it (claimed: {}); it is kept as the pod's own",
+                    describe_claim(claim)
+                ));
+                Match::None
+            }
+            (Some(expected), Some(actual)) => {
+                if let Some(difference) = first_difference(&expected, actual, "") {
+                    all_present = false;
+                    doubts.push(format!(
+                        "{what} is not what its template renders ({difference}); it is kept as the pod's own"
+                    ));
+                    return Match::None;
+                }
+                if exact(&expected, actual) {
+                    Match::Exact
+                } else {
+                    doubts.push(format!(
+                        "{what} holds fields its template does not set; it is kept as the pod's own and not replaced"
+                    ));
+                    Match::Present
+                }
+            }
+        }
+    };
+
+    let spec_list = |field: &str| pod.get("spec").and_then(|s| s.get(field)).and_then(Value::as_array);
+    let find = |items: Option<&'p Vec<Value>>, key: &str, name: &str| find_in(items?, key, name);
+    let rendered_item = |pick: fn(&RenderedTemplate) -> &[Value], key: &str, name: &str| -> Option<Value> {
+        renderings.iter().filter_map(|r| r.rendered).find_map(|r| find_in(pick(r), key, name).cloned())
+    };
+
+    for name in &claim.containers {
+        let expected = rendered_item(|r| &r.sidecars, "name", name);
+        let found = judge(ItemKind::Sidecar, name, None, expected, find(spec_list("containers"), "name", name));
+        found.record(name, &mut present.containers, &mut owned.containers);
+    }
+    for name in &claim.init_containers {
+        let native = claim.native_sidecars.contains(name);
+        let expected = match native {
+            true => rendered_item(|r| &r.sidecars, "name", name).map(|mut sidecar| {
+                sidecar["restartPolicy"] = Value::from("Always");
+                sidecar
+            }),
+            false => rendered_item(|r| &r.init_containers, "name", name),
+        };
+        let found =
+            judge(ItemKind::InitContainer, name, None, expected, find(spec_list("initContainers"), "name", name));
+        found.record(name, &mut present.init_containers, &mut owned.init_containers);
+        if native {
+            found.record(name, &mut present.native_sidecars, &mut owned.native_sidecars);
+        }
+    }
+    for name in &claim.volumes {
+        let expected = rendered_item(|r| &r.volumes, "name", name);
+        let found = judge(ItemKind::Volume, name, None, expected, find(spec_list("volumes"), "name", name));
+        found.record(name, &mut present.volumes, &mut owned.volumes);
+    }
+    let metadata = |section: &str| pod.get("metadata").and_then(|m| m.get(section)).and_then(Value::as_object);
+    for (kind, section, claimed, present_keys, owned_keys) in [
+        (ItemKind::Label, "labels", &claim.labels, &mut present.labels, &mut owned.labels),
+        (ItemKind::Annotation, "annotations", &claim.annotations, &mut present.annotations, &mut owned.annotations),
+    ] {
+        for key in claimed {
+            // The injector's own two keys are never claimed items: they are always rewritten.
+            if key == names::STATUS_ANNOTATION || key == names::INJECTED_LABEL {
+                continue;
+            }
+            let expected = renderings.iter().filter_map(|r| r.rendered).find_map(|r| {
+                let map = if kind == ItemKind::Label { &r.labels } else { &r.annotations };
+                map.get(key).map(|v| Value::String(v.clone()))
+            });
+            let found = judge(kind, key, None, expected, metadata(section).and_then(|m| m.get(key)));
+            found.record(key, present_keys, owned_keys);
+        }
+    }
+    for (container, additions) in &claim.app_containers {
+        let actual = find(spec_list("containers"), "name", container);
+        let list = |field: &str| actual.and_then(|c| c.get(field)).and_then(Value::as_array);
+        let (mut here, mut mine) = (AppContainerAdditions::default(), AppContainerAdditions::default());
+        for env in &additions.env {
+            let expected = rendered_item(|r| &r.env, "name", env);
+            let found = judge(ItemKind::Env, env, Some(container), expected, find(list("env"), "name", env));
+            found.record(env, &mut here.env, &mut mine.env);
+        }
+        for path in &additions.volume_mounts {
+            let expected = rendered_item(|r| &r.volume_mounts, "mountPath", path);
+            let actual = find(list("volumeMounts"), "mountPath", path);
+            let found = judge(ItemKind::VolumeMount, path, Some(container), expected, actual);
+            found.record(path, &mut here.volume_mounts, &mut mine.volume_mounts);
+        }
+        for (status, additions) in [(&mut present, here), (&mut owned, mine)] {
+            if !additions.env.is_empty() || !additions.volume_mounts.is_empty() {
+                status.app_containers.insert(container.clone(), additions);
+            }
+        }
+    }
+    Ownership { owned, present, all_present, doubts }
+}
+
+/// How well a claimed item matches its template.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Match {
+    /// Absent, not rendered by any claimed template version, or changed.
+    None,
+    /// Holds every field the template sets, and more.
+    Present,
+    /// Exactly the rendering.
+    Exact,
+}
+
+impl Match {
+    fn record(self, name: &str, present: &mut Vec<String>, owned: &mut Vec<String>) {
+        if self != Match::None {
+            present.push(name.to_owned());
+        }
+        if self == Match::Exact {
+            owned.push(name.to_owned());
+        }
+    }
+}
+
+fn describe_claim(claim: &InjectionStatus) -> String {
+    claim.templates.iter().map(|t| format!("{}@{}", t.name, t.hash)).collect::<Vec<_>>().join(", ")
+}
+
+fn find_in<'a>(items: &'a [Value], key: &str, name: &str) -> Option<&'a Value> {
+    items.iter().find(|item| item.get(key).and_then(Value::as_str) == Some(name))
+}
+
+/// Whether every claimed item was proven to be the injector's own.
+pub fn owns_everything(ownership: &Ownership, claim: &InjectionStatus) -> bool {
+    let count = |s: &InjectionStatus| {
+        s.containers.len()
+            + s.init_containers.len()
+            + s.volumes.len()
+            + s.labels.iter().filter(|k| *k != names::INJECTED_LABEL).count()
+            + s.annotations.iter().filter(|k| *k != names::STATUS_ANNOTATION).count()
+            + s.app_containers.values().map(|a| a.env.len() + a.volume_mounts.len()).sum::<usize>()
+    };
+    count(&ownership.owned) == count(claim)
+}
+
+/// Where Kubernetes' ServiceAccount admission plugin mounts the API token.
+pub(crate) const SERVICE_ACCOUNT_TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// Whether `actual` is `expected` exactly, apart from what the API server adds by itself.
+pub fn exact(expected: &Value, actual: &Value) -> bool {
+    exact_in(expected, actual, Context::Item)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Context {
+    Item,
+    Resources,
+    VolumeMounts,
+}
+
+fn exact_in(expected: &Value, actual: &Value, context: Context) -> bool {
+    match (expected, actual) {
+        (Value::Object(want), Value::Object(have)) => {
+            let child = |key: &str| match (context, key) {
+                (Context::Resources, _) | (_, "resources") => Context::Resources,
+                (_, "volumeMounts") => Context::VolumeMounts,
+                _ => Context::Item,
+            };
+            want.iter().all(|(key, w)| have.get(key).is_some_and(|h| exact_in(w, h, child(key))))
+                && have.iter().all(|(key, h)| want.contains_key(key) || is_api_default(key, h, have))
+        }
+        (Value::Array(want), Value::Array(have)) => {
+            let have: Vec<&Value> = match context {
+                // The token mount the ServiceAccount plugin adds to every container that lacks one.
+                Context::VolumeMounts if !want.iter().any(is_token_mount_path) => {
+                    have.iter().filter(|m| !is_plugin_token_mount(m)).collect()
+                }
+                _ => have.iter().collect(),
+            };
+            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| exact_in(w, h, Context::Item))
+        }
+        (Value::Number(w), Value::Number(h)) => w.as_f64() == h.as_f64(),
+        (Value::String(w), Value::String(h)) if context == Context::Resources => w == h || quantities_equal(w, h),
+        (w, h) => w == h,
+    }
+}
+
+fn is_token_mount_path(mount: &Value) -> bool {
+    mount.get("mountPath").and_then(Value::as_str) == Some(SERVICE_ACCOUNT_TOKEN_PATH)
+}
+
+fn is_plugin_token_mount(mount: &Value) -> bool {
+    is_token_mount_path(mount)
+        && mount.get("readOnly") == Some(&Value::Bool(true))
+        && mount.get("name").and_then(Value::as_str).is_some_and(|n| n.starts_with("kube-api-access-"))
+        && mount.as_object().is_some_and(|m| m.len() == 3)
+}
+
+/// Whether `key: value` is a default the API server fills into containers, probes, ports, env and
+/// volumes when the field is absent (see Kubernetes' `SetDefaults_*` for core/v1). `parent` is the
+/// object holding the field: the image decides the default pull policy.
+fn is_api_default(key: &str, value: &Value, parent: &serde_json::Map<String, Value>) -> bool {
+    let is = |s: &str| value.as_str() == Some(s);
+    let number = |n: i64| value.as_i64() == Some(n);
+    match key {
+        "terminationMessagePath" => is("/dev/termination-log"),
+        "terminationMessagePolicy" => is("File"),
+        "imagePullPolicy" => {
+            let image = parent.get("image").and_then(Value::as_str).unwrap_or_default();
+            let tag = image.rsplit_once('/').map_or(image, |(_, last)| last);
+            let latest = !image.contains('@') && tag.split_once(':').is_none_or(|(_, t)| t == "latest");
+            is(if latest { "Always" } else { "IfNotPresent" })
+        }
+        "protocol" => is("TCP"),
+        "apiVersion" => parent.contains_key("fieldPath") && is("v1"),
+        "timeoutSeconds" | "successThreshold" => number(1),
+        "periodSeconds" => number(10),
+        "failureThreshold" => number(3),
+        "scheme" => is("HTTP"),
+        "defaultMode" => number(420),
+        "type" => parent.contains_key("path") && is(""),
+        "resources" => value.as_object().is_some_and(|m| m.is_empty()),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn exact_allows_only_what_the_api_server_adds() {
+        let rendered = json!({"name": "logs", "image": "fluent-bit:3", "ports": [{"containerPort": 2020}],
+            "resources": {"limits": {"cpu": "1"}}, "volumeMounts": [{"name": "v", "mountPath": "/v"}]});
+        let defaulted = json!({"name": "logs", "image": "fluent-bit:3", "ports": [{"containerPort": 2020, "protocol": "TCP"}],
+            "resources": {"limits": {"cpu": "1000m"}}, "terminationMessagePath": "/dev/termination-log",
+            "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent",
+            "volumeMounts": [{"name": "v", "mountPath": "/v"},
+                {"name": "kube-api-access-abcde", "readOnly": true, "mountPath": SERVICE_ACCOUNT_TOKEN_PATH}]});
+        assert!(exact(&rendered, &defaulted));
+        // (case, change to the defaulted item)
+        type Change = fn(&mut Value);
+        let cases: [(&str, Change); 6] = [
+            ("image changed", |c| c["image"] = json!("evil/not-fluent-bit")),
+            ("env added by the author", |c| c["env"] = json!([{"name": "X", "value": "1"}])),
+            ("pull policy not the default for a pinned tag", |c| c["imagePullPolicy"] = json!("Always")),
+            ("a protocol other than the default", |c| c["ports"][0]["protocol"] = json!("UDP")),
+            ("another mount at an extra index", |c| {
+                c["volumeMounts"].as_array_mut().unwrap().push(json!({"name": "w", "mountPath": "/w"}))
+            }),
+            ("a field removed", |c| c.as_object_mut().unwrap().remove("ports").map(drop).unwrap()),
+        ];
+        for (case, change) in cases {
+            let mut actual = defaulted.clone();
+            change(&mut actual);
+            assert!(!exact(&rendered, &actual), "{case}");
+        }
+        let latest = json!({"name": "x", "image": "busybox"});
+        assert!(exact(&latest, &json!({"name": "x", "image": "busybox", "imagePullPolicy": "Always"})));
+        assert!(!exact(&latest, &json!({"name": "x", "image": "busybox", "imagePullPolicy": "IfNotPresent"})));
+    }
+}
