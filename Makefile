@@ -1,7 +1,7 @@
 # The commands the README names. `make test` is what CI runs (through .ci/run).
-.PHONY: test lint unit e2e release golden bench fuzz
+.PHONY: test lint unit kubectl-yaml e2e release golden bench fuzz
 
-test: lint unit e2e
+test: lint unit kubectl-yaml e2e
 
 lint:
 	cargo fmt --all -- --check
@@ -9,6 +9,12 @@ lint:
 
 unit:
 	cargo test --locked
+
+# Manifests read and written exactly as kubectl reads them: a differential test against kubectl's
+# own YAML reader, built from Go modules with the e2e control plane (tests/kubectl_yaml.rs).
+kubectl-yaml:
+	bash e2e/controlplane/build.sh
+	SIDECAR_INJECTOR_YAMLREAD=$(CURDIR)/e2e/bin/yamlread cargo test --locked --test kubectl_yaml
 
 # The build command of the Dockerfile.
 release:

@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 use sidecar_injector::engine::template::InProcess;
 use sidecar_injector::engine::validate::first_difference;
 use sidecar_injector::engine::{
-    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, yaml,
+    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, manifest,
 };
 
 const NAMES: [&str; 5] = ["a", "b", "app", "logs", "proxy"];
@@ -114,7 +114,7 @@ fn template() -> impl Strategy<Value = String> {
                     },
                 },
             });
-            yaml::to_yaml_documents(&[doc])
+            manifest::write(&[doc])
         })
 }
 

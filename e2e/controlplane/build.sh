@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kubectl (with its built-in kustomize) and etcd from the Go module proxy into
-# e2e/bin/. Does nothing when the binaries there were built from the same pinned versions (the stamp
+# Builds kube-apiserver, kubectl (with its built-in kustomize), etcd and yamlread (kubectl's YAML
+# reader, for the manifest differential test) from the Go module proxy into e2e/bin/. Does nothing when the binaries there were built from the same pinned versions (the stamp
 # records the Kubernetes version, the go.sum hash and the Go version).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -15,7 +15,7 @@ fi
 
 stamp="k8s=$KUBERNETES_VERSION gosum=$(sha256sum "$here/go.sum" | cut -c1-16) $(go env GOVERSION)"
 if [ -f "$bin/.stamp" ] && [ "$(cat "$bin/.stamp")" = "$stamp" ] \
-   && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kubectl" ] && [ -x "$bin/etcd" ]; then
+   && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kubectl" ] && [ -x "$bin/etcd" ] && [ -x "$bin/yamlread" ]; then
   echo "e2e: control plane binaries are current ($stamp)"
   exit 0
 fi
@@ -29,7 +29,7 @@ mkdir -p "$bin"
 rm -f "$bin/.stamp"
 cd "$here"
 start=$SECONDS
-for target in k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd; do
+for target in ./cmd/yamlread k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd; do
   echo "e2e: building $(basename "$target") ..."
   CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/$(basename "$target")" "$target"
 done

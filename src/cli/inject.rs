@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{CliError, OfflineArgs, display_path, load_templates, read_input};
-use crate::engine::{Decision, Denial, Engine, Outcome, PodRequest, workload, yaml};
+use crate::engine::{Decision, Denial, Engine, Outcome, PodRequest, manifest, workload};
 
 /// One pod found in the input: where it is, and what the engine decided.
 #[derive(Clone)]
@@ -42,7 +42,7 @@ pub(crate) fn decide_all(
     let text = read_input(file)?;
     let engine = Engine::new(load_templates(args.templates.as_deref())?, Vec::new());
     let file = display_path(file);
-    let mut documents = yaml::parse_documents(&text).map_err(|e| CliError::one(format!("{file}: {e}")))?;
+    let mut documents = manifest::read(&text).map_err(|e| CliError::one(format!("{file}: {e}")))?;
     for (index, document) in documents.iter_mut().enumerate() {
         let mut each = |doc: &mut Value, item: Option<usize>| {
             let Some(pod) = workload::pod_of(doc) else {
@@ -100,5 +100,5 @@ pub fn inject(args: &OfflineArgs) -> Result<(String, Vec<String>), CliError> {
             Outcome::OutOfScope(_) | Outcome::UpToDate(_) => {}
         }
     })?;
-    if errors.is_empty() { Ok((yaml::to_yaml_documents(&documents), warnings)) } else { Err(CliError(errors)) }
+    if errors.is_empty() { Ok((manifest::write(&documents), warnings)) } else { Err(CliError(errors)) }
 }

@@ -9,6 +9,7 @@
 pub mod drift;
 pub mod facts;
 pub mod inject;
+pub mod manifest;
 pub mod names;
 pub mod ownership;
 pub mod pod;

@@ -179,7 +179,7 @@ mod tests {
 
     fn configuration() -> MutatingWebhookConfiguration {
         let text = include_str!("../../deploy/base/mutatingwebhookconfiguration.yaml");
-        let value: serde_json::Value = crate::engine::yaml::parse_documents(text).unwrap().remove(0);
+        let value: serde_json::Value = crate::engine::manifest::read(text).unwrap().remove(0);
         let mut configuration: MutatingWebhookConfiguration = serde_json::from_value(value).unwrap();
         configuration.webhooks.as_mut().unwrap()[0].client_config.ca_bundle =
             Some(k8s_openapi::ByteString(b"CA".to_vec()));

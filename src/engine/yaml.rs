@@ -1,10 +1,10 @@
-//! YAML in and out, for templates and for the manifests the CLI reads and writes.
+//! YAML for templates (manifests, which follow kubectl's rules, are `crate::engine::manifest`).
 //!
-//! Everything goes through `serde-saphyr` (already in the tree through kube's kubeconfig loader):
-//! bounded parsing (its budget caps events, nodes, depth and alias expansion, so a billion-laughs
-//! document fails instead of eating memory), duplicate keys refused, and errors that carry a line
-//! and column. Templates additionally keep the line of every node ([`SourceNode`]) so a render error
-//! deep inside a sidecar can still name its line.
+//! Templates go through `serde-saphyr` (already in the tree through kube's kubeconfig loader):
+//! YAML 1.2 scalars (`on` stays a string), bounded parsing (its budget caps events, nodes, depth and
+//! alias expansion, so a billion-laughs document fails instead of eating memory), duplicate keys
+//! refused, and errors that carry a line and column. Templates keep the line of every node
+//! ([`SourceNode`]) so a render error deep inside a sidecar can still name its line.
 
 use std::fmt;
 
@@ -66,26 +66,14 @@ fn strip_position(text: &str) -> String {
     text.to_owned()
 }
 
-/// Parsing options. Manifests are read the way kubectl reads them (YAML 1.1 booleans: `yes`, `on`);
-/// templates use YAML 1.2's `true`/`false` only, so a key `n:` or a value `on` stays a string.
-fn options(strict_booleans: bool) -> Options {
+/// Template parsing options: YAML 1.2's `true`/`false` only, so a key `n:` or a value `on` stays a
+/// string; duplicate keys refused.
+fn options() -> Options {
     let mut options = Options::default();
     options.duplicate_keys = DuplicateKeyPolicy::Error;
     options.with_snippet = false;
-    options.strict_booleans = strict_booleans;
+    options.strict_booleans = true;
     options
-}
-
-/// Parses a stream of YAML documents (`---` separated) into JSON values; empty documents are
-/// dropped, as kubectl does.
-pub fn parse_documents(text: &str) -> Result<Vec<Value>, YamlError> {
-    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, options(false))?;
-    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
-}
-
-/// Writes JSON values as a YAML stream, `---` between documents, keys in the order of the value.
-pub fn to_yaml_documents(docs: &[Value]) -> String {
-    serde_saphyr::to_string_multiple(docs).expect("a JSON value always serializes to YAML")
 }
 
 /// A YAML node that remembers the line it started on. Templates are parsed into this tree so
@@ -132,7 +120,7 @@ impl SourceNode {
     pub fn parse(text: &str) -> Result<SourceNode, YamlError> {
         // A template is one ConfigMap key (a ConfigMap holds at most 1 MiB): a budget of that size
         // refuses alias bombs and deep nesting in microseconds instead of expanding them.
-        let mut options = options(true);
+        let mut options = options();
         let mut budget = serde_saphyr::Budget::default();
         budget.max_reader_input_bytes = Some(1024 * 1024);
         budget.max_events = 100_000;
@@ -288,8 +276,6 @@ mod tests {
         assert_eq!(node.to_json(), json!({"a": 1, "b": [{"x": "{{ y }}", "z": true}, 3.5]}));
         let yaml_1_1 = SourceNode::parse("n: on\ny: yes\nt: true\n").unwrap().to_json();
         assert_eq!(yaml_1_1, json!({"n": "on", "y": "yes", "t": true}), "templates use YAML 1.2 booleans");
-        let manifest = parse_documents("enabled: yes\n").unwrap();
-        assert_eq!(manifest, vec![json!({"enabled": true})], "manifests are read like kubectl reads them");
     }
 
     #[test]
@@ -299,7 +285,7 @@ mod tests {
         assert_eq!(err.message, "duplicate mapping key: a");
         assert_eq!(err.to_string(), "line 2 column 1: duplicate mapping key: a");
 
-        let err = parse_documents("a: [1\n").unwrap_err();
+        let err = SourceNode::parse("a: [1\n").unwrap_err();
         assert_eq!(err.line, Some(1));
         assert!(err.message.contains("unclosed bracket"), "{err}");
     }
@@ -313,14 +299,6 @@ mod tests {
                 "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
             ));
         }
-        assert!(parse_documents(&bomb).is_err());
-    }
-
-    #[test]
-    fn documents_round_trip_and_empty_documents_are_dropped() {
-        let docs = parse_documents("---\na: 1\n---\n---\nb: ['yes', \"1.0\", x]\n").unwrap();
-        assert_eq!(docs, vec![json!({"a": 1}), json!({"b": ["yes", "1.0", "x"]})]);
-        let text = to_yaml_documents(&docs);
-        assert_eq!(parse_documents(&text).unwrap(), docs);
+        assert!(SourceNode::parse(&bomb).is_err());
     }
 }

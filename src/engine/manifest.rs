@@ -1,0 +1,718 @@
+//! Manifests (the YAML that `inject` and `explain` read and write), exactly as kubectl reads them.
+//!
+//! kubectl reads YAML through `sigs.k8s.io/yaml`: go-yaml v2 resolves plain scalars by YAML 1.1
+//! rules and the result is converted to JSON. Users write manifests for kubectl, so the injector
+//! must read them the same way, or `defaultMode: 0400` (256 for kubectl) silently becomes 400
+//! (0620, a group-writable Secret). Rules reproduced here, checked against kubectl's own reader by
+//! `tests/kubectl_yaml.rs`:
+//! - plain scalars: `~`, `null`, `Null`, `NULL` and empty are null; `y`, `Y`, `yes`, `on`, `true`
+//!   (and their capitalised and upper-case forms) are booleans, likewise `n`/`no`/`off`/`false`;
+//!   integers as Go's `strconv.ParseInt(s, 0, 64)` reads them after removing `_` (`0400` octal,
+//!   `0o17`, `0x1F`, `0b101`, `+12`, `1_000`), then unsigned 64-bit, then floats of the form
+//!   `[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?` (so `08` is the number 8); anything else,
+//!   timestamps and `tRUE` included, is a string. `.inf` and `.nan` cannot be JSON: refused.
+//! - quoted and block scalars are strings unless tagged (`!!int "12"`); `!!str` forces a string.
+//! - mapping keys become strings (`1: a` has key `"1"`, `y: a` has key `"true"`); a null key is
+//!   refused; a duplicate key: the last one wins; merge keys (`<<`) merge in place, later keys win.
+//! - a float whose value is whole is written as an integer (Go's JSON encoder does the same).
+//!
+//! Templates are not read here: they keep YAML 1.2's stricter rules (`crate::engine::yaml`).
+//!
+//! The writer emits block YAML that both kubectl's reader and YAML 1.2 readers read back as the
+//! same JSON: a string is written plain only when no YAML version could read it as anything else,
+//! as a literal block when it is multi-line text with nothing a block scalar cannot carry, and
+//! double-quoted (with escapes for every character that is not plainly printable) otherwise.
+//!
+//! Reading is bounded ([`LIMITS`]): the input size, documents, nodes (aliases count each time they
+//! are expanded, so an alias bomb stops early) and nesting depth.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use granit_parser::{Event, Parser, ScalarStyle, ScanError, Span};
+use serde_json::{Map, Number, Value};
+
+use super::yaml::YamlError;
+
+/// How much one manifest stream may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Bytes of input.
+    pub bytes: usize,
+    /// Documents in the stream.
+    pub documents: usize,
+    /// YAML nodes (scalars, lists, maps) in the stream, aliases counted at every use.
+    pub nodes: usize,
+    /// Nesting depth of lists and maps.
+    pub depth: usize,
+}
+
+/// The limits of `inject` and `explain`: far above real inputs (a `List` of 3,000 pods is ~2.3 MB
+/// and ~200,000 nodes), low enough that a hostile file cannot take gigabytes of memory.
+pub const LIMITS: Limits = Limits { bytes: 256 * 1024 * 1024, documents: 100_000, nodes: 10_000_000, depth: 256 };
+
+/// Reads a stream of YAML (or JSON) documents as kubectl does; empty documents are dropped.
+pub fn read(text: &str) -> Result<Vec<Value>, YamlError> {
+    read_with(text, LIMITS)
+}
+
+/// [`read`] with other limits.
+pub fn read_with(text: &str, limits: Limits) -> Result<Vec<Value>, YamlError> {
+    if text.len() > limits.bytes {
+        return Err(YamlError {
+            line: None,
+            column: None,
+            message: format!(
+                "the input is {} bytes, more than the limit of {} bytes: split it into several files",
+                text.len(),
+                limits.bytes
+            ),
+        });
+    }
+    let mut options = granit_parser::Options::default();
+    options.set_emit_comments(false);
+    let parser = Parser::new_from_str_with_options(text, options);
+    let mut reader = Reader { parser, limits, nodes: 0, document: 0, anchors: HashMap::new() };
+    let mut documents = Vec::new();
+    loop {
+        let (event, span) = reader.next()?;
+        match event {
+            Event::StreamEnd => break,
+            Event::DocumentStart(..) => {
+                reader.document += 1;
+                if reader.document > limits.documents {
+                    return Err(reader.error(
+                        span,
+                        format!("more than {} documents: split the input into several files", limits.documents),
+                    ));
+                }
+                reader.anchors.clear();
+                let (event, span) = reader.next()?;
+                let value = match event {
+                    Event::DocumentEnd => Value::Null,
+                    event => {
+                        let value = reader.node(event, span, 0)?;
+                        let (end, span) = reader.next()?;
+                        if !matches!(end, Event::DocumentEnd) {
+                            return Err(reader.error(span, "expected the end of the document".into()));
+                        }
+                        value
+                    }
+                };
+                if !value.is_null() {
+                    documents.push(value);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(documents)
+}
+
+struct Reader<'a> {
+    parser: Parser<'a, granit_parser::StrInput<'a>>,
+    limits: Limits,
+    nodes: usize,
+    document: usize,
+    anchors: HashMap<usize, (Value, usize)>,
+}
+
+impl<'a> Reader<'a> {
+    fn next(&mut self) -> Result<(Event<'a>, Span), YamlError> {
+        match self.parser.next_event() {
+            Some(Ok(pair)) => Ok(pair),
+            Some(Err(e)) => Err(scan_error(&e, self.document)),
+            None => Ok((Event::StreamEnd, Span::default())),
+        }
+    }
+
+    fn error(&self, span: Span, message: String) -> YamlError {
+        let document = if self.document > 0 { format!("document {}: ", self.document) } else { String::new() };
+        YamlError {
+            line: Some(span.start.line() as u64),
+            column: Some(span.start.col() as u64 + 1),
+            message: format!("{document}{message}"),
+        }
+    }
+
+    fn count(&mut self, span: Span, nodes: usize) -> Result<(), YamlError> {
+        self.nodes += nodes;
+        if self.nodes > self.limits.nodes {
+            return Err(self.error(
+                span,
+                format!(
+                    "more than {} YAML nodes in the input (aliases count each time they are used): split it into several files",
+                    self.limits.nodes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads the node that `event` starts, as JSON.
+    fn node(&mut self, event: Event<'a>, span: Span, depth: usize) -> Result<Value, YamlError> {
+        if depth > self.limits.depth {
+            return Err(self.error(span, format!("nested more than {} levels deep", self.limits.depth)));
+        }
+        let (value, anchor, size) = match event {
+            Event::Alias(id) => {
+                let Some((value, size)) = self.anchors.get(&id).cloned() else {
+                    return Err(self.error(span, "an alias refers to an unknown anchor".into()));
+                };
+                self.count(span, size)?;
+                return Ok(value);
+            }
+            Event::Scalar(text, style, anchor, tag) => {
+                self.count(span, 1)?;
+                let tag = tag.map(|t| format!("{}{}", t.handle(), t.suffix()));
+                let value = resolve(&text, style, tag.as_deref()).map_err(|m| self.error(span, m))?;
+                (value, anchor, 1)
+            }
+            Event::SequenceStart(_, anchor, _) => {
+                self.count(span, 1)?;
+                let before = self.nodes;
+                let mut items = Vec::new();
+                loop {
+                    let (event, span) = self.next()?;
+                    if matches!(event, Event::SequenceEnd) {
+                        break;
+                    }
+                    items.push(self.node(event, span, depth + 1)?);
+                }
+                (Value::Array(items), anchor, 1 + self.nodes - before)
+            }
+            Event::MappingStart(_, anchor, _) => {
+                self.count(span, 1)?;
+                let before = self.nodes;
+                let mut map = Map::new();
+                loop {
+                    let (event, key_span) = self.next()?;
+                    if matches!(event, Event::MappingEnd) {
+                        break;
+                    }
+                    let is_merge = matches!(&event, Event::Scalar(text, ScalarStyle::Plain, _, None) if text == "<<");
+                    let key = self.node(event, key_span, depth + 1)?;
+                    let (event, span) = self.next()?;
+                    let value = self.node(event, span, depth + 1)?;
+                    if is_merge {
+                        merge(&mut map, value).map_err(|m| self.error(key_span, m))?;
+                    } else {
+                        let key = key_string(&key).map_err(|m| self.error(key_span, m))?;
+                        map.insert(key, value);
+                    }
+                }
+                (Value::Object(map), anchor, 1 + self.nodes - before)
+            }
+            _ => return Err(self.error(span, "unexpected YAML event".into())),
+        };
+        if anchor != 0 {
+            self.anchors.insert(anchor, (value.clone(), size));
+        }
+        Ok(value)
+    }
+}
+
+fn scan_error(error: &ScanError, document: usize) -> YamlError {
+    let marker = error.marker();
+    let document = if document > 0 { format!("document {document}: ") } else { String::new() };
+    YamlError {
+        line: Some(marker.line() as u64),
+        column: Some(marker.col() as u64 + 1),
+        message: format!("{document}{}", error.info()),
+    }
+}
+
+/// `<<: {...}` or `<<: [{...}, {...}]`: go-yaml applies a list of maps last to first, so the first
+/// wins, and the merge overwrites keys that came before it.
+fn merge(map: &mut Map<String, Value>, value: Value) -> Result<(), String> {
+    let merge_one = |map: &mut Map<String, Value>, value: Value| match value {
+        Value::Object(from) => {
+            map.extend(from);
+            Ok(())
+        }
+        _ => Err("a merge key (<<) needs a map or a list of maps".to_owned()),
+    };
+    match value {
+        Value::Array(items) => items.into_iter().rev().try_for_each(|item| merge_one(map, item)),
+        other => merge_one(map, other),
+    }
+}
+
+/// A mapping key as `sigs.k8s.io/yaml` turns it into a JSON key.
+fn key_string(key: &Value) -> Result<String, String> {
+    match key {
+        Value::String(s) => Ok(s.clone()),
+        Value::Bool(b) => Ok(b.to_string()),
+        Value::Number(n) if n.is_i64() => Ok(n.to_string()),
+        // go-yaml decodes it as uint64, which sigs.k8s.io/yaml does not turn into a key.
+        Value::Number(n) if n.is_u64() => {
+            Err(format!("the mapping key {n} is beyond a signed 64-bit integer (quote it)"))
+        }
+        Value::Number(n) => Ok(go_format_float32_g(n.as_f64().unwrap_or_default())),
+        Value::Null => Err("a mapping key is null, which JSON cannot have (quote it: \"null\": ...)".to_owned()),
+        _ => Err("a mapping key is a list or a map, which JSON cannot have".to_owned()),
+    }
+}
+
+/// Go's `strconv.FormatFloat(f, 'g', -1, 32)`, for float mapping keys.
+fn go_format_float32_g(value: f64) -> String {
+    let single = value as f32;
+    if single.is_infinite() {
+        return if single > 0.0 { ".inf" } else { "-.inf" }.to_owned();
+    }
+    let scientific = format!("{single:e}");
+    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    if !(-4..6).contains(&exponent) {
+        let sign = if exponent < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exponent.abs())
+    } else {
+        format!("{single}")
+    }
+}
+
+/// A scalar as go-yaml v2 decodes it into an untyped value, then as JSON.
+fn resolve(text: &str, style: ScalarStyle, tag: Option<&str>) -> Result<Value, String> {
+    let tag = tag.map(|t| t.strip_prefix("tag:yaml.org,2002:").map_or(t.to_owned(), |s| format!("!!{s}")));
+    let tag = tag.as_deref();
+    let implicit = match (style, tag) {
+        (_, Some("!!str" | "!")) => return Ok(Value::String(text.to_owned())),
+        (ScalarStyle::Plain, None) => resolve_plain(text),
+        (_, None) => Resolved::Str,
+        (_, Some("!!int" | "!!float" | "!!bool" | "!!null")) => resolve_plain(text),
+        // go-yaml keeps scalars with other tags as strings.
+        (_, Some(_)) => return Ok(Value::String(text.to_owned())),
+    };
+    let value = match (implicit, tag) {
+        (Resolved::Float(f), _) if !f.is_finite() => {
+            return Err(format!("{text} is not a finite number, which JSON (and so Kubernetes) cannot hold"));
+        }
+        (Resolved::Int(i), Some("!!float")) => float_json(i as f64),
+        (Resolved::Uint(u), Some("!!float")) => float_json(u as f64),
+        (Resolved::Null, None | Some("!!null")) => Value::Null,
+        (Resolved::Bool(b), None | Some("!!bool")) => Value::Bool(b),
+        (Resolved::Int(i), None | Some("!!int")) => Value::from(i),
+        (Resolved::Uint(u), None | Some("!!int")) => Value::from(u),
+        (Resolved::Float(f), None | Some("!!float")) => float_json(f),
+        (Resolved::Str, None) => Value::String(text.to_owned()),
+        (_, Some(tag)) => return Err(format!("cannot read {text:?} as {tag}")),
+    };
+    Ok(value)
+}
+
+/// A float as Go's JSON encoder writes it: whole values as integers.
+fn float_json(f: f64) -> Value {
+    if f.fract() == 0.0 && f.abs() < 9.0e18 {
+        Value::from(f as i64)
+    } else {
+        Number::from_f64(f).map_or(Value::Null, Value::Number)
+    }
+}
+
+enum Resolved {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+    Str,
+}
+
+/// go-yaml v2's `resolve` for a plain scalar with no tag.
+fn resolve_plain(text: &str) -> Resolved {
+    match text {
+        "" | "~" | "null" | "Null" | "NULL" => return Resolved::Null,
+        "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "true" | "True" | "TRUE" => {
+            return Resolved::Bool(true);
+        }
+        "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "false" | "False" | "FALSE" => {
+            return Resolved::Bool(false);
+        }
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => return Resolved::Float(f64::INFINITY),
+        "-.inf" | "-.Inf" | "-.INF" => return Resolved::Float(f64::NEG_INFINITY),
+        ".nan" | ".NaN" | ".NAN" => return Resolved::Float(f64::NAN),
+        _ => {}
+    }
+    match text.as_bytes()[0] {
+        b'.' => match is_yaml_float(text) {
+            true => text.parse().map_or(Resolved::Str, Resolved::Float),
+            false => Resolved::Str,
+        },
+        b'0'..=b'9' | b'+' | b'-' => {
+            let plain = text.replace('_', "");
+            if let Some(i) = go_parse_int(&plain) {
+                Resolved::Int(i)
+            } else if let Some(u) = go_parse_uint(&plain) {
+                Resolved::Uint(u)
+            } else if is_yaml_float(&plain) {
+                plain.parse().map_or(Resolved::Str, Resolved::Float)
+            } else {
+                Resolved::Str
+            }
+        }
+        _ => Resolved::Str,
+    }
+}
+
+/// `^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$`, go-yaml's float syntax.
+fn is_yaml_float(text: &str) -> bool {
+    let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
+    let s = text.strip_prefix(['-', '+']).unwrap_or(text);
+    let (mantissa, exponent) = match s.find(['e', 'E']) {
+        Some(i) => (&s[..i], Some(&s[i + 1..])),
+        None => (s, None),
+    };
+    let mantissa_ok = match mantissa.split_once('.') {
+        Some(("", fraction)) => !fraction.is_empty() && digits(fraction) == fraction.len(),
+        Some((whole, fraction)) => digits(whole) == whole.len() && digits(fraction) == fraction.len(),
+        None => !mantissa.is_empty() && digits(mantissa) == mantissa.len(),
+    };
+    let exponent_ok = exponent.is_none_or(|e| {
+        let e = e.strip_prefix(['-', '+']).unwrap_or(e);
+        !e.is_empty() && digits(e) == e.len()
+    });
+    mantissa_ok && exponent_ok
+}
+
+/// Go's `strconv.ParseInt(s, 0, 64)`: sign, then `0x`, `0o`, `0b` or a leading `0` for octal.
+fn go_parse_int(text: &str) -> Option<i64> {
+    let (negative, rest) = match text.as_bytes().first()? {
+        b'-' => (true, &text[1..]),
+        b'+' => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let magnitude = go_parse_uint(rest)? as i128;
+    let value = if negative { -magnitude } else { magnitude };
+    i64::try_from(value).ok()
+}
+
+/// Go's `strconv.ParseUint(s, 0, 64)` (no sign).
+fn go_parse_uint(text: &str) -> Option<u64> {
+    let lower = text.get(..2).map(str::to_ascii_lowercase);
+    let (radix, digits) = match lower.as_deref() {
+        Some("0x") => (16, &text[2..]),
+        Some("0o") => (8, &text[2..]),
+        Some("0b") => (2, &text[2..]),
+        _ if text.len() > 1 && text.starts_with('0') => (8, &text[1..]),
+        _ => (10, text),
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    u64::from_str_radix(digits, radix).ok()
+}
+
+/// Writes documents as a YAML stream, `---` between them.
+pub fn write(documents: &[Value]) -> String {
+    let mut out = String::new();
+    for (index, document) in documents.iter().enumerate() {
+        if index > 0 {
+            out.push_str("---\n");
+        }
+        match document {
+            Value::Object(map) if !map.is_empty() => write_map(&mut out, map, 0),
+            Value::Array(items) if !items.is_empty() => write_list(&mut out, items, 0),
+            other => {
+                write_scalar(&mut out, other, 0);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+fn indent(out: &mut String, width: usize) {
+    out.extend(std::iter::repeat_n(' ', width));
+}
+
+fn write_map(out: &mut String, map: &Map<String, Value>, width: usize) {
+    for (index, (key, value)) in map.iter().enumerate() {
+        // The first key of a list item goes on the item's line.
+        if index > 0 || !out.ends_with("- ") {
+            indent(out, width);
+        }
+        write_string(out, key, width, true);
+        out.push(':');
+        write_nested(out, value, width, width + 2);
+    }
+}
+
+fn write_list(out: &mut String, items: &[Value], width: usize) {
+    for item in items {
+        indent(out, width);
+        out.push_str("- ");
+        match item {
+            Value::Object(map) if !map.is_empty() => write_map(out, map, width + 2),
+            Value::Array(inner) if !inner.is_empty() => {
+                out.pop();
+                out.push('\n');
+                write_list(out, inner, width + 2);
+            }
+            scalar => {
+                write_scalar(out, scalar, width + 2);
+                out.push('\n');
+            }
+        }
+    }
+}
+
+/// The value after `key:`; maps nest two deeper, lists stay at the key's width (as kubectl writes).
+fn write_nested(out: &mut String, value: &Value, key_width: usize, width: usize) {
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            out.push('\n');
+            write_map(out, map, width);
+        }
+        Value::Array(items) if !items.is_empty() => {
+            out.push('\n');
+            write_list(out, items, key_width);
+        }
+        scalar => {
+            out.push(' ');
+            write_scalar(out, scalar, width);
+            out.push('\n');
+        }
+    }
+}
+
+fn write_scalar(out: &mut String, value: &Value, width: usize) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => out.push_str(&n.to_string()),
+        Value::String(s) => write_string(out, s, width, false),
+        Value::Object(_) => out.push_str("{}"),
+        Value::Array(_) => out.push_str("[]"),
+    }
+}
+
+fn write_string(out: &mut String, text: &str, width: usize, key: bool) {
+    if is_plain_safe(text) {
+        out.push_str(text);
+    } else if !key && is_literal_safe(text) {
+        let trailing = text.len() - text.trim_end_matches('\n').len();
+        out.push_str(match trailing {
+            0 => "|-",
+            1 => "|",
+            _ => "|+",
+        });
+        out.push('\n');
+        let body = text.strip_suffix('\n').unwrap_or(text);
+        for line in body.split('\n') {
+            if !line.is_empty() {
+                indent(out, width);
+                out.push_str(line);
+            }
+            out.push('\n');
+        }
+        // The caller ends the line.
+        out.pop();
+    } else {
+        write_double_quoted(out, text);
+    }
+}
+
+/// Whether a string written plain reads back as the same string under YAML 1.1 (kubectl) and 1.2:
+/// starts with a letter, `/` or `--`/`-letter`, holds only unremarkable characters, and is no
+/// keyword of either version.
+fn is_plain_safe(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let Some(&first) = bytes.first() else { return false };
+    // A quantity (`64Mi`, `250m`): digits, then a unit that no YAML version reads as part of a
+    // number (no exponent `e`, no `0x`-style prefix).
+    let unit = bytes.iter().position(|b| !b.is_ascii_digit()).unwrap_or(bytes.len());
+    let quantity = unit > 0
+        && unit < bytes.len()
+        && (first != b'0' || unit > 1)
+        && !matches!(bytes[unit], b'e' | b'E')
+        && bytes[unit..].iter().all(u8::is_ascii_alphabetic);
+    let first_ok = quantity
+        || first.is_ascii_alphabetic()
+        || first == b'/'
+        || (first == b'-' && bytes.get(1).is_some_and(|b| *b == b'-' || b.is_ascii_alphabetic()));
+    let body_ok = bytes.iter().enumerate().all(|(i, &b)| match b {
+        b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'.' | b'_' | b'/' | b'-' | b'=' | b'@' | b'+' | b'*' | b',' => true,
+        // `: ` and a trailing `:` would start a mapping.
+        b':' => bytes.get(i + 1).is_some_and(|n| *n != b' '),
+        b' ' => i + 1 < bytes.len() && bytes[i + 1] != b' ',
+        _ => false,
+    });
+    let keyword = matches!(
+        text.to_ascii_lowercase().as_str(),
+        "y" | "n" | "yes" | "no" | "on" | "off" | "true" | "false" | "null"
+    );
+    first_ok && body_ok && !keyword
+}
+
+/// Whether a multi-line string can be a literal block scalar: printable text, a first line that
+/// does not start with white space (the block's indentation is taken from it), no line that
+/// starts with a tab or is only spaces.
+fn is_literal_safe(text: &str) -> bool {
+    text.contains('\n')
+        && text.chars().all(|c| c == '\n' || c == '\t' || is_printable(c))
+        && !text.starts_with([' ', '\t', '\n'])
+        && text.trim_end_matches('\n').split('\n').all(|line| {
+            let blank = line.starts_with(' ') && line.trim().is_empty();
+            !(blank || line.starts_with('\t') || line.ends_with([' ', '\t']))
+        })
+}
+
+/// Printable in every YAML version, and not a line break to YAML 1.1 (NEL, LS, PS) or a BOM.
+fn is_printable(c: char) -> bool {
+    matches!(c, '\u{20}'..='\u{7E}' | '\u{A0}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..)
+        && !matches!(c, '\u{2028}' | '\u{2029}' | '\u{FEFF}')
+}
+
+fn write_double_quoted(out: &mut String, text: &str) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if is_printable(c) => out.push(c),
+            c if (c as u32) <= 0xFFFF => {
+                let _ = write!(out, "\\u{:04X}", c as u32);
+            }
+            c => {
+                let _ = write!(out, "\\U{:08X}", c as u32);
+            }
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn scalars_resolve_as_kubectl_resolves_them() {
+        // (YAML, JSON kubectl reads)
+        let cases = [
+            ("0400", json!(256)),
+            ("0644", json!(420)),
+            ("0o17", json!(15)),
+            ("0x1F", json!(31)),
+            ("0b101", json!(5)),
+            ("+12", json!(12)),
+            ("-0", json!(0)),
+            ("1_000", json!(1000)),
+            ("08", json!(8)),
+            ("1.0", json!(1)),
+            ("1.5", json!(1.5)),
+            ("1e3", json!(1000)),
+            (".5", json!(0.5)),
+            ("18446744073709551615", json!(18446744073709551615u64)),
+            ("yes", json!(true)),
+            ("On", json!(true)),
+            ("y", json!(true)),
+            ("N", json!(false)),
+            ("tRUE", json!("tRUE")),
+            ("~", json!(null)),
+            ("2001-12-14", json!("2001-12-14")),
+            ("1.2.3", json!("1.2.3")),
+            ("0x", json!("0x")),
+            ("'0400'", json!("0400")),
+            ("!!str 0400", json!("0400")),
+            ("!!int '12'", json!(12)),
+            ("!!float 1", json!(1)),
+            ("|\n  a\n", json!("a\n")),
+        ];
+        for (yaml, want) in cases {
+            let docs = read(&format!("v: {yaml}\n")).unwrap_or_else(|e| panic!("{yaml}: {e}"));
+            assert_eq!(docs, vec![json!({ "v": want })], "{yaml}");
+        }
+    }
+
+    #[test]
+    fn keys_duplicates_and_merges_as_kubectl() {
+        let docs =
+            read("1: a\ny: b\n1.5: c\nk: 1\nk: 2\nbase: &b {x: 1, y2: 2}\nm:\n  y2: 0\n  <<: *b\n  x: 3\n").unwrap();
+        assert_eq!(
+            docs,
+            vec![json!({"1": "a", "true": "b", "1.5": "c", "k": 2, "base": {"x": 1, "y2": 2}, "m": {"x": 3, "y2": 2}})]
+        );
+        assert!(read("~: a\n").unwrap_err().message.contains("mapping key is null"));
+        assert!(read("18446744073709551615: a\n").unwrap_err().message.contains("beyond a signed 64-bit"));
+        assert!(read("v: .inf\n").unwrap_err().message.contains("not a finite number"));
+    }
+
+    #[test]
+    fn limits_name_the_document_and_the_limit() {
+        let limits = Limits { nodes: 50, ..LIMITS };
+        let mut text = String::from("a: 1\n---\nitems:\n");
+        for i in 0..60 {
+            text.push_str(&format!("  - {i}\n"));
+        }
+        let err = read_with(&text, limits).unwrap_err();
+        assert_eq!(
+            err.message,
+            "document 2: more than 50 YAML nodes in the input (aliases count each time they are used): split it into several files"
+        );
+        let mut bomb = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..12 {
+            let p = i - 1;
+            bomb.push_str(&format!(
+                "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+            ));
+        }
+        assert!(read(&bomb).unwrap_err().message.contains("YAML nodes"));
+        let docs = Limits { documents: 2, ..LIMITS };
+        assert!(read_with("a: 1\n---\nb: 2\n---\nc: 3\n", docs).unwrap_err().message.contains("more than 2 documents"));
+    }
+
+    #[test]
+    fn written_strings_read_back_unchanged() {
+        let strings = [
+            "plain",
+            "nginx:1.25",
+            "--path=/var/log/*.log",
+            "0400",
+            "yes",
+            "Y",
+            "tRUE",
+            "null",
+            "",
+            " lead",
+            "trail ",
+            "a: b",
+            "a #b",
+            "\tx\ny",
+            "line1\nline2\n",
+            "line1\n  indented\n",
+            "two\n\n",
+            "no newline\nat end",
+            "unicode é ✓ \u{2028} \u{85} \u{feff}",
+            "-1",
+            "- item",
+            "@x",
+            "*x",
+            "&x",
+            "!x",
+            "%x",
+            "{x}",
+            "[x]",
+            ">x",
+            "|x",
+            "'q'",
+            "\"dq\"",
+            "\u{1}ctl",
+            "ends:",
+            "1e3",
+            ".inf",
+            "~",
+            "a\r\nb",
+        ];
+        for s in strings {
+            let doc = json!({"k": s, "list": [s, {"in": s}]});
+            let text = write(std::slice::from_ref(&doc));
+            assert_eq!(read(&text).unwrap(), vec![doc.clone()], "{s:?} written as:\n{text}");
+        }
+        let numbers = json!({"i": 256, "neg": -3, "f": 1.5, "small": 1e-7, "big": 1.5e300, "t": true, "n": null, "e": {}, "l": []});
+        assert_eq!(read(&write(std::slice::from_ref(&numbers))).unwrap(), vec![numbers]);
+    }
+}

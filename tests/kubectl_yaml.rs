@@ -1,0 +1,301 @@
+//! Differential test of the manifest reader and writer against kubectl's own reader.
+//!
+//! `e2e/bin/yamlread` (built by `e2e/controlplane/build.sh` from `k8s.io/apimachinery` and
+//! `sigs.k8s.io/yaml`, the code kubectl reads manifests with) prints what kubectl reads from a YAML
+//! stream. For every input of a corpus (the repo's examples, golden inputs and deploy manifests,
+//! plus generated documents full of YAML 1.1 scalars, tabs, unicode, anchors, merges and duplicate
+//! keys) this asserts:
+//! 1. `manifest::read(input)` is what kubectl reads;
+//! 2. kubectl reads `manifest::write` of it back unchanged;
+//! 3. kubectl reads the output of `inject` as kubectl's reading of the input plus exactly the
+//!    engine's patch for each pod.
+//!
+//! Run by `make test` (target `kubectl-yaml`), which builds the reader first. A plain `cargo test`
+//! says how to run it and passes, like the e2e suite.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use sidecar_injector::cli::{self, Cli};
+use sidecar_injector::engine::{Engine, Outcome, PodRequest, manifest, template, workload};
+
+fn yamlread() -> Option<PathBuf> {
+    std::env::var_os("SIDECAR_INJECTOR_YAMLREAD").map(PathBuf::from)
+}
+
+/// kubectl's reading of `text`, or its error message.
+fn kubectl_read(reader: &Path, text: &str) -> Result<Vec<Value>, String> {
+    let mut child = Command::new(reader)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e} (build it with e2e/controlplane/build.sh)", reader.display()));
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).trim().to_owned());
+    }
+    Ok(serde_json::from_slice(&output.stdout).expect("yamlread prints JSON"))
+}
+
+/// JSON equality with numbers compared by value (Go prints whole floats as integers).
+fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
+            (Some(x), Some(y)) => x == y,
+            _ => x.as_f64() == y.as_f64(),
+        },
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, y)),
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// Scalars whose reading differs between YAML versions or readers.
+const SCALARS: &[&str] = &[
+    "0400",
+    "0644",
+    "0o17",
+    "0O17",
+    "0x1F",
+    "0X1f",
+    "0b101",
+    "-0b101",
+    "+12",
+    "-0",
+    "00",
+    "08",
+    "09.5",
+    "1_000",
+    "1__0",
+    "_1",
+    "1_000.5",
+    "1.",
+    ".5",
+    "-.5",
+    "1e3",
+    "1E3",
+    "1e-7",
+    "1.5e300",
+    "9223372036854775807",
+    "9223372036854775808",
+    "18446744073709551615",
+    "18446744073709551616",
+    "99999999999999999999999",
+    "y",
+    "Y",
+    "n",
+    "N",
+    "yes",
+    "Yes",
+    "YES",
+    "yEs",
+    "no",
+    "on",
+    "On",
+    "ON",
+    "oN",
+    "off",
+    "true",
+    "True",
+    "TRUE",
+    "tRUE",
+    "false",
+    "~",
+    "null",
+    "Null",
+    "NULL",
+    "nULL",
+    "2001-12-14",
+    "2001-12-14T21:59:43.10-05:00",
+    "2001-13-45",
+    "12:30:00",
+    "190:20:30",
+    "1.2.3",
+    "0x",
+    "0b",
+    "+",
+    "a:b",
+    "nginx:1.25",
+    "=",
+    "<<x",
+    "!!str 0400",
+    "!!int '12'",
+    "!!float 1",
+    "!!bool yes",
+    "!custom x",
+    "'0400'",
+    "\"0x1F\"",
+    "'yes'",
+    "\"\\t tab\"",
+    "\"\\u2028 ls\"",
+    "\"caf\\u00e9 ✓\"",
+    "\"\\x41\"",
+    "\"a\\\\b\"",
+    "\"line\\nnext\"",
+    "\"\\ttab first\\nsecond\"",
+    "é",
+];
+
+/// Generated documents: every scalar as a value, a key, a list item and an env var; anchors,
+/// merges and duplicate keys; strings that are hard to write back (tabs, unicode, block text).
+fn generated() -> String {
+    let mut text = String::from("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: scalars}\ndata:\n");
+    for (i, s) in SCALARS.iter().enumerate() {
+        text.push_str(&format!("  k{i}: {s}\n"));
+    }
+    text.push_str("---\napiVersion: v1\nkind: List\nitems:\n");
+    for s in SCALARS.iter().filter(|s| !s.starts_with('!')) {
+        text.push_str(&format!("- {s}\n"));
+    }
+    text.push_str("---\nkeys:\n");
+    // Keys kubectl refuses (null, beyond int64) are left out: the refusal is a unit test.
+    let refused = ["~", "null", "Null", "NULL", "9223372036854775808", "18446744073709551615"];
+    for s in SCALARS.iter().filter(|s| !s.starts_with('!') && !refused.contains(s)) {
+        text.push_str(&format!("  {s}: v\n"));
+    }
+    text.push_str(concat!(
+        "---\n",
+        "apiVersion: v1\nkind: Pod\n",
+        "metadata:\n  name: odd\n  labels: {app: web, app: api}\n  annotations: {a: '1', a: '2', note: \"\\ttab\\nsecond\"}\n",
+        "base: &base {image: nginx, imagePullPolicy: IfNotPresent}\n",
+        "spec:\n",
+        "  containers:\n",
+        "  - <<: *base\n    name: web\n    args: [\"\\tx\\ny\", '  lead', \"trail \", \"a: b\", \"# not a comment\", \"- x\", \"*x\", \"&x\", \"{x}\", \"é ✓\", \"\\u0085nel\", \"\\ufeffbom\"]\n",
+        "    env:\n    - {name: OCTAL, value: '0400'}\n    - {name: \"YES\", value: \"yes\"}\n",
+        "    command:\n    - |\n      #!/bin/sh\n      echo \"multi\n        line\"\n\n    - >\n      folded\n      text\n",
+        "  volumes:\n  - name: s\n    secret: {secretName: s, defaultMode: 0400}\n  - name: c\n    configMap: {name: c, defaultMode: 0644, items: [{key: k, path: p, mode: 0o600}]}\n",
+        "  terminationGracePeriodSeconds: 1_000\n",
+        "  priority: 1.0\n",
+        "---\n# only a comment\n---\n",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n",
+        "spec:\n  replicas: 0x2\n  template:\n    metadata: {labels: {app: d, on: \"yes\"}}\n",
+        "    spec:\n      containers: [{name: app, image: app, ports: [{containerPort: 0x1F90}]}]\n",
+    ));
+    text
+}
+
+fn corpus() -> Vec<(String, String)> {
+    let mut files = vec![("generated".to_owned(), generated())];
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for dir in ["examples", "tests/golden/cases", "deploy"] {
+        let mut stack = vec![PathBuf::from(dir)];
+        while let Some(path) = stack.pop() {
+            if path.is_dir() {
+                stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                paths.push(path);
+            }
+        }
+    }
+    paths.sort();
+    files.extend(paths.into_iter().map(|p| (p.display().to_string(), std::fs::read_to_string(&p).unwrap())));
+    files
+}
+
+#[test]
+fn manifests_read_and_write_exactly_as_kubectl_reads_them() {
+    let Some(reader) = yamlread() else {
+        eprintln!("kubectl_yaml: not run (run `make kubectl-yaml`, which builds kubectl's reader first)");
+        return;
+    };
+    let engine = Engine::new(template::TemplateSet::load(template::embedded_sources()).0, Vec::new());
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    let mut generated_checked = false;
+    for (name, text) in corpus() {
+        let theirs = match kubectl_read(&reader, &text) {
+            Ok(docs) => docs,
+            Err(e) => {
+                // kubectl refuses it: so must we (and the generated corpus must be valid).
+                if name == "generated" {
+                    failures.push(format!("{name}: kubectl refuses the generated corpus: {e}"));
+                } else if manifest::read(&text).is_ok() {
+                    failures.push(format!("{name}: kubectl refuses it ({e}) but we read it"));
+                }
+                continue;
+            }
+        };
+        let ours = match manifest::read(&text) {
+            Ok(docs) => docs,
+            Err(e) => {
+                failures.push(format!("{name}: kubectl reads it, we refuse it: {e}"));
+                continue;
+            }
+        };
+        if !same(&json!(ours), &json!(theirs)) {
+            let diff = ours.iter().zip(&theirs).position(|(a, b)| !same(a, b));
+            failures.push(format!(
+                "{name}: read differently (document {diff:?}):\n ours:    {}\n kubectl: {}",
+                json!(diff.map(|d| &ours[d])),
+                json!(diff.map(|d| &theirs[d]))
+            ));
+            continue;
+        }
+        let written = manifest::write(&ours);
+        match kubectl_read(&reader, &written) {
+            Ok(back) if same(&json!(back), &json!(theirs)) => {}
+            Ok(_) => failures.push(format!("{name}: kubectl reads our output differently:\n{written}")),
+            Err(e) => failures.push(format!("{name}: kubectl cannot read our output ({e}):\n{written}")),
+        }
+
+        // inject: kubectl's reading of the output is kubectl's reading of the input plus the patches.
+        let file = std::env::temp_dir().join(format!("kubectl-yaml-{}.yaml", std::process::id()));
+        std::fs::write(&file, &text).unwrap();
+        let argv = ["sidecar-injector", "inject", "-f", file.to_str().unwrap(), "--namespace", "shop"];
+        let cli::Command::Inject(args) = <Cli as clap::Parser>::try_parse_from(argv).unwrap().command else {
+            unreachable!()
+        };
+        let output = match cli::inject(&args) {
+            Ok((output, _)) => output,
+            Err(e) if name == "generated" => {
+                failures.push(format!("{name}: inject refuses the generated corpus: {e}"));
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let mut expected = theirs.clone();
+        for document in expected.iter_mut() {
+            let mut items: Vec<&mut Value> = match document.get("kind").and_then(Value::as_str) {
+                Some("List") => document.get_mut("items").and_then(Value::as_array_mut).into_iter().flatten().collect(),
+                _ => vec![document],
+            };
+            for document in items.iter_mut() {
+                let Some(pod) = workload::pod_of(document) else { continue };
+                let namespace = workload::namespace_of(document).unwrap_or("shop").to_owned();
+                let request = PodRequest {
+                    pod: Arc::new(pod.clone()),
+                    namespace: args.namespace_facts(&namespace),
+                    cluster: args.cluster(),
+                };
+                if let Outcome::Inject(injection) = engine.evaluate(&request).outcome {
+                    let mut pod = pod;
+                    json_patch::patch(&mut pod, &injection.patch).unwrap();
+                    workload::set_pod(document, pod);
+                }
+            }
+        }
+        match kubectl_read(&reader, &output) {
+            Ok(back) if same(&json!(back), &json!(expected)) => {
+                checked += 1;
+                generated_checked |= name == "generated";
+            }
+            Ok(back) => failures.push(format!(
+                "{name}: inject output is not the input plus the injection:\n ours:     {}\n expected: {}",
+                json!(back),
+                json!(expected)
+            )),
+            Err(e) => failures.push(format!("{name}: kubectl cannot read the inject output ({e})")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert!(checked >= 15, "only {checked} inputs were compared");
+    assert!(generated_checked, "the generated corpus was not compared end to end");
+    eprintln!("kubectl_yaml: {checked} inputs read, written and injected exactly as kubectl reads them");
+}
