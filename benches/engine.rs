@@ -24,6 +24,7 @@ fn measure(engine: &Engine, body: &[u8], budget: Duration) -> Duration {
             pod: Arc::new(pod),
             namespace: NamespaceFacts::unknown("shop"),
             cluster: ClusterFacts::default(),
+            workload: None,
         };
         match engine.evaluate(&request).outcome {
             Outcome::Inject(injection) => black_box(serde_json::to_vec(&injection.patch).unwrap().len()),

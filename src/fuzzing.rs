@@ -99,7 +99,9 @@ pub fn template(data: &[u8]) {
         json!({"metadata": {}, "spec": {"containers": []}}),
     ];
     for pod in pods {
-        let _ = render::render(&template, &render::pod_value(Arc::new(pod)), &annotations, &opted_in("fuzz"));
+        let owner = crate::engine::workload::Workload::of_pod(&pod);
+        let _ =
+            render::render(&template, &render::Subject::new(Arc::new(pod), &owner), &annotations, &opted_in("fuzz"));
     }
 }
 
@@ -107,8 +109,12 @@ pub fn template(data: &[u8]) {
 /// the pod carries a previous status), and injecting the result again changes nothing.
 pub fn patch(data: &[u8]) {
     let Ok(pod) = serde_json::from_slice::<Value>(data) else { return };
-    let request =
-        |pod: Value| PodRequest { pod: Arc::new(pod), namespace: opted_in("fuzz"), cluster: ClusterFacts::default() };
+    let request = |pod: Value| PodRequest {
+        pod: Arc::new(pod),
+        namespace: opted_in("fuzz"),
+        cluster: ClusterFacts::default(),
+        workload: None,
+    };
     let Outcome::Inject(injection) = ENGINE.evaluate(&request(pod.clone())).outcome else { return };
     let had_status = pod.pointer("/metadata/annotations/sidecar-injector.io~1status").is_some();
     if !had_status {

@@ -20,6 +20,7 @@ fn a_huge_pod_is_injected_correctly() {
         pod: Arc::new(pod),
         namespace: NamespaceFacts::unknown("shop"),
         cluster: ClusterFacts::default(),
+        workload: None,
     };
 
     let Outcome::Inject(injection) = engine.evaluate(&request(pod.clone())).outcome else { panic!("not injected") };

@@ -273,6 +273,7 @@ fn manifests_read_and_write_exactly_as_kubectl_reads_them() {
                     pod: Arc::new(pod.clone()),
                     namespace: args.namespace_facts(&namespace),
                     cluster: args.cluster(),
+                    workload: workload::Workload::of_document(document),
                 };
                 if let Outcome::Inject(injection) = engine.evaluate(&request).outcome {
                     let mut pod = pod;

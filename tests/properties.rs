@@ -202,6 +202,7 @@ fn evaluate(engine: &Engine, pod: &Value, native: bool) -> Outcome {
             pod: Arc::new(pod.clone()),
             namespace,
             cluster: ClusterFacts { native_sidecars: native },
+            workload: None,
         })
         .outcome
 }
@@ -307,6 +308,7 @@ proptest! {
             pod: Arc::new(claimed.clone()),
             namespace: NamespaceFacts::known("shop", [("sidecar-injector.io/inject".into(), "enabled".into())].into(), Default::default()),
             cluster: ClusterFacts { native_sidecars: native },
+            workload: None,
         });
         let Outcome::Inject(injection) = decision.outcome else { return Ok(()) };
         let mut out = claimed.clone();

@@ -341,7 +341,7 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
     }
     let mut request = request;
     let object = request.object.take().expect("parse checked that CREATE carries an object");
-    let pod = PodRequest { pod: Arc::new(object.json), namespace: namespace.clone(), cluster };
+    let pod = PodRequest { pod: Arc::new(object.json), namespace: namespace.clone(), cluster, workload: None };
     let decision = engine.evaluate(&pod);
     let operation = "CREATE".to_owned();
     let base = AdmissionResponse::from(&request);
@@ -385,7 +385,7 @@ pub fn validate(
         let object = request.object.as_ref().expect("parse checked that CREATE carries an object");
         validate::validate_pod(
             engine,
-            &PodRequest { pod: Arc::new(object.json.clone()), namespace: namespace.clone(), cluster },
+            &PodRequest { pod: Arc::new(object.json.clone()), namespace: namespace.clone(), cluster, workload: None },
         )
     } else if is_kind(&request, "", "ConfigMap") {
         let Some(object) =

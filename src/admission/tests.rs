@@ -237,7 +237,12 @@ fn validate_checks_injected_pods_and_template_configmaps() {
     assert!(!allowed);
     assert!(message.contains("sidecar injection did not happen"), "{message}");
     let Outcome::Inject(injection) = engine
-        .evaluate(&PodRequest { pod: Arc::new(pod()), namespace: opted_in(), cluster: ClusterFacts::default() })
+        .evaluate(&PodRequest {
+            pod: Arc::new(pod()),
+            namespace: opted_in(),
+            cluster: ClusterFacts::default(),
+            workload: None,
+        })
         .outcome
     else {
         panic!()
@@ -270,7 +275,7 @@ fn validate_checks_injected_pods_and_template_configmaps() {
     assert!(!allowed);
     assert_eq!(
         message,
-        "sidecar-injector: ConfigMap sidecar-templates has invalid templates: template \"logs\" line 4: undefined value in \"{{ pod.metadata.nam }}\" (while test-rendering against a sample pod)"
+        "sidecar-injector: ConfigMap sidecar-templates has invalid templates: template \"logs\" line 4: undefined value in \"{{ pod.metadata.nam }}\" (while test-rendering for a named pod (metadata.name \"example\"))"
     );
     assert!(validate_body(configmap(broken.clone(), false), &own).0, "unlabelled ConfigMaps are not templates");
     assert!(validate_body(configmap(json!({"ok.yaml": "default: true\n"}), true), &own).0);

@@ -189,7 +189,7 @@ pub async fn explain(
         &pod_labels,
         &pod_annotations,
     );
-    let request = PodRequest { pod: Arc::new(fresh), namespace: facts.clone(), cluster };
+    let request = PodRequest { pod: Arc::new(fresh), namespace: facts.clone(), cluster, workload: None };
     let found = super::inject::PodDecision {
         label: label.clone(),
         namespace: namespace.to_owned(),

@@ -53,8 +53,12 @@ pub(crate) fn decide_all(
                 None => format!("{file}: document {} ({})", index + 1, workload::describe(doc)),
             };
             let namespace = workload::namespace_of(doc).unwrap_or(&args.namespace).to_owned();
-            let request =
-                PodRequest { pod: Arc::new(pod), namespace: args.namespace_facts(&namespace), cluster: args.cluster() };
+            let request = PodRequest {
+                pod: Arc::new(pod),
+                namespace: args.namespace_facts(&namespace),
+                cluster: args.cluster(),
+                workload: workload::Workload::of_document(doc),
+            };
             let decision = engine.evaluate(&request);
             let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default().to_owned();
             visit(

@@ -59,6 +59,9 @@ pub struct PodRequest {
     pub namespace: NamespaceFacts,
     /// The cluster.
     pub cluster: ClusterFacts,
+    /// The workload the pod belongs to, when the caller knows better than the pod's own metadata
+    /// (the CLI, for a Deployment's pod template); `None`: derived from the pod.
+    pub workload: Option<workload::Workload>,
 }
 
 /// What the engine decided for a pod.
@@ -125,6 +128,32 @@ impl fmt::Display for Denial {
     }
 }
 
+/// What the user should know about how a template's sidecars run on this cluster and workload.
+fn sidecar_mode_warnings(
+    template: &Template,
+    rendered: &RenderedTemplate,
+    cluster: ClusterFacts,
+    owner: &workload::Workload,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if rendered.sidecars.is_empty() {
+        return warnings;
+    }
+    if template.sidecar_mode == template::SidecarMode::Native && !cluster.native_sidecars {
+        warnings.push(format!(
+            "template {} asks for native sidecars (sidecarMode: native), which need Kubernetes 1.29 or newer: on this cluster they are added as classic containers",
+            template.name
+        ));
+    }
+    if !template.sidecar_mode.is_native(cluster.native_sidecars) && matches!(owner.kind.as_str(), "Job" | "CronJob") {
+        warnings.push(format!(
+            "template {} adds classic sidecar containers to a pod of {} {}: the Job does not complete while they run (native sidecars, Kubernetes 1.29+ with sidecarMode native or auto, stop by themselves)",
+            template.name, owner.kind, owner.name
+        ));
+    }
+    warnings
+}
+
 impl Engine {
     /// An engine serving `templates`, never touching `excluded_namespaces` (besides the system ones).
     pub fn new(templates: TemplateSet, excluded_namespaces: Vec<String>) -> Self {
@@ -176,12 +205,13 @@ impl Engine {
                 None
             }
         };
+        let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(pod));
         let render_one = |template: &Template, pod: &Arc<Value>| {
             let annotations = pod::string_map(pod, "annotations").unwrap_or_default();
-            let pod_value = render::pod_value(pod.clone());
+            let subject = render::Subject { pod: render::pod_value(pod.clone()), workload: &owner };
             match mask_pod_reads {
-                true => render::render_masked(template, &pod_value, &annotations, &request.namespace),
-                false => render::render(template, &pod_value, &annotations, &request.namespace),
+                true => render::render_masked(template, &subject, &annotations, &request.namespace),
+                false => render::render(template, &subject, &annotations, &request.namespace),
             }
         };
         let native = |template: &Template| template.sidecar_mode.is_native(request.cluster.native_sidecars);
@@ -247,6 +277,7 @@ impl Engine {
             match render_one(template, &base) {
                 Ok(mut rendered) => {
                     warnings.append(&mut rendered.warnings);
+                    warnings.extend(sidecar_mode_warnings(template, &rendered, request.cluster, &owner));
                     planned.push(PlannedTemplate { rendered, native_sidecars: native(template) });
                 }
                 Err(e) => {

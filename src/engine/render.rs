@@ -25,6 +25,7 @@ use serde_json::Value;
 use super::facts::NamespaceFacts;
 use super::names;
 use super::template::{Piece, SeqItem, Template, TemplateError};
+use super::workload::Workload;
 
 /// Instructions one expression may execute.
 pub const FUEL_PER_EXPRESSION: u64 = 50_000;
@@ -160,7 +161,8 @@ impl ExpressionsBuilder {
             line,
             id,
             source: display.to_owned(),
-            reads_pod: variables.contains("pod"),
+            // `workload` is derived from the pod's metadata.
+            reads_pod: variables.contains("pod") || variables.contains("workload"),
             // `namespace` is also MiniJinja's namespace() function; either way it is not constant.
             reads_namespace: variables.contains("namespace"),
             reads_values: variables.contains("values"),
@@ -258,30 +260,45 @@ pub fn pod_value(pod: Arc<Value>) -> JinjaValue {
     JsonView::root(pod)
 }
 
+/// The pod a template is rendered for: the pod itself and the workload it belongs to.
+pub struct Subject<'w> {
+    /// The pod (see [`pod_value`]).
+    pub pod: JinjaValue,
+    /// Its workload.
+    pub workload: &'w Workload,
+}
+
+impl<'w> Subject<'w> {
+    /// A pod whose workload is already known.
+    pub fn new(pod: Arc<Value>, workload: &'w Workload) -> Self {
+        Subject { pod: pod_value(pod), workload }
+    }
+}
+
 /// Renders `template` for a pod in a namespace.
 pub fn render(
     template: &Template,
-    pod: &JinjaValue,
+    subject: &Subject<'_>,
     pod_annotations: &BTreeMap<String, String>,
     namespace: &NamespaceFacts,
 ) -> Result<RenderedTemplate, RenderError> {
-    render_with(template, pod, pod_annotations, namespace, false)
+    render_with(template, subject, pod_annotations, namespace, false)
 }
 
 /// Like [`render`], but every string computed from pod data (other than names and mount paths,
 /// which identify items) is [`POD_DERIVED`]: what the validating check compares against.
 pub fn render_masked(
     template: &Template,
-    pod: &JinjaValue,
+    subject: &Subject<'_>,
     pod_annotations: &BTreeMap<String, String>,
     namespace: &NamespaceFacts,
 ) -> Result<RenderedTemplate, RenderError> {
-    render_with(template, pod, pod_annotations, namespace, true)
+    render_with(template, subject, pod_annotations, namespace, true)
 }
 
 fn render_with(
     template: &Template,
-    pod: &JinjaValue,
+    subject: &Subject<'_>,
     pod_annotations: &BTreeMap<String, String>,
     namespace: &NamespaceFacts,
     mask_pod_reads: bool,
@@ -290,7 +307,14 @@ fn render_with(
     let values = effective_values(template, pod_annotations, &mut warnings).map_err(RenderError::Override)?;
     let overridden = values != template.values;
     let context = JinjaValue::from_pairs([
-        ("pod", pod.clone()),
+        ("pod", subject.pod.clone()),
+        (
+            "workload",
+            JinjaValue::from_pairs([
+                ("kind", JinjaValue::from(subject.workload.kind.as_str())),
+                ("name", JinjaValue::from(subject.workload.name.as_str())),
+            ]),
+        ),
         (
             "namespace",
             JinjaValue::from_pairs([
@@ -562,13 +586,15 @@ pub(crate) fn prerender(template: &mut Template) {
     }
 }
 
-/// Renders every template against a sample pod and namespace when it is loaded, so that runtime
+/// Renders every template against sample pods and a namespace when it is loaded, so that runtime
 /// errors (undefined values, runaway loops, huge output, items Kubernetes would reject) are found
-/// before any pod is admitted. The sample satisfies the template's own selectors, so a template may
-/// rely on a label its podSelector requires.
+/// before any pod is admitted. The samples are the shapes that occur at admission ([`SAMPLE_SHAPES`]):
+/// a template that works for a named pod but fails for the pods controllers create would stop every
+/// Deployment from creating pods. Each sample satisfies the template's own selectors, so a template
+/// may rely on a label its podSelector requires.
 pub(crate) fn check(template: &Template) -> Result<(), TemplateError> {
     let pod_labels = [("app".to_owned(), "example".to_owned())].into();
-    let pod_labels = match &template.pod_selector {
+    let pod_labels: BTreeMap<String, String> = match &template.pod_selector {
         Some(selector) => selector.satisfying_labels(pod_labels),
         None => pod_labels,
     };
@@ -577,19 +603,78 @@ pub(crate) fn check(template: &Template) -> Result<(), TemplateError> {
         Some(selector) => selector.satisfying_labels(namespace_labels),
         None => namespace_labels,
     };
-    let pod = Arc::new(serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "example", "namespace": "default", "labels": pod_labels},
-        "spec": {"containers": [{"name": "app", "image": "example:latest"}]},
-    }));
     let namespace = NamespaceFacts::known("default", namespace_labels, BTreeMap::new());
-    match render(template, &pod_value(pod), &BTreeMap::new(), &namespace) {
-        Ok(rendered) => check_rendered(template, &rendered),
-        Err(RenderError::Template(e)) => {
-            Err(TemplateError { message: format!("{} (while test-rendering against a sample pod)", e.message), ..e })
+    for shape in SAMPLE_SHAPES {
+        let (pod, workload) = shape.sample(&pod_labels);
+        let subject = Subject::new(Arc::new(pod), &workload);
+        match render(template, &subject, &BTreeMap::new(), &namespace) {
+            Ok(rendered) => check_rendered(template, &rendered)
+                .map_err(|e| TemplateError { message: format!("{} (for {})", e.message, shape.description), ..e })?,
+            Err(RenderError::Template(e)) => {
+                return Err(TemplateError {
+                    message: format!("{} (while test-rendering for {})", e.message, shape.description),
+                    ..e
+                });
+            }
+            Err(RenderError::Override(o)) => return Err(TemplateError::at(&template.name, 0, o.message)),
         }
-        Err(RenderError::Override(o)) => Err(TemplateError::at(&template.name, 0, o.message)),
+    }
+    Ok(())
+}
+
+/// A pod shape that templates meet at admission.
+pub struct SampleShape {
+    /// What it is, for messages.
+    pub description: &'static str,
+    kind: ShapeKind,
+}
+
+enum ShapeKind {
+    Named,
+    ControllerMade,
+    PodTemplate,
+}
+
+/// The shapes every template is test-rendered against (`check-templates`, the ConfigMap guard, hot
+/// reload): the README lists them.
+pub const SAMPLE_SHAPES: [SampleShape; 3] = [
+    SampleShape { description: "a named pod (metadata.name \"example\")", kind: ShapeKind::Named },
+    SampleShape {
+        description: "a pod a controller creates (a ReplicaSet's: generateName \"example-7d9f8c6b5-\", no name yet, an owner reference)",
+        kind: ShapeKind::ControllerMade,
+    },
+    SampleShape {
+        description: "a workload's pod template (no name, no generateName, no namespace, as `inject -f deployment.yaml` reads it)",
+        kind: ShapeKind::PodTemplate,
+    },
+];
+
+impl SampleShape {
+    /// The sample pod of this shape with these labels, and its workload.
+    pub fn sample(&self, labels: &BTreeMap<String, String>) -> (Value, Workload) {
+        let spec = serde_json::json!({"containers": [{"name": "app", "image": "example:latest"}]});
+        let (metadata, workload) = match self.kind {
+            ShapeKind::Named => (
+                serde_json::json!({"name": "example", "namespace": "default", "labels": labels}),
+                Workload { kind: "Pod".into(), name: "example".into() },
+            ),
+            ShapeKind::ControllerMade => {
+                let mut labels = labels.clone();
+                labels.insert("pod-template-hash".into(), "7d9f8c6b5".into());
+                let metadata = serde_json::json!({
+                    "generateName": "example-7d9f8c6b5-", "namespace": "default", "labels": labels,
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "example-7d9f8c6b5",
+                        "uid": "00000000-0000-0000-0000-000000000000", "controller": true, "blockOwnerDeletion": true}],
+                });
+                let pod = serde_json::json!({"metadata": metadata});
+                let workload = Workload::of_pod(&pod);
+                (metadata, workload)
+            }
+            ShapeKind::PodTemplate => {
+                (serde_json::json!({"labels": labels}), Workload { kind: "Deployment".into(), name: "example".into() })
+            }
+        };
+        (serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}), workload)
     }
 }
 
@@ -730,7 +815,8 @@ mod tests {
             [("team".to_owned(), "payments".to_owned())].into(),
             [("owner".to_owned(), "alice".to_owned())].into(),
         );
-        render(t, &pod_value(Arc::new(pod)), &annotations, &namespace)
+        let owner = Workload::of_pod(&pod);
+        render(t, &Subject::new(Arc::new(pod), &owner), &annotations, &namespace)
     }
 
     fn pod() -> Value {
@@ -901,7 +987,7 @@ inject:
 values: {greeting: hello}
 inject:
   annotations:
-    pod: "{{ pod.metadata.name }}/{{ pod.metadata.labels.app }}/{{ pod.spec.containers[0].name }}/{{ pod.spec.containers[-1].name }}"
+    pod: "{{ pod.metadata.name | default('-') }}/{{ pod.metadata.labels.app }}/{{ pod.spec.containers[0].name }}/{{ pod.spec.containers[-1].name }}"
     ns: "{{ namespace.name }}/{{ namespace.labels['team'] | default('-') }}/{{ namespace.annotations.owner | default('-') }}"
     tpl: "{{ template.name }}: {{ values.greeting }}"
     loop: "{% for c in pod.spec.containers %}{{ c.name }};{% endfor %}"
@@ -995,6 +1081,36 @@ inject:
     }
 
     #[test]
+    fn templates_are_checked_against_controller_made_pods_and_pod_templates() {
+        // Fine for a named pod, but at admission a ReplicaSet's pod has no name: refused at load,
+        // with the shape that fails.
+        let err = Template::load("named", "inject:\n  labels:\n    owner: \"{{ pod.metadata.name }}\"\n").unwrap_err();
+        assert_eq!(err.line, Some(3));
+        assert!(err.message.contains("a pod a controller creates") && err.message.contains("no name yet"), "{err}");
+        // `default()` on generateName still fails for a workload's pod template.
+        let err = Template::load(
+            "fallback",
+            "inject:\n  labels:\n    owner: \"{{ pod.metadata.name | default(pod.metadata.generateName) }}\"\n",
+        )
+        .unwrap_err();
+        assert!(err.message.contains("a workload's pod template"), "{err}");
+        // `workload` is defined for every shape and names the owner.
+        let t = template("owner", "inject:\n  labels:\n    owner: \"{{ workload.kind }}.{{ workload.name }}\"\n");
+        let from_replicaset = json!({"metadata": {"generateName": "web-7d9f8c6b5-", "labels": {"pod-template-hash": "7d9f8c6b5"},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "web-7d9f8c6b5", "controller": true}]}, "spec": {"containers": []}});
+        assert_eq!(render_for(&t, from_replicaset, &[]).unwrap().labels["owner"], "Deployment.web");
+        let hinted = Workload { kind: "Deployment".into(), name: "web".into() };
+        let namespace = NamespaceFacts::unknown("shop");
+        let rendered =
+            render(&t, &Subject::new(Arc::new(json!({"metadata": {}})), &hinted), &BTreeMap::new(), &namespace);
+        assert_eq!(
+            rendered.unwrap().labels["owner"],
+            "Deployment.web",
+            "the CLI's pod template renders as its pods will"
+        );
+    }
+
+    #[test]
     fn the_sample_pod_satisfies_the_templates_selectors() {
         // The podSelector guarantees the `team` label, so reading it without a default is fine...
         template(
@@ -1004,14 +1120,14 @@ inject:
         // ...and without that guarantee it is an error found at load time, not at admission.
         let err =
             Template::load("team", "inject:\n  labels:\n    t: \"{{ pod.metadata.labels.team }}\"\n").unwrap_err();
-        assert!(err.message.contains("undefined value") && err.message.contains("sample pod"), "{err}");
+        assert!(err.message.contains("undefined value") && err.message.contains("while test-rendering for"), "{err}");
     }
 
     #[test]
     fn expressions_that_read_only_values_are_rendered_once_and_still_follow_overrides() {
         let t = template(
             "pre",
-            "values: {port: 1}\noverridable: [port]\ninject:\n  annotations:\n    fixed: \"{{ template.name }}-{{ values.port + 1 }}\"\n    name: \"{{ pod.metadata.name }}\"\n    ns: \"{{ namespace.name }}\"\n",
+            "values: {port: 1}\noverridable: [port]\ninject:\n  annotations:\n    fixed: \"{{ template.name }}-{{ values.port + 1 }}\"\n    name: \"{{ workload.name }}\"\n    ns: \"{{ namespace.name }}\"\n",
         );
         let constants: BTreeMap<&str, bool> = t
             .inject

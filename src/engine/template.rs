@@ -58,7 +58,9 @@ impl std::error::Error for TemplateError {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SidecarMode {
-    /// Init containers with `restartPolicy: Always` (Kubernetes 1.29+), so Jobs complete.
+    /// Init containers with `restartPolicy: Always` (Kubernetes 1.29+), so Jobs complete. On an
+    /// older cluster the API server would keep such an init container from ever finishing, so the
+    /// pod would never start: there the sidecars are classic containers, with a warning.
     Native,
     /// Classic containers beside the app.
     Container,
@@ -70,9 +72,8 @@ impl SidecarMode {
     /// Whether sidecars become native sidecars on a cluster that does (or does not) support them.
     pub fn is_native(self, cluster_supports_native: bool) -> bool {
         match self {
-            SidecarMode::Native => true,
+            SidecarMode::Native | SidecarMode::Auto => cluster_supports_native,
             SidecarMode::Container => false,
-            SidecarMode::Auto => cluster_supports_native,
         }
     }
 }

@@ -135,18 +135,33 @@ fn sidecar_mode_decides_native_or_classic() {
     // (cluster supports native sidecars, expected init containers, expected containers)
     let cases = [
         (true, vec!["logs", "proxy-init", "proxy", "migrate"], vec!["web", "worker", "agent"]),
-        (false, vec!["proxy-init", "proxy", "migrate"], vec!["web", "worker", "logs", "agent"]),
+        // Before 1.29 even `sidecarMode: native` falls back to classic containers, with a warning.
+        (false, vec!["proxy-init", "migrate"], vec!["web", "worker", "logs", "agent", "proxy"]),
     ];
     for (native, init, containers) in cases {
         let mut req = request(pod.clone(), opted_in("shop", &[]));
         req.cluster = ClusterFacts { native_sidecars: native };
-        let Outcome::Inject(injection) = engine.evaluate(&req).outcome else { panic!() };
+        let decision = engine.evaluate(&req);
+        let warned = decision.warnings.iter().any(|w| w.contains("template proxy asks for native sidecars"));
+        assert_eq!(warned, !native, "{:?}", decision.warnings);
+        let Outcome::Inject(injection) = decision.outcome else { panic!() };
         let out = apply(&pod, &injection.patch);
         assert_eq!(names(&out["spec"]["initContainers"]), init, "native={native}");
         assert_eq!(names(&out["spec"]["containers"]), containers, "native={native}");
         let agent = out["spec"]["containers"].as_array().unwrap().iter().find(|c| c["name"] == "agent").unwrap();
         assert!(agent.get("restartPolicy").is_none(), "classic sidecars get no restartPolicy");
     }
+
+    // A Job's pod with classic sidecars never completes: said so.
+    let mut job_pod = pod.clone();
+    job_pod["metadata"]["ownerReferences"] = json!([{"kind": "Job", "name": "migrate", "controller": true}]);
+    let decision = engine.evaluate(&request(job_pod, opted_in("shop", &[])));
+    let warnings = decision.warnings.join("\n");
+    assert!(
+        warnings.contains("template classic adds classic sidecar containers to a pod of Job migrate"),
+        "{warnings}"
+    );
+    assert!(!warnings.contains("template logs adds"), "native sidecars complete: {warnings}");
 }
 
 #[test]

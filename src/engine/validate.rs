@@ -499,7 +499,7 @@ inject:
     fn fields_rendered_from_pod_data_are_not_compared() {
         let engine = engine(&[(
             "named",
-            "default: true\ninject:\n  sidecars:\n    - name: agent\n      image: agent:1\n      args: [\"--node={{ pod.metadata.name | default(pod.metadata.generateName) }}\", --fixed]\n",
+            "default: true\ninject:\n  sidecars:\n    - name: agent\n      image: agent:1\n      args: [\"--node={{ workload.name }}\", --fixed]\n",
         )]);
         let submitted = json!({"metadata": {"generateName": "web-7d9f-"}, "spec": {"containers": [{"name": "app", "image": "app"}]}});
         let Outcome::Inject(injection) = engine.evaluate(&request(submitted.clone(), opted_in("shop", &[]))).outcome
@@ -507,7 +507,7 @@ inject:
             panic!()
         };
         let mut stored = apply(&submitted, &injection.patch);
-        assert_eq!(stored["spec"]["initContainers"][0]["args"][0], "--node=web-7d9f-");
+        assert_eq!(stored["spec"]["initContainers"][0]["args"][0], "--node=web-7d9f");
         stored["metadata"]["name"] = json!("web-7d9f-x2k8p");
         assert_eq!(verdict(&engine, stored.clone()), Verdict::Allowed(vec![]));
 
@@ -516,7 +516,7 @@ inject:
         let Verdict::Denied(message) = verdict(&engine, tampered) else { panic!("not denied") };
         assert!(
             message
-                .ends_with(r#"args is ["--node=web-7d9f-","--evil"], the template sets ["<from the pod>","--fixed"]"#),
+                .ends_with(r#"args is ["--node=web-7d9f","--evil"], the template sets ["<from the pod>","--fixed"]"#),
             "{message}"
         );
         let mut tampered = stored;

@@ -1,7 +1,73 @@
 //! Where the pod lives inside each workload kind, so `inject`, `explain` and `drift` can treat a
-//! Deployment's pod template exactly like a pod.
+//! Deployment's pod template exactly like a pod; and which workload a pod belongs to, for the
+//! templates' `workload` context.
 
+use serde::Serialize;
 use serde_json::{Map, Value};
+
+/// The workload a pod belongs to, as templates see it (`{{ workload.kind }}`, `{{ workload.name }}`).
+///
+/// At admission a controller-made pod has no name yet (only `generateName`), so templates that need
+/// a stable name for the pod's owner use this instead of `pod.metadata.name`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Workload {
+    /// `Deployment`, `StatefulSet`, `DaemonSet`, `Job`, `CronJob`, `ReplicaSet`, another owner's kind,
+    /// or `Pod` for a pod without a controller.
+    pub kind: String,
+    /// The workload's name; for a bare pod its name, or its `generateName` without the trailing
+    /// `-`; empty when the pod has neither.
+    pub name: String,
+}
+
+impl Workload {
+    /// The workload of a pod as submitted, from its controller's owner reference.
+    ///
+    /// Kubernetes' naming conventions name the top-level workload, as Istio does: a ReplicaSet
+    /// owner whose name ends in `-<pod-template-hash>` belongs to the Deployment of the name before
+    /// it; a Job whose name ends in `-<8 or more digits>` (the scheduled time) to that CronJob.
+    pub fn of_pod(pod: &Value) -> Workload {
+        let metadata = pod.get("metadata");
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or_default().to_owned();
+        let controller = metadata
+            .and_then(|m| m.get("ownerReferences"))
+            .and_then(Value::as_array)
+            .and_then(|refs| refs.iter().find(|r| r.get("controller") == Some(&Value::Bool(true))));
+        if let Some(owner) = controller {
+            let (kind, name) = (text(owner.get("kind")), text(owner.get("name")));
+            let hash = metadata.and_then(|m| m.get("labels")).and_then(|l| l.get("pod-template-hash"));
+            if kind == "ReplicaSet" {
+                if let Some(base) = hash.and_then(Value::as_str).and_then(|h| name.strip_suffix(&format!("-{h}"))) {
+                    return Workload { kind: "Deployment".into(), name: base.to_owned() };
+                }
+            }
+            if kind == "Job" {
+                if let Some((base, stamp)) = name.rsplit_once('-') {
+                    if stamp.len() >= 8 && stamp.bytes().all(|b| b.is_ascii_digit()) {
+                        return Workload { kind: "CronJob".into(), name: base.to_owned() };
+                    }
+                }
+            }
+            return Workload { kind, name };
+        }
+        let name = text(metadata.and_then(|m| m.get("name")));
+        let name = match name.is_empty() {
+            true => text(metadata.and_then(|m| m.get("generateName"))).trim_end_matches('-').to_owned(),
+            false => name,
+        };
+        Workload { kind: "Pod".into(), name }
+    }
+
+    /// The workload a manifest document stands for, when it is not a bare Pod: a Deployment's pod
+    /// template belongs to that Deployment (the CLI passes this, since a template has no owner).
+    pub fn of_document(document: &Value) -> Option<Workload> {
+        let kind = document.get("kind")?.as_str()?;
+        if kind == "Pod" || pod_path(kind).is_none() {
+            return None;
+        }
+        let name = document.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or_default();
+        Some(Workload { kind: kind.to_owned(), name: name.to_owned() })
+    }
+}
 
 /// The kinds that carry a pod (or a pod template), and the path to it.
 const POD_TEMPLATE_PATHS: [(&str, &[&str]); 7] = [
@@ -112,5 +178,39 @@ mod tests {
         }
         assert_eq!(pod_of(&json!({"kind": "ConfigMap", "data": {}})), None);
         assert_eq!(field_prefix("CronJob"), "spec.jobTemplate.spec.template.");
+    }
+
+    #[test]
+    fn the_workload_comes_from_the_controller_and_the_naming_conventions() {
+        let owned = |kind: &str, name: &str, labels: Value| {
+            json!({"metadata": {"generateName": format!("{name}-"), "labels": labels,
+                "ownerReferences": [{"kind": "Other", "name": "x"}, {"kind": kind, "name": name, "controller": true}]}})
+        };
+        // (case, pod, kind, name)
+        let cases = [
+            (
+                "deployment",
+                owned("ReplicaSet", "web-7d9f8c6b5", json!({"pod-template-hash": "7d9f8c6b5"})),
+                "Deployment",
+                "web",
+            ),
+            ("bare replicaset", owned("ReplicaSet", "web-7d9f8c6b5", json!({})), "ReplicaSet", "web-7d9f8c6b5"),
+            ("statefulset", owned("StatefulSet", "db", json!({})), "StatefulSet", "db"),
+            ("daemonset", owned("DaemonSet", "agent", json!({})), "DaemonSet", "agent"),
+            ("job", owned("Job", "migrate", json!({})), "Job", "migrate"),
+            ("cronjob", owned("Job", "backup-29012345", json!({})), "CronJob", "backup"),
+            ("named pod", json!({"metadata": {"name": "debug"}}), "Pod", "debug"),
+            ("generateName pod", json!({"metadata": {"generateName": "runner-"}}), "Pod", "runner"),
+            ("pod template", json!({"metadata": {"labels": {"app": "x"}}}), "Pod", ""),
+        ];
+        for (case, pod, kind, name) in cases {
+            assert_eq!(Workload::of_pod(&pod), Workload { kind: kind.into(), name: name.into() }, "{case}");
+        }
+        let deployment = json!({"kind": "Deployment", "metadata": {"name": "web"}, "spec": {"template": {}}});
+        assert_eq!(
+            Workload::of_document(&deployment),
+            Some(Workload { kind: "Deployment".into(), name: "web".into() })
+        );
+        assert_eq!(Workload::of_document(&json!({"kind": "Pod", "metadata": {"name": "p"}})), None);
     }
 }
