@@ -105,7 +105,7 @@ fn template() -> impl Strategy<Value = String> {
                     "sidecars": Value::Array(sidecars.iter().map(|n| json!({
                         "name": format!("c-{n}"),
                         "image": "{{ values.v }}",
-                        "args": ["{{ pod.metadata.name }}", "{{ namespace.name }}"],
+                        "args": ["{{ workload.name }}", "{{ pod.spec.containers | length }}", "{{ namespace.name }}"],
                     })).collect()),
                     "volumes": Value::Array(volumes.iter().map(|n| json!({"name": n, "emptyDir": {}})).collect()),
                     "appContainers": {

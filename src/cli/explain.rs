@@ -16,7 +16,8 @@ pub struct Explanation {
     pub object: String,
     /// Namespace the pod was judged in.
     pub namespace: String,
-    /// `inject`, `upToDate`, `outOfScope` or `denied`.
+    /// `inject`, `upToDate`, `outOfScope`, `denied`, or `passedThrough` (a document with a pod
+    /// template of a kind `inject` does not know).
     pub result: &'static str,
     /// One sentence on the result.
     pub message: String,
@@ -139,7 +140,10 @@ fn item_lines(out: &mut String, heading: &str, status: &InjectionStatus) {
 fn text(explanations: &[Explanation], decisions: &[Option<Choice>]) -> String {
     let mut out = String::new();
     for (e, choice) in explanations.iter().zip(decisions) {
-        out.push_str(&format!("{} in namespace {}\n  {}\n", e.object, e.namespace, e.message));
+        match e.namespace.is_empty() {
+            true => out.push_str(&format!("{}\n  {}\n", e.object, e.message)),
+            false => out.push_str(&format!("{} in namespace {}\n  {}\n", e.object, e.namespace, e.message)),
+        }
         if let Some(choice) = choice {
             out.push_str(&format!("  templates ({}):\n", choice.source));
             let width = choice.verdicts.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
@@ -174,9 +178,8 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>]) -> String {
         out.push('\n');
     }
     if explanations.is_empty() {
-        out.push_str(
-            "no pods found (kinds with pods: Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob)\n",
-        );
+        let kinds = crate::engine::workload::supported_kinds().collect::<Vec<_>>().join(", ");
+        out.push_str(&format!("no pods found (kinds with pods: {kinds})\n"));
     }
     out
 }
@@ -185,12 +188,25 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>]) -> String {
 pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliError> {
     let mut explanations = Vec::new();
     let mut choices = Vec::new();
-    decide_all(args, |_, decision| {
+    let (_, notes) = decide_all(args, |_, decision| {
         if let Some(found) = decision {
             choices.push(found.decision.choice.clone());
             explanations.push(one(found, args.namespace_labels.is_some()));
         }
     })?;
+    for (object, message) in notes {
+        choices.push(None);
+        explanations.push(Explanation {
+            object,
+            namespace: String::new(),
+            result: "passedThrough",
+            message,
+            templates: None,
+            status: None,
+            removes: None,
+            warnings: Vec::new(),
+        });
+    }
     Ok(match format {
         OutputFormat::Json => serde_json::to_string_pretty(&explanations).expect("explanations serialize") + "\n",
         OutputFormat::Text => text(&explanations, &choices),

@@ -129,8 +129,14 @@ impl OfflineArgs {
 /// (`sidecar-injector.io/templates=a,b`).
 pub fn parse_key_values(text: &str) -> Result<BTreeMap<String, String>, String> {
     let mut map = BTreeMap::new();
+    if text.is_empty() {
+        return Ok(map);
+    }
     let mut last: Option<String> = None;
-    for part in text.split(',').filter(|p| !p.is_empty()) {
+    for part in text.split(',') {
+        if part.trim().is_empty() {
+            return Err(format!("{text:?} has an empty item (two commas in a row, or a comma at an end)"));
+        }
         match part.split_once('=') {
             Some((key, value)) if !key.trim().is_empty() => {
                 let key = key.trim().to_owned();
@@ -238,5 +244,8 @@ mod tests {
         assert_eq!(parsed["env"], "prod");
         assert_eq!(parse_key_values("x").unwrap_err(), "\"x\" is not key=value");
         assert!(parse_key_values("").unwrap().is_empty());
+        for empty in ["a=1,,b=2", "a=1,", ",a=1"] {
+            assert!(parse_key_values(empty).unwrap_err().contains("empty item"), "{empty}");
+        }
     }
 }

@@ -147,7 +147,7 @@ fn own_namespace(settings: &ClusterSettings) -> String {
                 .ok()
                 .map(|n| n.trim().to_owned())
         })
-        .unwrap_or_else(|| "sidecar-injector".to_owned())
+        .unwrap_or_else(|| crate::engine::names::INJECTOR_NAMESPACE.to_owned())
 }
 
 async fn certificate(

@@ -1,6 +1,9 @@
 //! The names of the product contract: label and annotation keys that manifests, policies, tests and
 //! users' scripts depend on. Nothing else in the crate spells these strings.
 
+/// The namespace the injector is deployed in by default (`deploy/`); the webhook never touches it.
+pub const INJECTOR_NAMESPACE: &str = "sidecar-injector";
+
 /// Prefix of every label and annotation the injector reads or writes.
 pub const PREFIX: &str = "sidecar-injector.io/";
 

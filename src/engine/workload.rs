@@ -35,17 +35,17 @@ impl Workload {
         if let Some(owner) = controller {
             let (kind, name) = (text(owner.get("kind")), text(owner.get("name")));
             let hash = metadata.and_then(|m| m.get("labels")).and_then(|l| l.get("pod-template-hash"));
-            if kind == "ReplicaSet" {
-                if let Some(base) = hash.and_then(Value::as_str).and_then(|h| name.strip_suffix(&format!("-{h}"))) {
-                    return Workload { kind: "Deployment".into(), name: base.to_owned() };
-                }
+            if kind == "ReplicaSet"
+                && let Some(base) = hash.and_then(Value::as_str).and_then(|h| name.strip_suffix(&format!("-{h}")))
+            {
+                return Workload { kind: "Deployment".into(), name: base.to_owned() };
             }
-            if kind == "Job" {
-                if let Some((base, stamp)) = name.rsplit_once('-') {
-                    if stamp.len() >= 8 && stamp.bytes().all(|b| b.is_ascii_digit()) {
-                        return Workload { kind: "CronJob".into(), name: base.to_owned() };
-                    }
-                }
+            if kind == "Job"
+                && let Some((base, stamp)) = name.rsplit_once('-')
+                && stamp.len() >= 8
+                && stamp.bytes().all(|b| b.is_ascii_digit())
+            {
+                return Workload { kind: "CronJob".into(), name: base.to_owned() };
             }
             return Workload { kind, name };
         }
@@ -70,8 +70,10 @@ impl Workload {
 }
 
 /// The kinds that carry a pod (or a pod template), and the path to it.
-const POD_TEMPLATE_PATHS: [(&str, &[&str]); 7] = [
+const POD_TEMPLATE_PATHS: [(&str, &[&str]); 9] = [
     ("Pod", &[]),
+    ("PodTemplate", &["template"]),
+    ("ReplicationController", &["spec", "template"]),
     ("Deployment", &["spec", "template"]),
     ("StatefulSet", &["spec", "template"]),
     ("DaemonSet", &["spec", "template"]),
@@ -130,6 +132,22 @@ pub fn set_pod(document: &mut Value, pod: Value) {
             }
         }
     }
+}
+
+/// Whether a document is a list kubectl flattens (`List` and every `<Kind>List`) and so holds
+/// documents in `items`.
+pub fn is_list(document: &Value) -> bool {
+    document.get("kind").and_then(Value::as_str).is_some_and(|k| k.ends_with("List"))
+        && document.get("items").is_some_and(Value::is_array)
+}
+
+/// Whether a document of a kind `inject` does not know carries what looks like a pod template
+/// (`spec.template.spec.containers`, as custom workloads do): it is passed through unchanged, and
+/// the user is told.
+pub fn looks_like_unknown_workload(document: &Value) -> bool {
+    let kind = document.get("kind").and_then(Value::as_str).unwrap_or_default();
+    pod_path(kind).is_none()
+        && ["spec", "template", "spec", "containers"].iter().try_fold(document, |v, k| v.get(k)).is_some()
 }
 
 /// The namespace a document names, if any.
