@@ -36,8 +36,14 @@ pub struct ServerSettings {
     pub https_port: u16,
     /// Plain HTTP port of `/healthz`, `/readyz` and `/metrics` (0: any free port).
     pub http_port: u16,
-    /// Largest AdmissionReview body accepted; larger ones get 413.
+    /// Largest AdmissionReview body accepted; larger ones get 413. The API server refuses requests
+    /// over 3 MiB and etcd objects over ~1.5 MiB, so a real review (object, and oldObject on
+    /// UPDATE) stays under 4 MiB.
     pub max_body_bytes: usize,
+    /// Request bodies held at once, across all connections (read, parsed or being decided); a
+    /// request waits for room (up to `body_timeout_ms`). Bounds the memory any set of clients can
+    /// make the server hold, whatever their number.
+    pub max_inflight_bytes: usize,
     /// Worker threads (0: one per CPU).
     pub workers: usize,
     /// Time a client has to send a request's headers before the connection is closed (slow clients).
@@ -46,8 +52,12 @@ pub struct ServerSettings {
     pub body_timeout_ms: u64,
     /// Idle keep-alive time of a connection.
     pub keep_alive_seconds: u64,
-    /// Most concurrent connections per worker.
+    /// Most concurrent connections per worker (each established TLS connection holds tens of KiB).
     pub max_connections_per_worker: usize,
+    /// TLS handshakes in progress per worker; more connections wait in the kernel's queue.
+    pub max_tls_handshakes_per_worker: usize,
+    /// Time a client has to complete the TLS handshake (the API server needs a few ms).
+    pub tls_handshake_timeout_ms: u64,
     /// On SIGTERM, how long in-flight requests may take before the process exits.
     pub shutdown_timeout_seconds: u64,
 }
@@ -58,12 +68,15 @@ impl Default for ServerSettings {
             address: "0.0.0.0".into(),
             https_port: 8443,
             http_port: 8080,
-            max_body_bytes: 8 * 1024 * 1024,
+            max_body_bytes: 4 * 1024 * 1024,
+            max_inflight_bytes: 24 * 1024 * 1024,
             workers: 0,
             client_request_timeout_ms: 5000,
             body_timeout_ms: 10_000,
             keep_alive_seconds: 75,
-            max_connections_per_worker: 25_000,
+            max_connections_per_worker: 4096,
+            max_tls_handshakes_per_worker: 4096,
+            tls_handshake_timeout_ms: 1000,
             shutdown_timeout_seconds: 25,
         }
     }
@@ -269,6 +282,14 @@ impl Settings {
         if server.max_body_bytes < 64 * 1024 {
             return fail("server.max_body_bytes must be at least 65536");
         }
+        if server.max_inflight_bytes < server.max_body_bytes {
+            return fail(
+                "server.max_inflight_bytes must be at least server.max_body_bytes (one largest request must fit)",
+            );
+        }
+        if server.max_tls_handshakes_per_worker == 0 || server.tls_handshake_timeout_ms == 0 {
+            return fail("server.max_tls_handshakes_per_worker and server.tls_handshake_timeout_ms must be positive");
+        }
         if server.max_connections_per_worker == 0 {
             return fail("server.max_connections_per_worker must be at least 1");
         }
@@ -359,6 +380,7 @@ mod tests {
             ("tls:\n  cert_file: /a\n", &[], "must be set together"),
             ("tls:\n  mode: files\n", &[], "needs tls.cert_file"),
             ("server:\n  max_body_bytes: 10\n", &[], "at least 65536"),
+            ("server:\n  max_inflight_bytes: 70000\n", &[], "one largest request must fit"),
             ("telemetry:\n  log_level: \"=\"\n", &[], "telemetry.log_level"),
             ("cluster:\n  kubernetes_version: latest\n", &[], "cluster.kubernetes_version"),
             ("tls:\n  rotate_before_days: 400\n", &[], "rotate_before_days"),

@@ -63,7 +63,7 @@ fn body_cases() -> Vec<Case> {
     many_labels["metadata"]["labels"] =
         Value::Object((0..100_000).map(|i| (format!("label-{i}"), json!("v"))).collect());
     let mut huge_annotation = typical_pod();
-    huge_annotation["metadata"]["annotations"]["note"] = json!("x".repeat(6 * 1024 * 1024));
+    huge_annotation["metadata"]["annotations"]["note"] = json!("x".repeat(3 * 1024 * 1024));
     vec![
         Case {
             name: "truncated JSON",
@@ -190,7 +190,7 @@ fn body_cases() -> Vec<Case> {
             body: vec![b' '; 10 * 1024 * 1024],
             expect: Expect::Status(
                 413,
-                "the request body is larger than the limit of 8388608 bytes (server.max_body_bytes)",
+                "the request body is larger than the limit of 4194304 bytes (server.max_body_bytes)",
             ),
         },
         Case {
@@ -208,7 +208,7 @@ fn body_cases() -> Vec<Case> {
             expect: Expect::Patched,
         },
         Case {
-            name: "a 6 MiB annotation",
+            name: "a 3 MiB annotation",
             path: "/mutate",
             body: serde_json::to_vec(&admission_review(&huge_annotation, "shop", "hostile")).unwrap(),
             expect: Expect::Patched,
@@ -234,7 +234,7 @@ fn body_cases() -> Vec<Case> {
             name: "template that renders gigabytes",
             path: "/validate",
             body: configmap_review("inject:\n  annotations:\n    a: \"{{ 'x' * 100000000 }}{{ 'x' * 100000000 }}\"\n"),
-            expect: Expect::Denied("is larger than 65536 bytes"),
+            expect: Expect::Denied("test-rendering it exceeded the sandbox limits (96 MiB of memory"),
         },
         Case {
             name: "template with undefined variables",
@@ -250,7 +250,7 @@ fn body_cases() -> Vec<Case> {
                 "{% set x = x ~ x %}".repeat(6)
             )),
             expect: Expect::Denied(
-                "template \"evil\": test-rendering it exceeded the sandbox limits (512 MiB of memory, 10 s of CPU)",
+                "template \"evil\": test-rendering it exceeded the sandbox limits (96 MiB of memory, 2 s of CPU)",
             ),
         },
         Case {

@@ -277,6 +277,18 @@ pub fn body_timeout(timeout: std::time::Duration) -> Reply {
     failure(408, "timeout", &format!("the request body did not arrive within {} ms", timeout.as_millis()))
 }
 
+/// The 503 answer when the bytes of requests already in flight leave no room for this one in time.
+pub fn busy(inflight_limit: usize, waited: std::time::Duration) -> Reply {
+    failure(
+        503,
+        "busy",
+        &format!(
+            "too many request bytes in flight (server.max_inflight_bytes = {inflight_limit}); no room within {} ms",
+            waited.as_millis()
+        ),
+    )
+}
+
 fn failure(status: u16, result: &'static str, message: &str) -> Reply {
     Reply {
         status,
@@ -292,6 +304,23 @@ fn operation_name(op: &Operation) -> &'static str {
         Operation::Delete => "DELETE",
         Operation::Connect => "CONNECT",
     }
+}
+
+/// Whether `/validate` would check this request as a template ConfigMap (the slow, isolated path:
+/// the caller runs it off the async workers, one at a time).
+pub fn is_configmap(request: &Request) -> bool {
+    is_kind(request, "", "ConfigMap")
+}
+
+/// The refusal when another template check is still running: fast and clear, so the user retries.
+pub fn template_check_busy(request: &Request, waited: std::time::Duration) -> Reply {
+    deny(
+        request,
+        format!(
+            "another template check has been running for over {} s; templates are checked one at a time: try again in a few seconds",
+            waited.as_secs()
+        ),
+    )
 }
 
 fn is_kind(request: &Request, group: &str, kind: &str) -> bool {

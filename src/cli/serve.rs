@@ -101,8 +101,12 @@ impl Starting {
             metrics,
             readiness,
             max_body_bytes: settings.server.max_body_bytes,
+            max_inflight_bytes: settings.server.max_inflight_bytes,
+            inflight_kib: Arc::new(tokio::sync::Semaphore::new(settings.server.max_inflight_bytes.div_ceil(1024))),
             body_timeout: Duration::from_millis(settings.server.body_timeout_ms),
             precheck,
+            template_work: Default::default(),
+            template_queue: Arc::new(tokio::sync::Semaphore::new(1)),
         });
         if let Some(client) = &client {
             cluster::watch_templates(client.clone(), &own_namespace, state.clone());

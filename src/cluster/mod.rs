@@ -123,7 +123,14 @@ pub fn watch_templates(client: Client, namespace: &str, state: Arc<AppState>) {
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
             match event {
-                Ok(event) => on_template_event(&state, &reader, &event),
+                // Loading templates runs the sandbox and waits for it: not on an async worker.
+                Ok(event) => {
+                    let (state, reader) = (state.clone(), reader.clone());
+                    let loaded = tokio::task::spawn_blocking(move || on_template_event(&state, &reader, &event));
+                    if let Err(error) = loaded.await {
+                        tracing::error!(%error, "loading templates failed");
+                    }
+                }
                 Err(error) => tracing::warn!(%error, "template ConfigMap watch failed; retrying with backoff"),
             }
         }
@@ -264,8 +271,12 @@ mod tests {
             metrics: Arc::new(Metrics::default()),
             readiness: Arc::new(Readiness { namespaces_synced: true.into(), ..Readiness::default() }),
             max_body_bytes: 1 << 20,
+            max_inflight_bytes: 1 << 20,
+            inflight_kib: Arc::new(tokio::sync::Semaphore::new(1024)),
             body_timeout: Duration::from_secs(1),
             precheck: Arc::new(crate::engine::template::InProcess),
+            template_work: Default::default(),
+            template_queue: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 

@@ -33,6 +33,18 @@ pub struct Readiness {
     pub templates_valid: AtomicBool,
     /// SIGTERM received: stop taking new work.
     pub stopping: AtomicBool,
+    /// One heartbeat per HTTPS worker: when it last ran (ms since the process started). A worker
+    /// whose heartbeat stops is blocked, and every request it holds or accepts waits.
+    pub heartbeats: std::sync::Mutex<Vec<Arc<std::sync::atomic::AtomicU64>>>,
+}
+
+/// A heartbeat older than this marks its worker as stalled.
+pub const STALL_AFTER: Duration = Duration::from_secs(3);
+const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
+
+fn process_millis() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 impl Readiness {
@@ -43,7 +55,21 @@ impl Readiness {
             templates_synced: true.into(),
             templates_valid: templates_valid.into(),
             stopping: false.into(),
+            heartbeats: Default::default(),
         }
+    }
+
+    /// Starts a heartbeat on the current actix worker (call from the app factory, which runs once
+    /// on each worker).
+    fn start_heartbeat(&self) {
+        let beat = Arc::new(std::sync::atomic::AtomicU64::new(process_millis()));
+        self.heartbeats.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(beat.clone());
+        actix_web::rt::spawn(async move {
+            loop {
+                beat.store(process_millis(), Ordering::Relaxed);
+                actix_web::rt::time::sleep(HEARTBEAT_EVERY).await;
+            }
+        });
     }
 
     /// What is not ready yet, empty when ready.
@@ -59,6 +85,15 @@ impl Readiness {
         }
         if self.stopping.load(Ordering::Relaxed) {
             problems.push("shutting down");
+        }
+        let now = process_millis();
+        let heartbeats = self.heartbeats.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if heartbeats
+            .iter()
+            .any(|beat| now.saturating_sub(beat.load(Ordering::Relaxed)) > STALL_AFTER.as_millis() as u64)
+        {
+            problems
+                .push("an HTTPS worker is stalled (its event loop has not run for over 3 s): admission requests wait");
         }
         problems
     }
@@ -80,16 +115,31 @@ pub struct AppState {
     pub readiness: Arc<Readiness>,
     /// Largest body accepted.
     pub max_body_bytes: usize,
+    /// Most request bytes in flight (`server.max_inflight_bytes`).
+    pub max_inflight_bytes: usize,
+    /// The room left for them, in KiB.
+    pub inflight_kib: Arc<tokio::sync::Semaphore>,
     /// Time a body may take to arrive.
     pub body_timeout: Duration,
     /// Checks new template text before it is loaded (the child-process sandbox in `serve`).
     pub precheck: Arc<dyn PreCheck + Send + Sync>,
+    /// One template check or load at a time (the guard's and hot reload's): each may use up to the
+    /// sandbox's memory limit in this process, and only one such amount fits in the container.
+    pub template_work: Arc<std::sync::Mutex<()>>,
+    /// The template ConfigMap check running (one permit); the next waits up to
+    /// [`TEMPLATE_QUEUE_WAIT`], then is refused.
+    pub template_queue: Arc<tokio::sync::Semaphore>,
 }
+
+/// How long a template ConfigMap check waits for the one before it before it is refused.
+const TEMPLATE_QUEUE_WAIT: Duration = Duration::from_secs(2);
 
 impl AppState {
     /// Replaces the engine's templates, counting and logging load errors. The last good version of
     /// a broken template stays in service (see `TemplateSet::update`).
+    /// Blocks (the sandbox waits for a child): call it on a blocking thread.
     pub fn update_templates(&self, sources: Vec<crate::engine::TemplateSource>) {
+        let _one_at_a_time = self.template_work.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let current = self.engine.load();
         let (templates, errors) = current.templates.update(sources, self.precheck.as_ref());
         for error in &errors {
@@ -105,18 +155,28 @@ impl AppState {
     }
 }
 
-/// Reads the body within the size and time limits; the error is the reply to send instead.
+/// Room reserved for one request's body until its reply is built.
+type BodyRoom = tokio::sync::OwnedSemaphorePermit;
+
+/// Reads the body within the size and time limits, after reserving room for it among the bodies
+/// in flight (the declared length, or the size limit when none is declared); the error is the reply
+/// to send instead.
 async fn read_body(
     req: &HttpRequest,
     mut payload: web::Payload,
     state: &AppState,
-) -> Result<web::BytesMut, Box<Reply>> {
+) -> Result<(web::BytesMut, BodyRoom), Box<Reply>> {
     let limit = state.max_body_bytes;
     let declared =
         req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|length| length > limit) {
         return Err(Box::new(admission::too_large(limit)));
     }
+    let kib = (declared.unwrap_or(limit).div_ceil(1024)).max(1) as u32;
+    let room = tokio::time::timeout(state.body_timeout, state.inflight_kib.clone().acquire_many_owned(kib)).await;
+    let Ok(Ok(room)) = room else {
+        return Err(Box::new(admission::busy(state.max_inflight_bytes, state.body_timeout)));
+    };
     let read = async {
         let mut body = web::BytesMut::with_capacity(declared.unwrap_or(8192).min(limit));
         while let Some(chunk) = payload.next().await {
@@ -128,7 +188,7 @@ async fn read_body(
             }
             body.extend_from_slice(&chunk);
         }
-        Ok(body)
+        Ok((body, room))
     };
     tokio::time::timeout(state.body_timeout, read)
         .await
@@ -175,8 +235,9 @@ async fn handle(
 
 /// Reads the body, looks up the namespace and lets the admission layer decide.
 async fn decide(endpoint: Endpoint, req: &HttpRequest, payload: web::Payload, state: &AppState) -> Reply {
-    let body = match read_body(req, payload, state).await {
-        Ok(body) => body,
+    // `_room` is held until the reply is built: the parsed request and its copies count too.
+    let (body, _room) = match read_body(req, payload, state).await {
+        Ok(read) => read,
         Err(reply) => return *reply,
     };
     let started = Instant::now();
@@ -193,6 +254,9 @@ async fn decide(endpoint: Endpoint, req: &HttpRequest, payload: web::Payload, st
             let cluster = **state.cluster.load();
             match endpoint {
                 Endpoint::Mutate => admission::mutate(&engine, request, &namespace, cluster),
+                Endpoint::Validate if admission::is_configmap(&request) => {
+                    check_template_configmap(state, engine.clone(), request, namespace, cluster).await
+                }
                 Endpoint::Validate => admission::validate(
                     &engine,
                     request,
@@ -207,6 +271,33 @@ async fn decide(endpoint: Endpoint, req: &HttpRequest, payload: web::Payload, st
     let seconds = started.elapsed().as_secs_f64();
     state.metrics.duration.get_or_create(&EndpointLabel { endpoint: endpoint.name().into() }).observe(seconds);
     reply
+}
+
+/// `/validate` for a ConfigMap: it may test-render templates (child processes, then an in-process
+/// load), so it runs on a blocking thread, one at a time; a request that cannot start within
+/// [`TEMPLATE_QUEUE_WAIT`] is refused at once instead of piling up.
+async fn check_template_configmap(
+    state: &AppState,
+    engine: Arc<Engine>,
+    request: admission::Request,
+    namespace: crate::engine::NamespaceFacts,
+    cluster: ClusterFacts,
+) -> Reply {
+    let permit = match tokio::time::timeout(TEMPLATE_QUEUE_WAIT, state.template_queue.clone().acquire_owned()).await {
+        Ok(Ok(permit)) => permit,
+        _ => return admission::template_check_busy(&request, TEMPLATE_QUEUE_WAIT),
+    };
+    let (precheck, own_namespace, work) =
+        (state.precheck.clone(), state.own_namespace.clone(), state.template_work.clone());
+    let check = move || {
+        let _permit = permit;
+        let _one_at_a_time = work.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        admission::validate(&engine, request, &namespace, cluster, &own_namespace, precheck.as_ref())
+    };
+    match web::block(check).await {
+        Ok(reply) => reply,
+        Err(e) => admission::invalid(&admission::BadRequest(format!("the template check failed: {e}"))),
+    }
 }
 
 async fn mutate(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
@@ -254,6 +345,37 @@ pub struct Servers {
     pub http_addr: std::net::SocketAddr,
 }
 
+/// The HTTPS listening socket. `TCP_DEFER_ACCEPT`: the kernel hands a connection over only once
+/// its first bytes (the TLS ClientHello) arrive, so connections opened and left silent never take
+/// a handshake slot or a connection slot from the API server's; the kernel drops them after a
+/// few seconds. A large backlog keeps bursts of new connections waiting instead of refused.
+fn https_listener(settings: &ServerSettings) -> std::io::Result<std::net::TcpListener> {
+    use std::os::fd::AsRawFd;
+    let address: std::net::SocketAddr =
+        std::net::ToSocketAddrs::to_socket_addrs(&(settings.address.as_str(), settings.https_port))?
+            .next()
+            .ok_or_else(|| std::io::Error::other(format!("{} resolves to no address", settings.address)))?;
+    let socket = socket2::Socket::new(socket2::Domain::for_address(address), socket2::Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&address.into())?;
+    let defer_seconds: libc::c_int = 5;
+    // SAFETY: a valid socket and a c_int option value of the right size.
+    let set = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&defer_seconds as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if set != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
 /// Binds both listeners.
 pub fn bind(settings: &ServerSettings, state: Arc<AppState>, tls: rustls::ServerConfig) -> std::io::Result<Servers> {
     let data = web::Data::from(state);
@@ -264,6 +386,7 @@ pub fn bind(settings: &ServerSettings, state: Arc<AppState>, tls: rustls::Server
     };
     let https_data = data.clone();
     let https = HttpServer::new(move || {
+        https_data.readiness.start_heartbeat();
         App::new()
             .app_data(https_data.clone())
             .route("/mutate", web::post().to(mutate))
@@ -275,12 +398,14 @@ pub fn bind(settings: &ServerSettings, state: Arc<AppState>, tls: rustls::Server
     // written in two segments can wait out a 40 ms delayed ACK.
     .tcp_nodelay(true)
     .max_connections(settings.max_connections_per_worker)
+    .max_connection_rate(settings.max_tls_handshakes_per_worker)
+    .tls_handshake_timeout(Duration::from_millis(settings.tls_handshake_timeout_ms))
     .client_request_timeout(Duration::from_millis(settings.client_request_timeout_ms))
     .client_disconnect_timeout(Duration::from_secs(1))
     .keep_alive(Duration::from_secs(settings.keep_alive_seconds))
     .shutdown_timeout(settings.shutdown_timeout_seconds)
     .disable_signals()
-    .bind_rustls_0_23((settings.address.as_str(), settings.https_port), tls)?;
+    .listen_rustls_0_23(https_listener(settings)?, tls)?;
     let https_addr = https.addrs()[0];
     let http_data = data;
     let http = HttpServer::new(move || {
@@ -292,6 +417,9 @@ pub fn bind(settings: &ServerSettings, state: Arc<AppState>, tls: rustls::Server
             .default_service(web::to(not_found))
     })
     .workers(1)
+    // Probes and scrapes need a handful of connections; idle ones must not pile up.
+    .max_connections(256)
+    .keep_alive(Duration::from_secs(10))
     .client_request_timeout(Duration::from_millis(settings.client_request_timeout_ms))
     .shutdown_timeout(settings.shutdown_timeout_seconds)
     .disable_signals()
