@@ -109,6 +109,10 @@ pub enum Denial {
     },
     /// A template failed to render for this pod, or an override annotation is invalid.
     Render(RenderError),
+    /// The status annotation names the current template versions, but items it names were
+    /// changed since (by a later mutating webhook, or by hand in a copied pod): neither keeping
+    /// them as injected nor reclassifying them as the pod's own would tell the truth.
+    Altered(Vec<String>),
 }
 
 impl fmt::Display for Denial {
@@ -124,6 +128,12 @@ impl fmt::Display for Denial {
                 if known.is_empty() { "none".to_owned() } else { known.join(", ") }
             ),
             Denial::Render(e) => write!(f, "sidecar-injector: cannot inject: {e}"),
+            Denial::Altered(changes) => write!(
+                f,
+                "sidecar-injector: the pod's {} annotation says it was injected with the current templates, but {}; if another mutating webhook changes the injected containers, exclude them there; to inject a copied pod afresh, remove the annotation",
+                names::STATUS_ANNOTATION,
+                changes.join("; ")
+            ),
         }
     }
 }
@@ -238,8 +248,11 @@ impl Engine {
                     .map(|(name, rendered)| ownership::ClaimedRendering { name, rendered: rendered.as_ref() })
                     .collect();
                 let assessed = ownership::assess(pod, claim, &claimed);
-                let current = selected.iter().map(|t| (&*t.name, t.hash.as_str()));
-                if claim.is_current(current) {
+                let current = claim.is_current(selected.iter().map(|t| (&*t.name, t.hash.as_str())));
+                if current && !assessed.altered.is_empty() {
+                    return decision(Some(choice), Outcome::Denied(Denial::Altered(assessed.altered)), warnings);
+                }
+                if current {
                     // Same versions: the items that hold stay where they are, anything missing is
                     // added. Up to date when that adds nothing.
                     let planned: Vec<PlannedTemplate> = renderings

@@ -44,6 +44,10 @@ pub struct Ownership {
     pub present: InjectionStatus,
     /// Whether every claimed item is present.
     pub all_present: bool,
+    /// Claimed items that are in the pod, come from a claimed template version in service, and
+    /// no longer hold what it sets (another webhook or the pod's author changed them), each as a
+    /// sentence naming the item and the change.
+    pub altered: Vec<String>,
     /// Why claimed items are not treated as the injector's own, one sentence each.
     pub doubts: Vec<String>,
 }
@@ -53,6 +57,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Claimed
     let mut owned = InjectionStatus { templates: claim.templates.clone(), ..InjectionStatus::default() };
     let mut present = owned.clone();
     let mut doubts = Vec::new();
+    let mut altered = Vec::new();
     let mut all_present = true;
     let mut judge = |kind: ItemKind,
                      name: &str,
@@ -80,6 +85,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Claimed
             (Some(expected), Some(actual)) => {
                 if let Some(difference) = first_difference(&expected, actual, "") {
                     all_present = false;
+                    altered.push(format!("{what} was changed after injection: {difference}"));
                     doubts.push(format!(
                         "{what} is not what its template renders ({difference}); it is kept as the pod's own"
                     ));
@@ -168,7 +174,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Claimed
             }
         }
     }
-    Ownership { owned, present, all_present, doubts }
+    Ownership { owned, present, all_present, altered, doubts }
 }
 
 /// How well a claimed item matches its template.
