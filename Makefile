@@ -1,7 +1,7 @@
 # The commands the README names. `make test` is what CI runs (through .ci/run).
-.PHONY: test lint unit kubectl-yaml e2e release golden bench fuzz
+.PHONY: test lint unit kubectl-yaml e2e hostile-load release golden bench fuzz
 
-test: lint unit kubectl-yaml e2e
+test: lint unit kubectl-yaml e2e hostile-load
 
 lint:
 	cargo fmt --all -- --check
@@ -25,6 +25,11 @@ release:
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 e2e: release
 	SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_BIN=$(TARGET_DIR)/release/sidecar-injector cargo test --locked --test e2e
+
+# Attacks on :8443 against the release binary with a fresh-connection canary and peak RSS against
+# the Deployment's memory limit (tests/hostile_load.rs; about a minute).
+hostile-load: release
+	SIDECAR_INJECTOR_BIN=$(TARGET_DIR)/release/sidecar-injector cargo test --locked --test hostile_load -- --nocapture
 
 # Regenerate the golden files after an intended change, then review `git diff tests/golden`.
 golden:

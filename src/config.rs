@@ -282,9 +282,9 @@ impl Settings {
         if server.max_body_bytes < 64 * 1024 {
             return fail("server.max_body_bytes must be at least 65536");
         }
-        if server.max_inflight_bytes < server.max_body_bytes {
+        if server.max_inflight_bytes < server.max_body_bytes + 1024 * 1024 {
             return fail(
-                "server.max_inflight_bytes must be at least server.max_body_bytes (one largest request must fit)",
+                "server.max_inflight_bytes must be at least server.max_body_bytes + 1 MiB (room for one largest request and the small ones)",
             );
         }
         if server.max_tls_handshakes_per_worker == 0 || server.tls_handshake_timeout_ms == 0 {
@@ -380,7 +380,7 @@ mod tests {
             ("tls:\n  cert_file: /a\n", &[], "must be set together"),
             ("tls:\n  mode: files\n", &[], "needs tls.cert_file"),
             ("server:\n  max_body_bytes: 10\n", &[], "at least 65536"),
-            ("server:\n  max_inflight_bytes: 70000\n", &[], "one largest request must fit"),
+            ("server:\n  max_inflight_bytes: 70000\n", &[], "room for one largest request"),
             ("telemetry:\n  log_level: \"=\"\n", &[], "telemetry.log_level"),
             ("cluster:\n  kubernetes_version: latest\n", &[], "cluster.kubernetes_version"),
             ("tls:\n  rotate_before_days: 400\n", &[], "rotate_before_days"),

@@ -15,7 +15,7 @@ use crate::engine::template::PreCheck;
 use crate::engine::{ClusterFacts, Engine, TemplateSet};
 use crate::sandbox::Sandbox;
 use crate::server::tls::{self, CertStore};
-use crate::server::{self, AppState, Readiness};
+use crate::server::{self, AppState, InflightRoom, Readiness};
 use crate::telemetry::{self, Metrics};
 
 /// Runs the webhook until SIGTERM or SIGINT.
@@ -102,7 +102,7 @@ impl Starting {
             readiness,
             max_body_bytes: settings.server.max_body_bytes,
             max_inflight_bytes: settings.server.max_inflight_bytes,
-            inflight_kib: Arc::new(tokio::sync::Semaphore::new(settings.server.max_inflight_bytes.div_ceil(1024))),
+            inflight_kib: InflightRoom::new(settings.server.max_inflight_bytes, settings.server.max_body_bytes),
             body_timeout: Duration::from_millis(settings.server.body_timeout_ms),
             precheck,
             template_work: Default::default(),

@@ -272,7 +272,7 @@ mod tests {
             readiness: Arc::new(Readiness { namespaces_synced: true.into(), ..Readiness::default() }),
             max_body_bytes: 1 << 20,
             max_inflight_bytes: 1 << 20,
-            inflight_kib: Arc::new(tokio::sync::Semaphore::new(1024)),
+            inflight_kib: crate::server::InflightRoom::new(1 << 20, 1 << 20),
             body_timeout: Duration::from_secs(1),
             precheck: Arc::new(crate::engine::template::InProcess),
             template_work: Default::default(),

@@ -117,8 +117,12 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Most request bytes in flight (`server.max_inflight_bytes`).
     pub max_inflight_bytes: usize,
-    /// The room left for them, in KiB.
-    pub inflight_kib: Arc<tokio::sync::Semaphore>,
+    /// The room left for them, in KiB: one largest body for large bodies (they are decided one at a
+    /// time, their unread bytes waiting in the kernel, so a flood of them cannot take the CPU), the
+    /// rest for small ones (up to [`SMALL_BODY_BYTES`], every real pod). The semaphores are fair (first come, first served), so
+    /// one shared pool would make a typical review wait behind every queued multi-MiB body.
+    pub inflight_kib: InflightRoom,
+
     /// Time a body may take to arrive.
     pub body_timeout: Duration,
     /// Checks new template text before it is loaded (the child-process sandbox in `serve`).
@@ -129,6 +133,33 @@ pub struct AppState {
     /// The template ConfigMap check running (one permit); the next waits up to
     /// [`TEMPLATE_QUEUE_WAIT`], then is refused.
     pub template_queue: Arc<tokio::sync::Semaphore>,
+}
+
+/// Bodies up to this size are "small" for [`InflightRoom`].
+pub const SMALL_BODY_BYTES: usize = 64 * 1024;
+
+/// Room for request bodies in flight, split by size (see [`AppState::inflight_kib`]).
+#[derive(Debug, Clone)]
+pub struct InflightRoom {
+    small: Arc<tokio::sync::Semaphore>,
+    large: Arc<tokio::sync::Semaphore>,
+}
+
+impl InflightRoom {
+    /// Room for `max_inflight_bytes`: `max_body_bytes` of it for large bodies, the rest for small.
+    pub fn new(max_inflight_bytes: usize, max_body_bytes: usize) -> Self {
+        let total = max_inflight_bytes.div_ceil(1024);
+        let large = max_body_bytes.div_ceil(1024);
+        let small = total.saturating_sub(large).max(SMALL_BODY_BYTES / 1024);
+        InflightRoom {
+            small: Arc::new(tokio::sync::Semaphore::new(small)),
+            large: Arc::new(tokio::sync::Semaphore::new(large)),
+        }
+    }
+
+    fn pool(&self, bytes: usize) -> &Arc<tokio::sync::Semaphore> {
+        if bytes <= SMALL_BODY_BYTES { &self.small } else { &self.large }
+    }
 }
 
 /// How long a template ConfigMap check waits for the one before it before it is refused.
@@ -173,7 +204,8 @@ async fn read_body(
         return Err(Box::new(admission::too_large(limit)));
     }
     let kib = (declared.unwrap_or(limit).div_ceil(1024)).max(1) as u32;
-    let room = tokio::time::timeout(state.body_timeout, state.inflight_kib.clone().acquire_many_owned(kib)).await;
+    let pool = state.inflight_kib.pool(declared.unwrap_or(limit)).clone();
+    let room = tokio::time::timeout(state.body_timeout, pool.acquire_many_owned(kib)).await;
     let Ok(Ok(room)) = room else {
         return Err(Box::new(admission::busy(state.max_inflight_bytes, state.body_timeout)));
     };
@@ -241,7 +273,17 @@ async fn decide(endpoint: Endpoint, req: &HttpRequest, payload: web::Payload, st
         Err(reply) => return *reply,
     };
     let started = Instant::now();
-    let reply = match admission::parse(&body) {
+    // A multi-MiB body takes milliseconds of parsing and deciding in one go: on the async worker
+    // that would hold up every other request of that worker, so large ones go to the blocking
+    // pool (one at a time, through the in-flight room).
+    let large = body.len() > SMALL_BODY_BYTES;
+    let parsed = match large {
+        true => web::block(move || admission::parse(&body))
+            .await
+            .unwrap_or_else(|e| Err(admission::BadRequest(e.to_string()))),
+        false => admission::parse(&body),
+    };
+    let reply = match parsed {
         Err(error) => admission::invalid(&error),
         Ok(request) => {
             let span = tracing::Span::current();
@@ -250,21 +292,24 @@ async fn decide(endpoint: Endpoint, req: &HttpRequest, payload: web::Payload, st
             let name = request.object.as_ref().map(|o| crate::engine::pod::display_name(&o.json)).unwrap_or_default();
             span.record("name", name.as_str());
             let namespace = state.namespaces.facts(admission::namespace_of(&request), &state.metrics).await;
-            let engine = state.engine.load();
+            let engine = state.engine.load_full();
             let cluster = **state.cluster.load();
-            match endpoint {
-                Endpoint::Mutate => admission::mutate(&engine, request, &namespace, cluster),
-                Endpoint::Validate if admission::is_configmap(&request) => {
-                    check_template_configmap(state, engine.clone(), request, namespace, cluster).await
+            if endpoint == Endpoint::Validate && admission::is_configmap(&request) {
+                check_template_configmap(state, engine, request, namespace, cluster).await
+            } else {
+                let (own_namespace, precheck) = (state.own_namespace.clone(), state.precheck.clone());
+                let decide = move || match endpoint {
+                    Endpoint::Mutate => admission::mutate(&engine, request, &namespace, cluster),
+                    Endpoint::Validate => {
+                        admission::validate(&engine, request, &namespace, cluster, &own_namespace, precheck.as_ref())
+                    }
+                };
+                match large {
+                    true => web::block(decide)
+                        .await
+                        .unwrap_or_else(|e| admission::invalid(&admission::BadRequest(e.to_string()))),
+                    false => decide(),
                 }
-                Endpoint::Validate => admission::validate(
-                    &engine,
-                    request,
-                    &namespace,
-                    cluster,
-                    &state.own_namespace,
-                    state.precheck.as_ref(),
-                ),
             }
         }
     };

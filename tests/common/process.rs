@@ -23,12 +23,17 @@ impl ServeProcess {
     /// Starts the binary with `extra_env` on top of a loopback, cluster-less configuration, and
     /// waits until `/readyz` answers 200.
     pub async fn start(extra_env: &[(&str, String)]) -> ServeProcess {
+        Self::start_binary(std::path::Path::new(env!("CARGO_BIN_EXE_sidecar-injector")), extra_env).await
+    }
+
+    /// Like [`ServeProcess::start`], with another build of the binary (the release one).
+    pub async fn start_binary(binary: &std::path::Path, extra_env: &[(&str, String)]) -> ServeProcess {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         let ca_file = dir.path().join("ca.pem");
         let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let (https, http) = (free(), free());
-        let child = Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
+        let child = Command::new(binary)
             .arg("serve")
             .env("SIDECAR_INJECTOR__CLUSTER__MODE", "off")
             .env("SIDECAR_INJECTOR__SERVER__ADDRESS", "127.0.0.1")
