@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::engine::template::PreCheck;
 use crate::engine::template::embedded_sources;
 use crate::engine::{ClusterFacts, NamespaceFacts, TemplateError, TemplateSet, TemplateSource};
 
@@ -224,11 +225,17 @@ pub fn template_sources_from(path: &Path) -> Result<Vec<TemplateSource>, CliErro
 
 /// Loads the templates from `--templates DIR` or the embedded defaults; any error fails.
 pub fn load_templates(dir: Option<&Path>) -> Result<TemplateSet, CliError> {
+    load_templates_checked(dir, &crate::engine::template::InProcess)
+}
+
+/// [`load_templates`], each new template first passing `precheck` (the webhook's sandbox, so that
+/// a template that would exhaust memory fails with its name instead of killing the process).
+pub fn load_templates_checked(dir: Option<&Path>, precheck: &dyn PreCheck) -> Result<TemplateSet, CliError> {
     let sources = match dir {
         Some(dir) => template_sources_from(dir)?,
         None => embedded_sources(),
     };
-    let (set, errors) = TemplateSet::load(sources);
+    let (set, errors) = TemplateSet::default().update(sources, precheck);
     if errors.is_empty() { Ok(set) } else { Err(errors.into()) }
 }
 

@@ -71,8 +71,14 @@ impl Starting {
         let (engine, readiness) = match &client {
             Some(_) => (Engine::new(TemplateSet::default(), excluded), Readiness::default()),
             None => {
-                let templates = crate::cli::load_templates(settings.templates.dir.as_deref())
-                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                // Through the sandbox, off the async runtime: a template from the directory gets the
+                // same checks as one from a ConfigMap.
+                let (dir, check) = (settings.templates.dir.clone(), precheck.clone());
+                let templates = tokio::task::spawn_blocking(move || {
+                    crate::cli::load_templates_checked(dir.as_deref(), check.as_ref())
+                })
+                .await?
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
                 tracing::info!(templates = ?templates.names().collect::<Vec<_>>(), "no cluster: serving these templates, every namespace counts as opted in");
                 metrics.templates_loaded.set(templates.len() as i64);
                 let ready = Readiness::ready_now(!templates.is_empty());
