@@ -81,6 +81,52 @@ pub fn not_after(cert_pem: &str) -> Result<OffsetDateTime, CertError> {
     Ok(cert.validity().not_after.to_datetime())
 }
 
+/// Writes `contents` to `path` so that nobody else can redirect or pre-empt the write: into a new
+/// file created exclusively next to it (never following a symlink, never reusing an existing
+/// file), then renamed over `path` (a rename replaces a symlink instead of following it, and in a
+/// sticky directory such as `/tmp` it cannot replace another user's file). Used for the laptop
+/// mode's CA file, whose default path is in the shared temporary directory.
+pub fn write_file_safely(path: &std::path::Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    if let Ok(existing) = std::fs::symlink_metadata(path) {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if !existing.file_type().is_file() || existing.uid() != me {
+            return Err(std::io::Error::other(format!(
+                "{} exists and is {} (owned by uid {}): remove it or choose another path",
+                path.display(),
+                if existing.file_type().is_symlink() { "a symlink" } else { "not a regular file of yours" },
+                existing.uid()
+            )));
+        }
+    }
+    let name =
+        path.file_name().ok_or_else(|| std::io::Error::other(format!("{} is not a file path", path.display())))?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    for attempt in 0..16u32 {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let temporary = dir.join(format!(".{}.{}.{nanos}.{attempt}", name.to_string_lossy(), std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&temporary);
+        let mut file = match file {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            other => other?,
+        };
+        let written =
+            file.write_all(contents).and_then(|()| file.sync_all()).and_then(|()| std::fs::rename(&temporary, path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&temporary);
+        }
+        return written;
+    }
+    Err(std::io::Error::other(format!("could not create a new file next to {}", path.display())))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,5 +161,25 @@ mod tests {
         let other = ServerName::try_from("evil.example").unwrap();
         assert!(verifier.verify_server_cert(&leaf, &[], &other, &[], UnixTime::now()).is_err());
         assert!(not_after("not a pem").is_err());
+    }
+
+    #[test]
+    fn the_ca_file_is_written_without_following_or_reusing_what_others_placed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("ca.pem");
+        write_file_safely(&target, b"first").unwrap();
+        write_file_safely(&target, b"second").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"second");
+        // A symlink planted at the path is refused, and what it points to is untouched.
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let planted = dir.path().join("planted.pem");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let err = write_file_safely(&planted, b"ca").unwrap_err();
+        assert!(err.to_string().contains("is a symlink"), "{err}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        // No temporary files are left behind.
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left.len(), 3, "{left:?}");
     }
 }

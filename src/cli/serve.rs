@@ -207,7 +207,7 @@ async fn certificate(
             let now = time::OffsetDateTime::now_utc();
             let ca = certs::generate_ca("sidecar-injector self-signed CA", now, settings.ca_validity_days)?;
             let serving = certs::issue(&ca, &settings.hosts, now, settings.certificate_validity_days)?;
-            std::fs::write(&settings.self_signed_ca_file, &ca.cert)
+            certs::write_file_safely(&settings.self_signed_ca_file, ca.cert.as_bytes())
                 .with_context(|| format!("writing the CA to {}", settings.self_signed_ca_file.display()))?;
             tracing::info!(ca_file = %settings.self_signed_ca_file.display(), hosts = ?settings.hosts, "self-signed certificate generated; trust its CA with curl --cacert");
             eprintln!(

@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use time::{Duration as TimeDuration, OffsetDateTime};
 
@@ -242,19 +242,29 @@ where
             tracing::debug!(kind = %K::kind(&()), name, "webhook configuration not found; nothing to update");
             return Ok(());
         };
-        let mut slots = bundles(&mut config);
-        if slots.iter().all(|b| b.as_ref() == Some(&want)) {
+        if bundles(&mut config).iter().all(|b| b.as_ref() == Some(&want)) {
             return Ok(());
         }
-        for slot in &mut slots {
-            **slot = Some(want.clone());
+        // A JSON patch of the caBundles alone (RBAC: `patch`, not `update`), each guarded by a
+        // `test` of its webhook's name, so a configuration changed meanwhile is never half-written.
+        let value = serde_json::to_value(&config)?;
+        let webhooks = value.get("webhooks").and_then(serde_json::Value::as_array).cloned().unwrap_or_default();
+        let encoded = serde_json::to_value(&want)?;
+        let mut operations = Vec::new();
+        for (index, webhook) in webhooks.iter().enumerate() {
+            operations.push(
+                serde_json::json!({"op": "test", "path": format!("/webhooks/{index}/name"), "value": webhook["name"]}),
+            );
+            operations.push(serde_json::json!({"op": "add", "path": format!("/webhooks/{index}/clientConfig/caBundle"), "value": encoded}));
         }
-        match api.replace(name, &PostParams::default(), &config).await {
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(operations))?;
+        match api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)).await {
             Ok(_) => {
                 tracing::info!(kind = %K::kind(&()), name, "wrote the CA into caBundle");
                 return Ok(());
             }
-            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            // The configuration changed between the read and the patch: read it again.
+            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 422 => continue,
             Err(e) => return Err(e.into()),
         }
     }
