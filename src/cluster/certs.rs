@@ -6,6 +6,12 @@
 //! gets 409 and reads the winner's), and rotated with `replace` carrying the `resourceVersion` it
 //! read (a replica that loses gets 409 and starts over). What to do is decided by the pure
 //! [`plan`], so every case is unit-tested without a cluster.
+//!
+//! A CA rotation takes two steps, so the API server never meets a certificate it does not trust:
+//! first the new CA is added to the Secret as the *next* CA and to the bundle (old and new), while
+//! serving stays on the old CA; every replica publishes that bundle. Only when every webhook
+//! configuration's `caBundle` holds the next CA is it promoted and the serving certificate
+//! re-issued from it. Replicas publish before they switch what they serve.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,6 +35,8 @@ const CA_KEY: &str = "ca.key";
 const CA_BUNDLE: &str = "ca-bundle.crt";
 const TLS_CERT: &str = "tls.crt";
 const TLS_KEY: &str = "tls.key";
+const NEXT_CA_CERT: &str = "next-ca.crt";
+const NEXT_CA_KEY: &str = "next-ca.key";
 
 /// The content of the Secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,10 +48,14 @@ pub struct Material {
     pub ca_bundle: String,
     /// The serving certificate.
     pub serving: Pem,
+    /// During a CA rotation: the CA that will sign the serving certificate once the webhook
+    /// configurations trust it (it is already in `ca_bundle`).
+    pub next_ca: Option<Pem>,
 }
 
 impl Material {
     fn to_data(&self) -> BTreeMap<String, ByteString> {
+        let next = self.next_ca.iter().flat_map(|n| [(NEXT_CA_CERT, &n.cert), (NEXT_CA_KEY, &n.key)]);
         [
             (CA_CERT, &self.ca.cert),
             (CA_KEY, &self.ca.key),
@@ -52,6 +64,7 @@ impl Material {
             (TLS_KEY, &self.serving.key),
         ]
         .into_iter()
+        .chain(next)
         .map(|(k, v)| (k.to_owned(), ByteString(v.as_bytes().to_vec())))
         .collect()
     }
@@ -63,6 +76,7 @@ impl Material {
             ca_bundle: get(CA_BUNDLE).unwrap_or_else(|| ca.cert.clone()),
             ca,
             serving: Pem { cert: get(TLS_CERT)?, key: get(TLS_KEY)? },
+            next_ca: get(NEXT_CA_CERT).zip(get(NEXT_CA_KEY)).map(|(cert, key)| Pem { cert, key }),
         })
     }
 }
@@ -112,33 +126,53 @@ fn covers_hosts(cert_pem: &str, hosts: &[String]) -> bool {
     hosts.iter().all(|h| names.contains(h))
 }
 
-/// Decides what to do with the Secret's current content (`None`: no Secret).
+/// Decides what to do with the Secret's current content (`None`: no Secret). `published` holds
+/// the `caBundle` of every webhook configuration as it is now (a CA rotation's next CA is promoted
+/// only when all of them trust it).
 pub fn plan(
     existing: Option<&BTreeMap<String, ByteString>>,
     hosts: &[String],
     settings: &TlsSettings,
     now: OffsetDateTime,
+    published: &[String],
 ) -> Result<Plan, CertError> {
     let renew_before = TimeDuration::days(i64::from(settings.rotate_before_days));
     let new_ca = || certs::generate_ca("sidecar-injector CA", now, settings.ca_validity_days);
     let serve = |ca: &Pem| certs::issue(ca, hosts, now, settings.certificate_validity_days);
     let Some(data) = existing else {
         let ca = new_ca()?;
-        return Ok(Plan::Create(Material { ca_bundle: ca.cert.clone(), serving: serve(&ca)?, ca }));
+        return Ok(Plan::Create(Material { ca_bundle: ca.cert.clone(), serving: serve(&ca)?, ca, next_ca: None }));
     };
     let Some(current) = Material::from_data(data) else {
         let ca = new_ca()?;
         return Ok(Plan::Replace(
-            Material { ca_bundle: ca.cert.clone(), serving: serve(&ca)?, ca },
+            Material { ca_bundle: ca.cert.clone(), serving: serve(&ca)?, ca, next_ca: None },
             "the Secret is incomplete".into(),
         ));
     };
     let expires_soon = |pem: &str| certs::not_after(pem).map_or(true, |t| t - now < renew_before);
+    if let Some(next) = &current.next_ca {
+        let trusted = published.iter().all(|bundle| bundle.contains(next.cert.trim()));
+        if !trusted {
+            // Step 1 of a CA rotation is done; wait until every webhook configuration trusts it.
+            return Ok(Plan::Keep(current));
+        }
+        // Step 2: every client trusts the next CA: sign with it from now on.
+        let serving = serve(next)?;
+        let promoted = Material { ca: next.clone(), serving, next_ca: None, ca_bundle: current.ca_bundle.clone() };
+        return Ok(Plan::Replace(
+            promoted,
+            "the new CA is trusted by every webhook configuration: serving from it".into(),
+        ));
+    }
     if expires_soon(&current.ca.cert) {
-        // Trust both CAs until the old one expires, so certificates it signed keep verifying.
-        let ca = new_ca()?;
-        let ca_bundle = format!("{}{}", ca.cert, current.ca.cert);
-        return Ok(Plan::Replace(Material { serving: serve(&ca)?, ca, ca_bundle }, "the CA expires soon".into()));
+        // Step 1: trust both CAs (the old one until it expires), keep serving from the old one.
+        let next = new_ca()?;
+        let ca_bundle = format!("{}{}", next.cert, current.ca.cert);
+        return Ok(Plan::Replace(
+            Material { ca_bundle, next_ca: Some(next), ..current },
+            "the CA expires soon: publishing the new CA before serving from it".into(),
+        ));
     }
     let reason = if expires_soon(&current.serving.cert) {
         "the serving certificate expires soon"
@@ -170,7 +204,8 @@ pub async fn ensure_secret(client: &Client, namespace: &str, settings: &TlsSetti
     for _ in 0..5 {
         let existing = secrets.get_opt(&settings.secret_name).await?;
         let data = existing.as_ref().map(|s| s.data.clone().unwrap_or_default());
-        let result = match plan(data.as_ref(), &hosts, settings, OffsetDateTime::now_utc())? {
+        let published = published_bundles(client, settings).await?;
+        let result = match plan(data.as_ref(), &hosts, settings, OffsetDateTime::now_utc(), &published)? {
             Plan::Keep(material) => return Ok(material),
             Plan::Create(material) => {
                 let secret = Secret {
@@ -205,6 +240,24 @@ pub async fn ensure_secret(client: &Client, namespace: &str, settings: &TlsSetti
         }
     }
     anyhow::bail!("the Secret {} kept changing under us (5 conflicts in a row)", settings.secret_name)
+}
+
+/// The `caBundle` of every webhook of the named webhook configurations that exist.
+async fn published_bundles(client: &Client, settings: &TlsSettings) -> anyhow::Result<Vec<String>> {
+    let mut bundles = Vec::new();
+    let text =
+        |b: &Option<ByteString>| b.as_ref().map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
+    for name in &settings.webhook_configurations {
+        let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+        if let Some(config) = mutating.get_opt(name).await? {
+            bundles.extend(config.webhooks.iter().flatten().map(|w| text(&w.client_config.ca_bundle)));
+        }
+        let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+        if let Some(config) = validating.get_opt(name).await? {
+            bundles.extend(config.webhooks.iter().flatten().map(|w| text(&w.client_config.ca_bundle)));
+        }
+    }
+    Ok(bundles)
 }
 
 /// Writes `ca_bundle` into every webhook of the named Mutating and Validating webhook configurations.
@@ -287,9 +340,12 @@ pub async fn maintain(
         ticker.tick().await;
         let result = async {
             let material = ensure_secret(&client, &namespace, &settings).await?;
+            // Publish first: the bundle already trusts whatever the Secret's serving certificate
+            // is signed by, and a replica must never serve what the API server does not trust yet.
+            publish_ca_bundle(&client, &settings, &material.ca_bundle).await?;
             let expiry = store.replace(&material.serving)?;
             metrics.certificate_expiry.set(expiry.unix_timestamp());
-            publish_ca_bundle(&client, &settings, &material.ca_bundle).await
+            anyhow::Ok(())
         }
         .await;
         if let Err(error) = result {
@@ -325,15 +381,18 @@ mod tests {
         assert!(hosts.contains(&"sidecar-injector.sidecar-injector.svc".to_owned()));
         let t0 = OffsetDateTime::now_utc();
 
-        let created = plan(None, &hosts, &settings, t0).unwrap();
+        let created = plan(None, &hosts, &settings, t0, &[]).unwrap();
         let Plan::Create(first) = &created else { panic!("{created:?}") };
         assert!(covers_hosts(&first.serving.cert, &hosts));
         let stored = data(&created);
 
-        assert!(matches!(plan(Some(&stored), &hosts, &settings, t0 + TimeDuration::days(59)).unwrap(), Plan::Keep(_)));
+        assert!(matches!(
+            plan(Some(&stored), &hosts, &settings, t0 + TimeDuration::days(59), &[]).unwrap(),
+            Plan::Keep(_)
+        ));
 
         let Plan::Replace(rotated, reason) =
-            plan(Some(&stored), &hosts, &settings, t0 + TimeDuration::days(61)).unwrap()
+            plan(Some(&stored), &hosts, &settings, t0 + TimeDuration::days(61), &[]).unwrap()
         else {
             panic!()
         };
@@ -342,25 +401,26 @@ mod tests {
         assert_ne!(rotated.serving, first.serving);
 
         let more_hosts = [hosts.clone(), vec!["extra.example".to_owned()]].concat();
-        let Plan::Replace(_, reason) = plan(Some(&stored), &more_hosts, &settings, t0).unwrap() else { panic!() };
+        let Plan::Replace(_, reason) = plan(Some(&stored), &more_hosts, &settings, t0, &[]).unwrap() else { panic!() };
         assert_eq!(reason, "the serving certificate does not cover the service's names");
 
-        let Plan::Replace(new_ca, reason) =
-            plan(Some(&stored), &hosts, &settings, t0 + TimeDuration::days(3630)).unwrap()
+        let Plan::Replace(step1, reason) =
+            plan(Some(&stored), &hosts, &settings, t0 + TimeDuration::days(3630), &[first.ca_bundle.clone()]).unwrap()
         else {
             panic!()
         };
-        assert_eq!(reason, "the CA expires soon");
-        assert_ne!(new_ca.ca, first.ca);
+        assert_eq!(reason, "the CA expires soon: publishing the new CA before serving from it");
+        assert_eq!(step1.ca, first.ca, "still serving from the old CA");
+        let next = step1.next_ca.clone().expect("a next CA");
         assert!(
-            new_ca.ca_bundle.contains(&first.ca.cert) && new_ca.ca_bundle.starts_with(&new_ca.ca.cert),
+            step1.ca_bundle.contains(&first.ca.cert) && step1.ca_bundle.starts_with(&next.cert),
             "both CAs are trusted"
         );
 
         let mut broken = stored.clone();
         broken.remove(TLS_KEY);
         assert!(
-            matches!(plan(Some(&broken), &hosts, &settings, t0).unwrap(), Plan::Replace(_, r) if r == "the Secret is incomplete")
+            matches!(plan(Some(&broken), &hosts, &settings, t0, &[]).unwrap(), Plan::Replace(_, r) if r == "the Secret is incomplete")
         );
     }
 
@@ -370,5 +430,67 @@ mod tests {
         let old = certs::generate_ca("old", now - TimeDuration::days(10), 5).unwrap();
         let current = certs::generate_ca("current", now, 100).unwrap();
         assert_eq!(strip_expired(&format!("{}{}", current.cert, old.cert), now), current.cert);
+    }
+
+    /// Whether a client trusting exactly `bundle` (as the API server trusts a webhook's caBundle)
+    /// accepts `serving` for `host` at `now`, by rustls' own verification.
+    fn trusted(bundle: &str, serving: &str, host: &str, now: OffsetDateTime) -> bool {
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_slice_iter(bundle.as_bytes()) {
+            roots.add(ca.unwrap()).unwrap();
+        }
+        let verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build().unwrap();
+        let leaf = CertificateDer::from_pem_slice(serving.as_bytes()).unwrap();
+        let at = UnixTime::since_unix_epoch(Duration::from_secs(now.unix_timestamp() as u64));
+        verifier.verify_server_cert(&leaf, &[], &ServerName::try_from(host.to_owned()).unwrap(), &[], at).is_ok()
+    }
+
+    #[test]
+    fn through_a_ca_rotation_the_api_server_trusts_every_certificate_a_replica_serves() {
+        // A short-lived CA, so one run covers serving renewals and a whole CA rotation.
+        let settings = TlsSettings { ca_validity_days: 200, ..settings() };
+        let hosts = service_hosts(&settings, "sidecar-injector");
+        let host = hosts[0].as_str();
+        let t0 = OffsetDateTime::now_utc();
+        let Plan::Create(created) = plan(None, &hosts, &settings, t0, &[]).unwrap() else { panic!() };
+        // What the webhook configurations hold (two of them, published in turn) and the Secret.
+        let mut published = vec![created.ca_bundle.clone(), created.ca_bundle.clone()];
+        let mut secret = created.to_data();
+        let mut serving = created.serving.cert.clone();
+        let mut steps = Vec::new();
+        // A check every 10 days for 300 days; publishing lags one check behind on the second
+        // configuration (a replica that failed to write it).
+        for day in (10..=300).step_by(10) {
+            let now = t0 + TimeDuration::days(day);
+            let material = match plan(Some(&secret), &hosts, &settings, now, &published).unwrap() {
+                Plan::Keep(m) => m,
+                Plan::Replace(m, reason) => {
+                    steps.push(reason);
+                    m
+                }
+                Plan::Create(_) => unreachable!(),
+            };
+            secret = material.to_data();
+            // The replica publishes before it switches; the first configuration is written now,
+            // the second only at the next check.
+            published[1] = published[0].clone();
+            published[0] = material.ca_bundle.clone();
+            serving = material.serving.cert.clone();
+            // What the replica serves now must be trusted by every configuration as it is now,
+            // the lagging one included.
+            for (which, bundle) in published.iter().enumerate() {
+                assert!(
+                    trusted(bundle, &serving, host, now),
+                    "day {day}: configuration {which} does not trust the served certificate"
+                );
+            }
+        }
+        assert!(steps.iter().any(|s| s.starts_with("the CA expires soon")), "{steps:?}");
+        assert!(steps.iter().any(|s| s.starts_with("the new CA is trusted")), "{steps:?}");
     }
 }
