@@ -461,7 +461,6 @@ mod tests {
         // What the webhook configurations hold (two of them, published in turn) and the Secret.
         let mut published = vec![created.ca_bundle.clone(), created.ca_bundle.clone()];
         let mut secret = created.to_data();
-        let mut serving = created.serving.cert.clone();
         let mut steps = Vec::new();
         // A check every 10 days for 300 days; publishing lags one check behind on the second
         // configuration (a replica that failed to write it).
@@ -480,7 +479,7 @@ mod tests {
             // the second only at the next check.
             published[1] = published[0].clone();
             published[0] = material.ca_bundle.clone();
-            serving = material.serving.cert.clone();
+            let serving = &material.serving.cert;
             // What the replica serves now must be trusted by every configuration as it is now,
             // the lagging one included.
             for (which, bundle) in published.iter().enumerate() {
