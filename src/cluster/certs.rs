@@ -404,9 +404,14 @@ mod tests {
         let Plan::Replace(_, reason) = plan(Some(&stored), &more_hosts, &settings, t0, &[]).unwrap() else { panic!() };
         assert_eq!(reason, "the serving certificate does not cover the service's names");
 
-        let Plan::Replace(step1, reason) =
-            plan(Some(&stored), &hosts, &settings, t0 + TimeDuration::days(3630), &[first.ca_bundle.clone()]).unwrap()
-        else {
+        let Plan::Replace(step1, reason) = plan(
+            Some(&stored),
+            &hosts,
+            &settings,
+            t0 + TimeDuration::days(3630),
+            std::slice::from_ref(&first.ca_bundle),
+        )
+        .unwrap() else {
             panic!()
         };
         assert_eq!(reason, "the CA expires soon: publishing the new CA before serving from it");
