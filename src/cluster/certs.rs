@@ -489,7 +489,7 @@ mod tests {
             // the lagging one included.
             for (which, bundle) in published.iter().enumerate() {
                 assert!(
-                    trusted(bundle, &serving, host, now),
+                    trusted(bundle, serving, host, now),
                     "day {day}: configuration {which} does not trust the served certificate"
                 );
             }
