@@ -54,6 +54,22 @@ pub fn generate_ca(common_name: &str, now: OffsetDateTime, days: u32) -> Result<
 
 /// A serving certificate for `hosts` (DNS names or IP addresses) signed by `ca`.
 pub fn issue(ca: &Pem, hosts: &[String], now: OffsetDateTime, days: u32) -> Result<Pem, CertError> {
+    issue_with(ca, hosts, now, days, ExtendedKeyUsagePurpose::ServerAuth)
+}
+
+/// A client certificate for `name` signed by `ca`: what the API server presents to the webhook when
+/// `tls.client_ca_file` is set (its AdmissionConfiguration names the files).
+pub fn issue_client(ca: &Pem, name: &str, now: OffsetDateTime, days: u32) -> Result<Pem, CertError> {
+    issue_with(ca, &[name.to_owned()], now, days, ExtendedKeyUsagePurpose::ClientAuth)
+}
+
+fn issue_with(
+    ca: &Pem,
+    hosts: &[String],
+    now: OffsetDateTime,
+    days: u32,
+    usage: ExtendedKeyUsagePurpose,
+) -> Result<Pem, CertError> {
     let ca_key = KeyPair::from_pem(&ca.key)?;
     let issuer = Issuer::from_ca_cert_pem(&ca.cert, ca_key)?;
     let key = KeyPair::generate()?;
@@ -67,7 +83,7 @@ pub fn issue(ca: &Pem, hosts: &[String], now: OffsetDateTime, days: u32) -> Resu
         })
         .collect::<Result<_, rcgen::Error>>()?;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.extended_key_usages = vec![usage];
     validity(&mut params, now, days);
     let cert = params.signed_by(&key, &issuer)?;
     Ok(Pem { cert: cert.pem(), key: key.serialize_pem() })

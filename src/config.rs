@@ -127,6 +127,11 @@ pub struct TlsSettings {
     /// Names and addresses the injector's own certificates are valid for: all of a self-signed one's,
     /// and in self-managed mode besides `<service>.<namespace>.svc` and its variants.
     pub hosts: Vec<String>,
+    /// PEM CA(s) of the client certificate the API server presents to webhooks (configured in its
+    /// AdmissionConfiguration). When set, a client without a certificate signed by one of them is
+    /// refused during the TLS handshake, so only the API server can reach `/mutate` and
+    /// `/validate`. Unset: any client is served (the bounds still hold).
+    pub client_ca_file: Option<PathBuf>,
 }
 
 impl Default for TlsSettings {
@@ -145,6 +150,7 @@ impl Default for TlsSettings {
             check_interval_seconds: 300,
             self_signed_ca_file: std::env::temp_dir().join("sidecar-injector-ca.pem"),
             hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            client_ca_file: None,
         }
     }
 }

@@ -257,3 +257,54 @@ async fn health_readiness_and_metrics_are_on_the_plain_port() {
     assert_eq!(get("/mutate").await.0, 404, "admission is not served on the plain port");
     server.stop();
 }
+
+/// With `tls.client_ca_file`, only a client presenting a certificate from that CA (the API server,
+/// as its AdmissionConfiguration configures it) gets through the handshake; anyone else is refused
+/// before a single byte of a request is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_client_ca_only_the_api_servers_certificate_gets_in() {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let now = time::OffsetDateTime::now_utc();
+    let api_server_ca = sidecar_injector::certs::generate_ca("API server client CA", now, 30).unwrap();
+    let other_ca = sidecar_injector::certs::generate_ca("someone else", now, 30).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("client-ca.pem");
+    std::fs::write(&ca_file, &api_server_ca.cert).unwrap();
+    let server = TestServer::start(|s| s.tls.client_ca_file = Some(ca_file.clone()));
+    let body = serde_json::to_vec(&admission_review(&typical_pod(), "shop", "mtls")).unwrap();
+
+    // (case, client certificate, answered)
+    let api_server = sidecar_injector::certs::issue_client(&api_server_ca, "kube-apiserver", now, 30).unwrap();
+    let impostor = sidecar_injector::certs::issue_client(&other_ca, "kube-apiserver", now, 30).unwrap();
+    let cases = [
+        ("the API server's certificate", Some(&api_server), true),
+        ("another CA's certificate", Some(&impostor), false),
+        ("no certificate", None, false),
+    ];
+    for (case, certificate, answered) in cases {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(server.ca.cert.as_bytes()).unwrap()).unwrap();
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let tls = match certificate {
+            None => builder.with_no_client_auth(),
+            Some(pem) => {
+                let chain = vec![CertificateDer::from_pem_slice(pem.cert.as_bytes()).unwrap()];
+                builder
+                    .with_client_auth_cert(chain, PrivateKeyDer::from_pem_slice(pem.key.as_bytes()).unwrap())
+                    .unwrap()
+            }
+        };
+        let client = reqwest::Client::builder().tls_backend_preconfigured(tls).build().unwrap();
+        let result = client.post(server.url("/mutate")).body(body.clone()).send().await;
+        match (answered, result) {
+            (true, Ok(response)) => assert_eq!(response.status(), 200, "{case}"),
+            (false, Err(_)) => {}
+            (want, got) => panic!("{case}: expected answered={want}, got {got:?}"),
+        }
+    }
+    server.stop();
+}

@@ -121,7 +121,15 @@ impl Starting {
                 cluster::watch_drift(client.clone(), store, state.clone(), interval);
             }
         }
-        let servers = server::bind(&settings.server, state.clone(), tls::server_config(store)).with_context(|| {
+        let client_cas = match &settings.tls.client_ca_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading tls.client_ca_file {}", path.display()))?,
+            ),
+            None => None,
+        };
+        let tls_config = tls::server_config(store, client_cas.as_deref())?;
+        let servers = server::bind(&settings.server, state.clone(), tls_config).with_context(|| {
             format!(
                 "binding {}:{} and :{}",
                 settings.server.address, settings.server.https_port, settings.server.http_port

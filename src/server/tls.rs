@@ -99,15 +99,32 @@ impl ResolvesServerCert for CertStore {
 }
 
 /// The TLS configuration of the HTTPS listener: TLS 1.2 and 1.3 only, HTTP/1.1, the store's
-/// certificate.
-pub fn server_config(store: Arc<CertStore>) -> rustls::ServerConfig {
-    let mut config = rustls::ServerConfig::builder_with_provider(crypto_provider())
+/// certificate; with `client_cas` (PEM), only clients presenting a certificate signed by one of them.
+pub fn server_config(store: Arc<CertStore>, client_cas: Option<&str>) -> Result<rustls::ServerConfig, TlsError> {
+    let builder = rustls::ServerConfig::builder_with_provider(crypto_provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .expect("the ring provider supports TLS 1.2 and 1.3")
-        .with_no_client_auth()
-        .with_cert_resolver(store);
+        .expect("the ring provider supports TLS 1.2 and 1.3");
+    let builder = match client_cas {
+        None => builder.with_no_client_auth(),
+        Some(pem) => {
+            let invalid = |message: String| TlsError::Invalid(format!("tls.client_ca_file: {message}"));
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                roots.add(ca.map_err(|e| invalid(e.to_string()))?).map_err(|e| invalid(e.to_string()))?;
+            }
+            if roots.is_empty() {
+                return Err(invalid("no certificate in the file".into()));
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), crypto_provider())
+                    .build()
+                    .map_err(|e| invalid(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_cert_resolver(store);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    config
+    Ok(config)
 }
 
 /// Reads a certificate and key pair of files.

@@ -113,6 +113,10 @@ pub struct ControlPlane {
     pub apiserver: Option<Process>,
     pub url: String,
     pub admin_kubeconfig: PathBuf,
+    /// The client certificate the API server presents to webhooks (its AdmissionConfiguration),
+    /// and the CA that signed it, which the injector is told to require (`tls.client_ca_file`).
+    pub webhook_client: certs::Pem,
+    pub webhook_client_ca_file: PathBuf,
     apiserver_args: Vec<String>,
 }
 
@@ -137,6 +141,38 @@ impl ControlPlane {
         let sa_key = write("sa.key", &service_accounts.serialize_pem())?;
         let sa_pub = write("sa.pub", &service_accounts.public_key_pem())?;
         let tokens = write("tokens.csv", &format!("{ADMIN_TOKEN},admin,admin,system:masters\n"))?;
+        // The API server authenticates itself to webhooks with a client certificate, as a
+        // production control plane can (AdmissionConfiguration → kubeconfig per webhook host).
+        let webhook_client_ca = certs::generate_ca("e2e webhook client CA", now, 2)?;
+        let webhook_client = certs::issue_client(&webhook_client_ca, "kube-apiserver", now, 1)?;
+        let webhook_client_ca_file = write("webhook-client-ca.crt", &webhook_client_ca.cert)?;
+        let client_cert = write("webhook-client.crt", &webhook_client.cert)?;
+        let client_key = write("webhook-client.key", &webhook_client.key)?;
+        let user = format!(
+            "  user:\n    client-certificate: {}\n    client-key: {}\n",
+            client_cert.display(),
+            client_key.display()
+        );
+        let webhook_kubeconfig = write(
+            "webhook.kubeconfig",
+            &format!(
+                "apiVersion: v1\nkind: Config\nusers:\n- name: \"127.0.0.1:{INJECTOR_HTTPS_PORT}\"\n{user}- name: \"*\"\n{user}"
+            ),
+        )?;
+        let plugin = |name: &str| {
+            format!(
+                "- name: {name}\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: {}\n",
+                webhook_kubeconfig.display()
+            )
+        };
+        let admission = write(
+            "admission.yaml",
+            &format!(
+                "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n{}{}",
+                plugin("ValidatingAdmissionWebhook"),
+                plugin("MutatingAdmissionWebhook")
+            ),
+        )?;
 
         let (client_port, peer_port, secure_port) = (free_port(), free_port(), free_port());
         let mut etcd = Command::new(bin.join("etcd"));
@@ -172,6 +208,7 @@ impl ControlPlane {
             format!("--service-account-signing-key-file={}", sa_key.display()),
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
+            format!("--admission-control-config-file={}", admission.display()),
         ];
         let url = format!("https://127.0.0.1:{secure_port}");
         let admin_kubeconfig = dir.join("admin.kubeconfig");
@@ -183,6 +220,8 @@ impl ControlPlane {
             apiserver: None,
             url,
             admin_kubeconfig,
+            webhook_client,
+            webhook_client_ca_file,
             apiserver_args,
         };
         plane.start_apiserver()?;
@@ -296,7 +335,8 @@ impl Injector {
             .env("SIDECAR_INJECTOR__SERVER__SHUTDOWN_TIMEOUT_SECONDS", "5")
             .env("SIDECAR_INJECTOR__CLUSTER__NAMESPACE", "sidecar-injector")
             .env("SIDECAR_INJECTOR__CLUSTER__DRIFT_INTERVAL_SECONDS", "2")
-            .env("SIDECAR_INJECTOR__TLS__SELF_SIGNED_CA_FILE", plane.dir.join("unused-ca.pem"));
+            .env("SIDECAR_INJECTOR__TLS__SELF_SIGNED_CA_FILE", plane.dir.join("unused-ca.pem"))
+            .env("SIDECAR_INJECTOR__TLS__CLIENT_CA_FILE", &plane.webhook_client_ca_file);
         for (key, value) in extra_env {
             command.env(key, value);
         }

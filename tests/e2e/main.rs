@@ -103,6 +103,7 @@ async fn run(root: &Path) -> Result<bool> {
         s11_least_privilege,
         s13_explain_cluster,
         s14_drift,
+        s15_only_the_api_server,
         s12_api_server_outage,
     ];
     let mut failed = Vec::new();

@@ -697,19 +697,50 @@ pub async fn s14_drift(ctx: &mut Ctx) -> Result<()> {
 /// Scenario 12: kube-apiserver stops for over 60 s while admission requests go straight to the
 /// webhook: they are answered from the caches (injected where the cached namespace labels say so).
 /// After the restart, a template edit takes effect within 5 s.
-pub async fn s12_api_server_outage(ctx: &mut Ctx) -> Result<()> {
-    use rustls_pki_types::CertificateDer;
+/// A client of the webhook trusting the injector's CA, presenting `certificate` (or none).
+fn webhook_client(ctx: &Ctx, certificate: Option<&sidecar_injector::certs::Pem>) -> Result<reqwest::Client> {
     use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(&ctx.first_ca_bundle) {
         roots.add(cert?)?;
     }
-    let tls =
+    let builder =
         rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    let webhook = reqwest::Client::builder().tls_backend_preconfigured(tls).timeout(Duration::from_secs(5)).build()?;
+            .with_root_certificates(roots);
+    let tls = match certificate {
+        None => builder.with_no_client_auth(),
+        Some(pem) => builder.with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(pem.cert.as_bytes())?],
+            PrivateKeyDer::from_pem_slice(pem.key.as_bytes())?,
+        )?,
+    };
+    Ok(reqwest::Client::builder().tls_backend_preconfigured(tls).timeout(Duration::from_secs(5)).build()?)
+}
+
+/// Scenario 15: the API server authenticates itself to the webhook with its client certificate
+/// (AdmissionConfiguration), and the injector (`tls.client_ca_file`) refuses everyone else during
+/// the handshake: every other scenario's pods went through, a pod-network client does not.
+pub async fn s15_only_the_api_server(ctx: &mut Ctx) -> Result<()> {
+    let url = format!("https://127.0.0.1:{}/mutate", crate::controlplane::INJECTOR_HTTPS_PORT);
+    let body = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"});
+    let stranger = webhook_client(ctx, None)?.post(&url).json(&body).send().await;
+    ensure!(stranger.is_err(), "a client without a certificate was answered: {stranger:?}");
+    let now = time::OffsetDateTime::now_utc();
+    let other_ca = sidecar_injector::certs::generate_ca("not the API server's", now, 1)?;
+    let forged = sidecar_injector::certs::issue_client(&other_ca, "kube-apiserver", now, 1)?;
+    let impostor = webhook_client(ctx, Some(&forged))?.post(&url).json(&body).send().await;
+    ensure!(impostor.is_err(), "a client with another CA's certificate was answered: {impostor:?}");
+    let api_server = webhook_client(ctx, Some(&ctx.plane.webhook_client))?.post(&url).json(&body).send().await?;
+    ensure!(api_server.status() == 400, "the API server's certificate: status {}", api_server.status());
+    println!("      no certificate: refused; another CA's: refused; the API server's: answered");
+    Ok(())
+}
+
+pub async fn s12_api_server_outage(ctx: &mut Ctx) -> Result<()> {
+    // This test stands in for the API server, so it presents the API server's client certificate.
+    let webhook = webhook_client(ctx, Some(&ctx.plane.webhook_client))?;
     let url = format!("https://127.0.0.1:{}/mutate", crate::controlplane::INJECTOR_HTTPS_PORT);
     let review = |namespace: &str, uid: &str| {
         json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
