@@ -392,17 +392,9 @@ fn legacy_client_hello(version: u16) -> Vec<u8> {
     record
 }
 
-fn raise_fd_limit(wanted: u64) -> u64 {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    limit.rlim_cur = limit.rlim_max.min(wanted);
-    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
-    limit.rlim_cur
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_hostile_input_matrix() {
-    let fds = raise_fd_limit(16_384);
+    let fds = common::raise_fd_limit(16_384);
     let server = TestServer::start(|s| {
         s.server.client_request_timeout_ms = 1000;
         s.server.body_timeout_ms = 1000;

@@ -54,14 +54,6 @@ fn peak_rss(pid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
 }
 
-fn raise_fd_limit(wanted: u64) -> u64 {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    limit.rlim_cur = limit.rlim_max.min(wanted);
-    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
-    limit.rlim_cur
-}
-
 /// Normal reviews, each on a new TCP + TLS connection, every 25 ms until stopped.
 async fn canary(server: &ServeProcess, stop: Arc<AtomicBool>) -> (Vec<Duration>, usize) {
     let body = serde_json::to_vec(&admission_review(&typical_pod(), "shop", "canary")).unwrap();
@@ -146,7 +138,7 @@ async fn attacks_keep_a_fresh_connection_canary_fast_and_memory_within_the_deplo
         eprintln!("hostile_load: not run (run `make hostile-load`, which builds the release binary first)");
         return;
     };
-    let fds = raise_fd_limit(20_000);
+    let fds = common::raise_fd_limit(20_000);
     assert!(fds >= 16_000, "the test needs 16,000 file descriptors, the limit is {fds}");
     let server = ServeProcess::start_binary(
         std::path::Path::new(&binary),
