@@ -19,3 +19,24 @@ pub fn check_templates(path: &Path) -> Result<String, CliError> {
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_template_that_needs_a_pod_name_fails_naming_the_controller_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ok.yaml"), "inject:\n  labels:\n    owner: \"{{ workload.name }}\"\n").unwrap();
+        std::fs::write(dir.path().join("named.yaml"), "inject:\n  labels:\n    owner: \"{{ pod.metadata.name }}\"\n")
+            .unwrap();
+        let errors = check_templates(dir.path()).unwrap_err().to_string();
+        assert!(
+            errors.contains("template \"named\" line 3: undefined value in \"{{ pod.metadata.name }}\"")
+                && errors.contains("a pod a controller creates"),
+            "{errors}"
+        );
+        std::fs::remove_file(dir.path().join("named.yaml")).unwrap();
+        assert!(check_templates(dir.path()).unwrap().starts_with("ok  ok"));
+    }
+}
