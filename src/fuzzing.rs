@@ -93,7 +93,7 @@ pub fn template(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let Ok(template) = Template::load("fuzz", text) else { return };
     let annotations: BTreeMap<String, String> =
-        template.overridable.iter().map(|v| (format!("sidecar-injector.io/fuzz.{v}"), "1".to_owned())).collect();
+        template.overridable.iter().map(|v| (format!("sidecar-injector.io/fuzz.{}", v.name), "1".to_owned())).collect();
     let pods = [
         json!({"metadata": {"name": "a", "labels": {"app": "x"}}, "spec": {"containers": [{"name": "c"}]}}),
         json!({"metadata": {}, "spec": {"containers": []}}),

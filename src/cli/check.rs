@@ -12,12 +12,11 @@ pub fn check_templates(path: &Path) -> Result<String, CliError> {
     if !errors.is_empty() {
         return Err(errors.into());
     }
-    Ok(set
-        .iter()
-        .map(|t| {
-            format!("ok  {} ({}{}, hash {})\n", t.name, if t.default { "default, " } else { "" }, t.description, t.hash)
-        })
-        .collect())
+    let summary = set.iter().map(|t| {
+        format!("ok  {} ({}{}, hash {})\n", t.name, if t.default { "default, " } else { "" }, t.description, t.hash)
+    });
+    let warnings = set.iter().flat_map(|t| t.warnings.iter().map(|w| format!("warning: {w}\n")));
+    Ok(summary.chain(warnings).collect())
 }
 
 #[cfg(test)]
@@ -38,5 +37,29 @@ mod tests {
         );
         std::fs::remove_file(dir.path().join("named.yaml")).unwrap();
         assert!(check_templates(dir.path()).unwrap().starts_with("ok  ok"));
+    }
+
+    #[test]
+    fn an_unconstrained_override_inside_a_config_language_argument_is_warned_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let template = |overridable: &str| {
+            format!(
+                "values: {{endpoint: \"gw:4317\"}}\noverridable: {overridable}\ninject:\n  sidecars:\n    - name: agent\n      image: agent\n      args: [\"--config=yaml:exporters::otlp::endpoint: {{{{ values.endpoint }}}}\"]\n"
+            )
+        };
+        std::fs::write(dir.path().join("agent.yaml"), template("[endpoint]")).unwrap();
+        let out = check_templates(dir.path()).unwrap();
+        assert!(
+            out.contains(
+                "warning: template \"agent\" line 7: overridable value endpoint lands in a configuration-language"
+            ),
+            "{out}"
+        );
+        std::fs::write(dir.path().join("agent.yaml"), template("[{name: endpoint, pattern: \"[a-z.-]+:[0-9]+\"}]"))
+            .unwrap();
+        assert!(!check_templates(dir.path()).unwrap().contains("warning"), "a pattern settles it");
+        // The shipped templates carry no such warning.
+        let shipped = check_templates(Path::new("templates")).unwrap();
+        assert!(!shipped.contains("warning"), "{shipped}");
     }
 }

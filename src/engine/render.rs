@@ -91,6 +91,31 @@ pub(crate) struct CompiledText {
     constant: Option<Constant>,
 }
 
+/// Every expression string of a compiled `inject` tree with its line (`when:` conditions included),
+/// for the checks made when a template is loaded.
+pub(crate) fn expression_sources(spec: &super::template::InjectSpec) -> Vec<(u64, &str)> {
+    fn walk<'a>(piece: &'a Piece, out: &mut Vec<(u64, &'a str)>) {
+        match piece {
+            Piece::Text(text) => out.push((text.line, &text.source)),
+            Piece::Seq(items) => items.iter().for_each(|i| walk_item(i, out)),
+            Piece::Map(entries) => entries.iter().for_each(|(_, p)| walk(p, out)),
+            Piece::Literal(_) | Piece::ValueRef { .. } => {}
+        }
+    }
+    fn walk_item<'a>(item: &'a SeqItem, out: &mut Vec<(u64, &'a str)>) {
+        if let Some(when) = &item.when {
+            out.push((when.line, &when.source));
+        }
+        walk(&item.piece, out);
+    }
+    let mut out = Vec::new();
+    spec.labels.iter().chain(&spec.annotations).for_each(|(_, p)| walk(p, &mut out));
+    for list in [&spec.init_containers, &spec.sidecars, &spec.volumes, &spec.env, &spec.volume_mounts] {
+        list.iter().for_each(|i| walk_item(i, &mut out));
+    }
+    out
+}
+
 /// A pre-rendered expression and the fuel it took, which still counts against the template's budget
 /// so that a template behaves the same whether or not its expressions were pre-rendered.
 #[derive(Debug, Clone)]
@@ -363,18 +388,19 @@ fn effective_values(
         let Some(value_name) = key.strip_prefix(&prefix) else {
             break;
         };
-        if !template.overridable.iter().any(|o| o == value_name) {
+        let Some(overridable) = template.overridable.iter().find(|o| o.name == value_name) else {
             warnings.push(format!(
                 "annotation {key} ignored: value {value_name:?} of template {:?} is not overridable{}",
                 template.name,
                 if template.overridable.is_empty() {
                     String::new()
                 } else {
-                    format!(" (overridable: {})", template.overridable.join(", "))
+                    let names: Vec<&str> = template.overridable.iter().map(|o| o.name.as_str()).collect();
+                    format!(" (overridable: {})", names.join(", "))
                 }
             ));
             continue;
-        }
+        };
         let default = &template.values[value_name];
         let value = coerce_override(default, text).ok_or_else(|| InvalidOverride {
             annotation: key.clone(),
@@ -387,6 +413,10 @@ fn effective_values(
                 },
                 template.name
             ),
+        })?;
+        overridable.check(text, &value).map_err(|message| InvalidOverride {
+            annotation: key.clone(),
+            message: format!("{message} in template {:?}", template.name),
         })?;
         values.insert(value_name.to_owned(), value);
     }

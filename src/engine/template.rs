@@ -120,6 +120,58 @@ impl TemplateSelector {
     }
 }
 
+/// A value a pod may override by annotation (`sidecar-injector.io/<template>.<name>`), and what an
+/// override must look like. Written in `overridable` as a name, or as a mapping
+/// `{name, pattern, enum, minimum, maximum}`.
+#[derive(Debug, Clone)]
+pub struct Overridable {
+    /// The value's name in `values`.
+    pub name: String,
+    /// The whole override text must match this (anchored at both ends).
+    pub pattern: Option<regex::Regex>,
+    /// The override must be one of these (compared after conversion to the default's type).
+    pub one_of: Option<Vec<Value>>,
+    /// Smallest number allowed.
+    pub minimum: Option<f64>,
+    /// Largest number allowed.
+    pub maximum: Option<f64>,
+}
+
+impl Overridable {
+    /// Whether there is any constraint beyond the default's type.
+    pub fn is_constrained(&self) -> bool {
+        self.pattern.is_some() || self.one_of.is_some() || self.minimum.is_some() || self.maximum.is_some()
+    }
+
+    /// Checks an override (its `text` and its value converted to the default's type).
+    pub fn check(&self, text: &str, value: &Value) -> Result<(), String> {
+        if let Some(pattern) = &self.pattern
+            && !pattern.is_match(text)
+        {
+            let shown = pattern.as_str().trim_start_matches("^(?:").trim_end_matches(")$");
+            return Err(format!("{text:?} does not match the pattern {shown:?} required for {}", self.name));
+        }
+        if let Some(allowed) = &self.one_of
+            && !allowed.contains(value)
+        {
+            let allowed: Vec<String> = allowed.iter().map(Value::to_string).collect();
+            return Err(format!("{text:?} is not one of {} (allowed for {})", allowed.join(", "), self.name));
+        }
+        let number = value.as_f64();
+        if let (Some(min), Some(n)) = (self.minimum, number)
+            && n < min
+        {
+            return Err(format!("{text} is below the minimum {min} for {}", self.name));
+        }
+        if let (Some(max), Some(n)) = (self.maximum, number)
+            && n > max
+        {
+            return Err(format!("{text} is above the maximum {max} for {}", self.name));
+        }
+        Ok(())
+    }
+}
+
 /// One compiled piece of a template's `inject` tree.
 #[derive(Debug)]
 pub(crate) enum Piece {
@@ -172,8 +224,10 @@ pub struct Template {
     pub sidecar_mode: SidecarMode,
     /// Default values, referenced as `values.<key>`.
     pub values: serde_json::Map<String, Value>,
-    /// Values a pod may override by annotation.
-    pub overridable: Vec<String>,
+    /// Values a pod may override by annotation, with what an override must look like.
+    pub overridable: Vec<Overridable>,
+    /// Things the operator should know that do not stop the template (see `check-templates`).
+    pub warnings: Vec<String>,
     /// Content hash of the template (canonical JSON of the parsed document, so comments and
     /// formatting do not count); recorded in the status annotation to detect stale pods.
     pub hash: String,
@@ -249,6 +303,7 @@ impl<'a> Compiler<'a> {
             sidecar_mode: SidecarMode::Auto,
             values: serde_json::Map::new(),
             overridable: Vec::new(),
+            warnings: Vec::new(),
             hash: content_hash(root),
             inject: InjectSpec::default(),
             expressions: render::Expressions::default(),
@@ -303,6 +358,7 @@ impl<'a> Compiler<'a> {
             template.overridable = self.overridable(node, &template.values)?;
         }
         self.check_value_refs(&template.inject, &template.values)?;
+        template.warnings = self.override_warnings(&template);
         template.expressions = self.expressions.build();
         Ok(template)
     }
@@ -372,18 +428,21 @@ impl<'a> Compiler<'a> {
         &self,
         node: &SourceNode,
         values: &serde_json::Map<String, Value>,
-    ) -> Result<Vec<String>, TemplateError> {
+    ) -> Result<Vec<Overridable>, TemplateError> {
         let SourceValue::Seq(items) = &node.value else {
-            return Err(
-                self.err(node.line, format!("overridable must be a list of value names, not {}", node.type_name()))
-            );
+            return Err(self.err(
+                node.line,
+                format!(
+                    "overridable must be a list of value names or {{name, pattern, enum, minimum, maximum}}, not {}",
+                    node.type_name()
+                ),
+            ));
         };
-        let mut names = Vec::new();
+        let mut overridables = Vec::new();
         for item in items {
-            let SourceValue::String(name) = &item.value else {
-                return Err(self.err(item.line, "overridable must list value names (strings)"));
-            };
-            match values.get(name) {
+            let entry = self.overridable_entry(item)?;
+            let name = entry.name.as_str();
+            let default = match values.get(name) {
                 None => {
                     return Err(self.err(item.line, format!("overridable names {name:?}, which is not in values")));
                 }
@@ -393,8 +452,8 @@ impl<'a> Compiler<'a> {
                         format!("value {name:?} is a list or mapping; only scalar values can be overridable"),
                     ));
                 }
-                Some(_) => {}
-            }
+                Some(default) => default,
+            };
             if !is_identifier(name)
                 || super::names::override_annotation(self.name, name).len() - super::names::PREFIX.len() > 63
             {
@@ -406,9 +465,109 @@ impl<'a> Compiler<'a> {
                     ),
                 ));
             }
-            names.push(name.clone());
+            if (entry.minimum.is_some() || entry.maximum.is_some()) && !default.is_number() {
+                return Err(self.err(
+                    item.line,
+                    format!("minimum and maximum need a number, but the default of {name} is {default}"),
+                ));
+            }
+            let default_text = default.as_str().map_or_else(|| default.to_string(), str::to_owned);
+            if let Err(why) = entry.check(&default_text, default) {
+                return Err(self.err(item.line, format!("the default of {name} breaks its own constraint: {why}")));
+            }
+            overridables.push(entry);
         }
-        Ok(names)
+        Ok(overridables)
+    }
+
+    /// Warnings for overridable values without a constraint that land where a string can become
+    /// structure: an argument in a configuration language (`yaml:`, `json:`) or multi-line text. A
+    /// pod's override fills only the string, but the sidecar may parse that string again.
+    fn override_warnings(&self, template: &Template) -> Vec<String> {
+        let risky: Vec<&Overridable> = template.overridable.iter().filter(|o| !o.is_constrained()).collect();
+        let mut warnings = Vec::new();
+        for (line, source) in render::expression_sources(&template.inject) {
+            let config_language = ["yaml:", "json:"].iter().any(|p| source.contains(p)) || source.contains('\n');
+            if !config_language {
+                continue;
+            }
+            for o in &risky {
+                if source.contains(&format!("values.{}", o.name)) {
+                    warnings.push(format!(
+                        "template {:?} line {line}: overridable value {} lands in a configuration-language or multi-line string, so an override could add structure to what the sidecar parses; constrain it (overridable: [{{name: {}, pattern: ...}}] or enum)",
+                        self.name, o.name, o.name
+                    ));
+                }
+            }
+        }
+        warnings
+    }
+
+    /// One `overridable` item: a name, or `{name, pattern, enum, minimum, maximum}`.
+    fn overridable_entry(&self, item: &SourceNode) -> Result<Overridable, TemplateError> {
+        let bare = |name: &str| Overridable {
+            name: name.to_owned(),
+            pattern: None,
+            one_of: None,
+            minimum: None,
+            maximum: None,
+        };
+        let entries = match &item.value {
+            SourceValue::String(name) => return Ok(bare(name)),
+            SourceValue::Map(entries) => entries,
+            _ => {
+                return Err(
+                    self.err(item.line, "overridable must list value names or {name, pattern, enum, minimum, maximum}")
+                );
+            }
+        };
+        let mut entry = bare("");
+        for MapEntry { key, key_line, value } in entries {
+            let number = || match &value.value {
+                SourceValue::Number(n) => {
+                    n.as_f64().ok_or_else(|| self.err(value.line, format!("{key} must be a number")))
+                }
+                _ => Err(self.err(value.line, format!("{key} must be a number, not {}", value.type_name()))),
+            };
+            match key.as_str() {
+                "name" => match &value.value {
+                    SourceValue::String(name) => entry.name = name.clone(),
+                    _ => return Err(self.err(value.line, "name must be a string")),
+                },
+                "pattern" => {
+                    let SourceValue::String(pattern) = &value.value else {
+                        return Err(self.err(value.line, "pattern must be a string (a regular expression)"));
+                    };
+                    let anchored = format!("^(?:{pattern})$");
+                    let regex = regex::RegexBuilder::new(&anchored).size_limit(1 << 20).build().map_err(|e| {
+                        self.err(value.line, format!("pattern {pattern:?} is not a valid regular expression: {e}"))
+                    })?;
+                    entry.pattern = Some(regex);
+                }
+                "enum" => {
+                    let SourceValue::Seq(items) = &value.value else {
+                        return Err(self.err(value.line, "enum must be a list of allowed values"));
+                    };
+                    let allowed: Vec<Value> = items.iter().map(SourceNode::to_json).collect();
+                    if allowed.iter().any(|v| v.is_array() || v.is_object()) {
+                        return Err(self.err(value.line, "enum must list scalars"));
+                    }
+                    entry.one_of = Some(allowed);
+                }
+                "minimum" => entry.minimum = Some(number()?),
+                "maximum" => entry.maximum = Some(number()?),
+                other => {
+                    return Err(self.err(
+                        *key_line,
+                        format!("unknown key {other:?} in an overridable entry (expected name, pattern, enum, minimum, maximum)"),
+                    ));
+                }
+            }
+        }
+        if entry.name.is_empty() {
+            return Err(self.err(item.line, "an overridable entry needs a name"));
+        }
+        Ok(entry)
     }
 
     fn inject(&mut self, node: &SourceNode) -> Result<InjectSpec, TemplateError> {
@@ -821,6 +980,36 @@ mod tests {
                 "only scalar values can be overridable",
             ),
             ("overridable not identifier", "values: {a-b: 1}\noverridable: [a-b]\n", Some(2), "must be an identifier"),
+            (
+                "overridable entry with an unknown key",
+                "values: {a: x}\noverridable:\n  - {name: a, regex: x}\n",
+                Some(3),
+                "unknown key \"regex\" in an overridable entry (expected name, pattern, enum, minimum, maximum)",
+            ),
+            (
+                "overridable entry without a name",
+                "values: {a: x}\noverridable:\n  - {pattern: x}\n",
+                Some(3),
+                "needs a name",
+            ),
+            (
+                "overridable pattern that does not compile",
+                "values: {a: x}\noverridable:\n  - {name: a, pattern: \"(\"}\n",
+                Some(3),
+                "pattern \"(\" is not a valid regular expression",
+            ),
+            (
+                "overridable range on a string",
+                "values: {a: x}\noverridable:\n  - {name: a, minimum: 1}\n",
+                Some(3),
+                "minimum and maximum need a number",
+            ),
+            (
+                "overridable default that breaks its constraint",
+                "values: {a: 500}\noverridable:\n  - {name: a, minimum: 1, maximum: 100}\n",
+                Some(3),
+                "the default of a breaks its own constraint: 500 is above the maximum 100 for a",
+            ),
             ("unknown inject key", "inject:\n  containers: []\n", Some(2), "unknown key \"containers\" in inject"),
             (
                 "unknown appContainers key",
@@ -933,7 +1122,7 @@ mod tests {
         assert_eq!(&*t.pod_selector.as_ref().unwrap().text, "app=web");
         assert!(t.namespace_selector.is_none());
         assert_eq!(t.values["port"], 80);
-        assert_eq!(t.overridable, vec!["port"]);
+        assert_eq!(t.overridable.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(), ["port"]);
     }
 
     #[test]

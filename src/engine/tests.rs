@@ -683,3 +683,66 @@ fn re_injection_with_another_template_set_equals_a_fresh_injection() {
         out["metadata"]["annotations"]["sidecar-injector.io/status"].clone();
     assert_eq!(out, expected);
 }
+
+#[test]
+fn constrained_overrides_are_refused_with_the_annotation_that_breaks_them() {
+    let engine = engine(&[
+        ("otel-agent", include_str!("../../templates/otel-agent.yaml")),
+        (
+            "limits",
+            "default: true\nvalues: {memory: 64, level: info}\noverridable:\n  - {name: memory, minimum: 32, maximum: 512}\n  - {name: level, enum: [debug, info, warn]}\ninject:\n  sidecars:\n    - name: agent\n      image: agent\n      args: [\"--level={{ values.level }}\"]\n      resources: {limits: {memory: \"{{ values.memory }}Mi\"}}\n",
+        ),
+    ]);
+    let with = |template: &str, annotations: &[(&str, &str)]| {
+        let mut pod = web_pod();
+        pod["metadata"]["annotations"]["sidecar-injector.io/templates"] = json!(template);
+        for (key, value) in annotations {
+            pod["metadata"]["annotations"][*key] = json!(value);
+        }
+        engine.evaluate(&request(pod, opted_in("shop", &[]))).outcome
+    };
+    // (case, template, annotation, value, refusal or None)
+    let cases = [
+        (
+            "a host:port endpoint",
+            "otel-agent",
+            "sidecar-injector.io/otel-agent.gatewayEndpoint",
+            "gw.example:4317",
+            None,
+        ),
+        (
+            "collector configuration smuggled in the endpoint",
+            "otel-agent",
+            "sidecar-injector.io/otel-agent.gatewayEndpoint",
+            "gw:4317\nexporters:\n  debug: {}",
+            Some("does not match the pattern"),
+        ),
+        ("a value in range", "limits", "sidecar-injector.io/limits.memory", "256", None),
+        (
+            "a value over the maximum",
+            "limits",
+            "sidecar-injector.io/limits.memory",
+            "4096",
+            Some("4096 is above the maximum 512 for memory"),
+        ),
+        (
+            "a value under the minimum",
+            "limits",
+            "sidecar-injector.io/limits.memory",
+            "8",
+            Some("8 is below the minimum 32 for memory"),
+        ),
+        ("an allowed level", "limits", "sidecar-injector.io/limits.level", "warn", None),
+        ("a level not listed", "limits", "sidecar-injector.io/limits.level", "trace", Some("\"trace\" is not one of")),
+    ];
+    for (case, template, annotation, value, refusal) in cases {
+        match (with(template, &[(annotation, value)]), refusal) {
+            (Outcome::Inject(_), None) => {}
+            (Outcome::Denied(denial), Some(text)) => {
+                let message = denial.to_string();
+                assert!(message.contains(annotation) && message.contains(text), "{case}: {message}");
+            }
+            (other, want) => panic!("{case}: expected {want:?}, got {other:?}"),
+        }
+    }
+}

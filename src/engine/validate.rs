@@ -328,8 +328,9 @@ pub fn validate_template_data(
     data: &BTreeMap<String, String>,
     precheck: &dyn PreCheck,
 ) -> Result<Vec<String>, Vec<TemplateError>> {
-    let (sources, warnings) = template_sources(data);
-    let (_, errors) = TemplateSet::default().update(sources, precheck);
+    let (sources, mut warnings) = template_sources(data);
+    let (set, errors) = TemplateSet::default().update(sources, precheck);
+    warnings.extend(set.iter().flat_map(|t| t.warnings.iter().cloned()));
     if errors.is_empty() { Ok(warnings) } else { Err(errors) }
 }
 
