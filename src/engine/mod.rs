@@ -138,6 +138,76 @@ impl fmt::Display for Denial {
     }
 }
 
+/// Renders a template for a pod (the evaluation's namespace, workload and masking fixed).
+type RenderFor<'a> = dyn Fn(&Template, &Arc<Value>) -> Result<RenderedTemplate, RenderError> + 'a;
+
+/// What a pod's status annotation settles.
+enum ClaimCheck {
+    /// The final outcome: refused (items changed since a current injection), up to date, or only
+    /// the missing items added.
+    Decided(Outcome),
+    /// A fresh injection, which may remove only `owned` (the provably injected items), rendered
+    /// for `base` (the pod without them).
+    Replace { owned: InjectionStatus, base: Arc<Value> },
+}
+
+impl Engine {
+    /// Checks a pod's status annotation against what the claimed template versions render for the
+    /// pod without the claimed items.
+    #[allow(clippy::too_many_arguments)]
+    fn check_claim(
+        &self,
+        pod: &Value,
+        claim: &InjectionStatus,
+        selected: &[&Arc<Template>],
+        choice: &Choice,
+        render_one: &RenderFor<'_>,
+        native: &dyn Fn(&Template) -> bool,
+        warnings: &mut Vec<String>,
+    ) -> ClaimCheck {
+        let base = Arc::new(validate::strip_injection(pod, claim));
+        let renderings: Vec<Option<RenderedTemplate>> = claim
+            .templates
+            .iter()
+            .map(|claimed| self.templates.version(&claimed.name, &claimed.hash).and_then(|t| render_one(t, &base).ok()))
+            .collect();
+        let assessed = ownership::assess(pod, claim, &renderings.iter().map(Option::as_ref).collect::<Vec<_>>());
+        let current = claim.is_current(selected.iter().map(|t| (&*t.name, t.hash.as_str())));
+        if current && !assessed.altered.is_empty() {
+            return ClaimCheck::Decided(Outcome::Denied(Denial::Altered(assessed.altered)));
+        }
+        if current {
+            // Same versions: the items that hold stay where they are, anything missing is added.
+            // Up to date when that adds nothing.
+            let planned: Vec<PlannedTemplate> = renderings
+                .iter()
+                .zip(selected)
+                .filter_map(|(r, t)| r.clone().map(|rendered| PlannedTemplate { rendered, native_sidecars: native(t) }))
+                .collect();
+            if planned.len() == selected.len() {
+                let reason = planned.is_empty().then(|| choice.summary_of_none());
+                match inject::plan(pod, inject::Earlier::Keep(&assessed.present), &planned, reason) {
+                    Ok(fresh) if fresh.status == *claim && assessed.all_present => {
+                        return ClaimCheck::Decided(Outcome::UpToDate(claim.clone()));
+                    }
+                    Ok(fresh) if fresh.status.includes_items_of(&assessed.present) => {
+                        warnings.extend(assessed.doubts);
+                        return ClaimCheck::Decided(Outcome::Inject(fresh));
+                    }
+                    // The claim puts items where the templates do not: prove and replace.
+                    _ => {}
+                }
+            }
+        }
+        warnings.extend(assessed.doubts.iter().cloned());
+        let base = match ownership::owns_everything(&assessed, claim) {
+            true => base,
+            false => Arc::new(validate::strip_injection(pod, &assessed.owned)),
+        };
+        ClaimCheck::Replace { owned: assessed.owned, base }
+    }
+}
+
 /// What the user should know about how a template's sidecars run on this cluster and workload.
 fn sidecar_mode_warnings(
     template: &Template,
@@ -226,63 +296,14 @@ impl Engine {
         };
         let native = |template: &Template| template.sidecar_mode.is_native(request.cluster.native_sidecars);
 
-        // The status annotation is a claim (see `ownership`): check it against what the claimed
-        // template versions render for the pod without the claimed items.
+        // The status annotation is a claim (see `ownership`): what it proves decides what may go.
         let (owned, base) = match &claim {
             None => (InjectionStatus::default(), request.pod.clone()),
             Some(claim) => {
-                let base = Arc::new(validate::strip_injection(pod, claim));
-                let renderings: Vec<(String, Option<RenderedTemplate>)> = claim
-                    .templates
-                    .iter()
-                    .map(|claimed| {
-                        let rendered = self
-                            .templates
-                            .version(&claimed.name, &claimed.hash)
-                            .and_then(|t| render_one(t, &base).ok());
-                        (claimed.name.clone(), rendered)
-                    })
-                    .collect();
-                let claimed: Vec<ownership::ClaimedRendering> = renderings
-                    .iter()
-                    .map(|(name, rendered)| ownership::ClaimedRendering { name, rendered: rendered.as_ref() })
-                    .collect();
-                let assessed = ownership::assess(pod, claim, &claimed);
-                let current = claim.is_current(selected.iter().map(|t| (&*t.name, t.hash.as_str())));
-                if current && !assessed.altered.is_empty() {
-                    return decision(Some(choice), Outcome::Denied(Denial::Altered(assessed.altered)), warnings);
+                match self.check_claim(pod, claim, &selected, &choice, &render_one, &native, &mut warnings) {
+                    ClaimCheck::Replace { owned, base } => (owned, base),
+                    ClaimCheck::Decided(outcome) => return decision(Some(choice), outcome, warnings),
                 }
-                if current {
-                    // Same versions: the items that hold stay where they are, anything missing is
-                    // added. Up to date when that adds nothing.
-                    let planned: Vec<PlannedTemplate> = renderings
-                        .iter()
-                        .zip(&selected)
-                        .filter_map(|((_, r), t)| {
-                            r.clone().map(|rendered| PlannedTemplate { rendered, native_sidecars: native(t) })
-                        })
-                        .collect();
-                    if planned.len() == selected.len() {
-                        let reason = planned.is_empty().then(|| choice.summary_of_none());
-                        match inject::plan(pod, inject::Earlier::Keep(&assessed.present), &planned, reason) {
-                            Ok(fresh) if fresh.status == *claim && assessed.all_present => {
-                                return decision(Some(choice), Outcome::UpToDate(claim.clone()), warnings);
-                            }
-                            Ok(fresh) if fresh.status.includes_items_of(&assessed.present) => {
-                                warnings.extend(assessed.doubts);
-                                return decision(Some(choice), Outcome::Inject(fresh), warnings);
-                            }
-                            // The claim puts items where the templates do not: prove and replace.
-                            _ => {}
-                        }
-                    }
-                }
-                warnings.extend(assessed.doubts.iter().cloned());
-                let base = match ownership::owns_everything(&assessed, claim) {
-                    true => base,
-                    false => Arc::new(validate::strip_injection(pod, &assessed.owned)),
-                };
-                (assessed.owned, base)
             }
         };
         let mut planned = Vec::with_capacity(selected.len());

@@ -27,14 +27,6 @@ use super::render::RenderedTemplate;
 use super::status::{AppContainerAdditions, InjectionStatus, ItemKind};
 use super::validate::{first_difference, quantities_equal};
 
-/// A claimed template: its rendering for this pod, when the claimed version is the one in service.
-pub struct ClaimedRendering<'r> {
-    /// Template name as claimed.
-    pub name: &'r str,
-    /// The rendering, or `None` when the claimed version is unknown or fails to render.
-    pub rendered: Option<&'r RenderedTemplate>,
-}
-
 /// What the claim says, checked against the pod.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ownership {
@@ -52,8 +44,9 @@ pub struct Ownership {
     pub doubts: Vec<String>,
 }
 
-/// Checks every item `claim` names against the pod and the claimed templates' renderings.
-pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[ClaimedRendering<'_>]) -> Ownership {
+/// Checks every item `claim` names against the pod and the claimed templates' renderings (one per
+/// claimed template, `None` when its version is not known or does not render for this pod).
+pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<&RenderedTemplate>]) -> Ownership {
     let mut owned = InjectionStatus { templates: claim.templates.clone(), ..InjectionStatus::default() };
     let mut present = owned.clone();
     let mut doubts = Vec::new();
@@ -106,7 +99,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Claimed
     let spec_list = |field: &str| pod.get("spec").and_then(|s| s.get(field)).and_then(Value::as_array);
     let find = |items: Option<&'p Vec<Value>>, key: &str, name: &str| find_in(items?, key, name);
     let rendered_item = |pick: fn(&RenderedTemplate) -> &[Value], key: &str, name: &str| -> Option<Value> {
-        renderings.iter().filter_map(|r| r.rendered).find_map(|r| find_in(pick(r), key, name).cloned())
+        renderings.iter().flatten().find_map(|r| find_in(pick(r), key, name).cloned())
     };
 
     for name in &claim.containers {
@@ -145,7 +138,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Claimed
             if key == names::STATUS_ANNOTATION || key == names::INJECTED_LABEL {
                 continue;
             }
-            let expected = renderings.iter().filter_map(|r| r.rendered).find_map(|r| {
+            let expected = renderings.iter().flatten().find_map(|r| {
                 let map = if kind == ItemKind::Label { &r.labels } else { &r.annotations };
                 map.get(key).map(|v| Value::String(v.clone()))
             });
