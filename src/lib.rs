@@ -19,4 +19,5 @@ pub mod engine;
 pub mod fuzzing;
 pub mod sandbox;
 pub mod server;
+pub mod state;
 pub mod telemetry;

@@ -12,7 +12,7 @@
 //! inside the Deployment's memory limit (256 MiB, `deploy/base/deployment.yaml`). A real template
 //! loads in a few MiB (the child itself maps about 30 MiB); 96 MiB of address space leaves room for
 //! both. The child is a single thread, so glibc keeps its heap in one arena and the limit holds.
-//! The callers run checks on blocking threads, one at a time (`server::AppState::check_templates`).
+//! The callers run checks on blocking threads, one at a time (`state::AppState::template_work`).
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;

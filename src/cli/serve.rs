@@ -14,8 +14,9 @@ use crate::config::{ClusterMode, ClusterSettings, Settings, TlsMode, TlsSettings
 use crate::engine::template::PreCheck;
 use crate::engine::{ClusterFacts, Engine, TemplateSet};
 use crate::sandbox::Sandbox;
+use crate::server;
 use crate::server::tls::{self, CertStore};
-use crate::server::{self, AppState, InflightRoom, Readiness};
+use crate::state::{AppState, InflightRoom, Readiness};
 use crate::telemetry::{self, Metrics};
 
 /// Runs the webhook until SIGTERM or SIGINT.

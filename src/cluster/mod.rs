@@ -27,7 +27,7 @@ use kube::{Client, ResourceExt};
 
 use crate::engine::validate::template_sources;
 use crate::engine::{ClusterFacts, NamespaceFacts, TemplateSource, names};
-use crate::server::{AppState, Readiness};
+use crate::state::{AppState, Readiness};
 use crate::telemetry::Metrics;
 
 /// The reconnect backoff of both watches: 0.25 s doubling to 1 s, with jitter.
@@ -272,7 +272,7 @@ mod tests {
             readiness: Arc::new(Readiness { namespaces_synced: true.into(), ..Readiness::default() }),
             max_body_bytes: 1 << 20,
             max_inflight_bytes: 1 << 20,
-            inflight_kib: crate::server::InflightRoom::new(1 << 20, 1 << 20),
+            inflight_kib: crate::state::InflightRoom::new(1 << 20, 1 << 20),
             body_timeout: Duration::from_secs(1),
             precheck: Arc::new(crate::engine::template::InProcess),
             template_work: Default::default(),

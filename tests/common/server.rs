@@ -11,7 +11,7 @@ use sidecar_injector::certs::{self, Pem};
 use sidecar_injector::cli::serve::Starting;
 use sidecar_injector::config::{ClusterMode, Settings, TlsMode};
 use sidecar_injector::sandbox::Sandbox;
-use sidecar_injector::server::AppState;
+use sidecar_injector::state::AppState;
 
 /// A running server and what a client needs to talk to it.
 pub struct TestServer {

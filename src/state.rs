@@ -1,0 +1,175 @@
+//! The state the HTTP shell (`server`) and the cluster shell (`cluster`) share: the engine in
+//! service, the namespace facts, readiness, and the bounds every request passes through. Its own
+//! module so that neither shell has to reach into the other for it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+
+use crate::cluster::Namespaces;
+use crate::engine::template::PreCheck;
+use crate::engine::{ClusterFacts, Engine};
+use crate::telemetry::Metrics;
+
+/// What `/readyz` waits for.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    /// The namespace cache has synced (or there is no cluster).
+    pub namespaces_synced: AtomicBool,
+    /// The template ConfigMaps have synced (or there is no cluster).
+    pub templates_synced: AtomicBool,
+    /// At least one template is in service.
+    pub templates_valid: AtomicBool,
+    /// SIGTERM received: stop taking new work.
+    pub stopping: AtomicBool,
+    /// One heartbeat per HTTPS worker: when it last ran (ms since the process started). A worker
+    /// whose heartbeat stops is blocked, and every request it holds or accepts waits.
+    pub heartbeats: std::sync::Mutex<Vec<Arc<std::sync::atomic::AtomicU64>>>,
+}
+
+/// A heartbeat older than this marks its worker as stalled.
+pub const STALL_AFTER: Duration = Duration::from_secs(3);
+const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
+
+fn process_millis() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+impl Readiness {
+    /// Everything ready at once (no cluster to wait for).
+    pub fn ready_now(templates_valid: bool) -> Self {
+        Readiness {
+            namespaces_synced: true.into(),
+            templates_synced: true.into(),
+            templates_valid: templates_valid.into(),
+            stopping: false.into(),
+            heartbeats: Default::default(),
+        }
+    }
+
+    /// Starts a heartbeat on the current actix worker (call from the app factory, which runs once
+    /// on each worker).
+    pub(crate) fn start_heartbeat(&self) {
+        let beat = Arc::new(std::sync::atomic::AtomicU64::new(process_millis()));
+        self.heartbeats.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(beat.clone());
+        actix_web::rt::spawn(async move {
+            loop {
+                beat.store(process_millis(), Ordering::Relaxed);
+                actix_web::rt::time::sleep(HEARTBEAT_EVERY).await;
+            }
+        });
+    }
+
+    /// What is not ready yet, empty when ready.
+    pub fn problems(&self) -> Vec<&'static str> {
+        let mut problems = Vec::new();
+        if !self.namespaces_synced.load(Ordering::Relaxed) {
+            problems.push("namespace cache not synced");
+        }
+        if !self.templates_synced.load(Ordering::Relaxed) {
+            problems.push("template ConfigMaps not synced");
+        } else if !self.templates_valid.load(Ordering::Relaxed) {
+            problems.push("no valid template loaded");
+        }
+        if self.stopping.load(Ordering::Relaxed) {
+            problems.push("shutting down");
+        }
+        let now = process_millis();
+        let heartbeats = self.heartbeats.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if heartbeats
+            .iter()
+            .any(|beat| now.saturating_sub(beat.load(Ordering::Relaxed)) > STALL_AFTER.as_millis() as u64)
+        {
+            problems
+                .push("an HTTPS worker is stalled (its event loop has not run for over 3 s): admission requests wait");
+        }
+        problems
+    }
+}
+
+/// Everything the handlers share.
+pub struct AppState {
+    /// The engine in service; swapped whole when templates change.
+    pub engine: ArcSwap<Engine>,
+    /// Where namespace labels come from.
+    pub namespaces: Namespaces,
+    /// The cluster's facts (native sidecars), from its version.
+    pub cluster: ArcSwap<ClusterFacts>,
+    /// The injector's namespace (its template ConfigMaps live there).
+    pub own_namespace: String,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Readiness flags.
+    pub readiness: Arc<Readiness>,
+    /// Largest body accepted.
+    pub max_body_bytes: usize,
+    /// Most request bytes in flight (`server.max_inflight_bytes`).
+    pub max_inflight_bytes: usize,
+    /// The room left for them, in KiB: one largest body for large bodies (they are decided one at a
+    /// time, their unread bytes waiting in the kernel, so a flood of them cannot take the CPU), the
+    /// rest for small ones (up to [`SMALL_BODY_BYTES`], every real pod). The semaphores are fair (first come, first served), so
+    /// one shared pool would make a typical review wait behind every queued multi-MiB body.
+    pub inflight_kib: InflightRoom,
+
+    /// Time a body may take to arrive.
+    pub body_timeout: Duration,
+    /// Checks new template text before it is loaded (the child-process sandbox in `serve`).
+    pub precheck: Arc<dyn PreCheck + Send + Sync>,
+    /// One template check or load at a time (the guard's and hot reload's): each may use up to the
+    /// sandbox's memory limit in this process, and only one such amount fits in the container.
+    pub template_work: Arc<std::sync::Mutex<()>>,
+    /// The template ConfigMap check running (one permit); the next waits up to
+    /// `server::TEMPLATE_QUEUE_WAIT`, then is refused.
+    pub template_queue: Arc<tokio::sync::Semaphore>,
+}
+
+/// Bodies up to this size are "small" for [`InflightRoom`].
+pub const SMALL_BODY_BYTES: usize = 64 * 1024;
+
+/// Room for request bodies in flight, split by size (see [`AppState::inflight_kib`]).
+#[derive(Debug, Clone)]
+pub struct InflightRoom {
+    small: Arc<tokio::sync::Semaphore>,
+    large: Arc<tokio::sync::Semaphore>,
+}
+
+impl InflightRoom {
+    /// Room for `max_inflight_bytes`: `max_body_bytes` of it for large bodies, the rest for small.
+    pub fn new(max_inflight_bytes: usize, max_body_bytes: usize) -> Self {
+        let total = max_inflight_bytes.div_ceil(1024);
+        let large = max_body_bytes.div_ceil(1024);
+        let small = total.saturating_sub(large).max(SMALL_BODY_BYTES / 1024);
+        InflightRoom {
+            small: Arc::new(tokio::sync::Semaphore::new(small)),
+            large: Arc::new(tokio::sync::Semaphore::new(large)),
+        }
+    }
+
+    pub(crate) fn pool(&self, bytes: usize) -> &Arc<tokio::sync::Semaphore> {
+        if bytes <= SMALL_BODY_BYTES { &self.small } else { &self.large }
+    }
+}
+
+impl AppState {
+    /// Replaces the engine's templates, counting and logging load errors. The last good version of
+    /// a broken template stays in service (see `TemplateSet::update`).
+    /// Blocks (the sandbox waits for a child): call it on a blocking thread.
+    pub fn update_templates(&self, sources: Vec<crate::engine::TemplateSource>) {
+        let _one_at_a_time = self.template_work.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let current = self.engine.load();
+        let (templates, errors) = current.templates.update(sources, self.precheck.as_ref());
+        for error in &errors {
+            self.metrics.template_reload_errors.inc();
+            tracing::error!(template = %error.template, line = error.line, error = %error.message, "template not loaded; the last good version (if any) stays in service");
+        }
+        let count = templates.len();
+        let names: Vec<&str> = templates.names().collect();
+        tracing::info!(templates = ?names, errors = errors.len(), "templates in service");
+        self.metrics.templates_loaded.set(count as i64);
+        self.readiness.templates_valid.store(count > 0, Ordering::Relaxed);
+        self.engine.store(Arc::new(Engine::new(templates, current.excluded_namespaces.clone())));
+    }
+}
