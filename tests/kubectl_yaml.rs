@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use sidecar_injector::cli::{self, Cli};
-use sidecar_injector::engine::{Engine, Outcome, PodRequest, manifest, template, workload};
+use sidecar_injector::engine::{Engine, Outcome, PodRequest, manifest, names, template, workload};
 
 fn yamlread() -> Option<PathBuf> {
     std::env::var_os("SIDECAR_INJECTOR_YAMLREAD").map(PathBuf::from)
@@ -199,13 +199,28 @@ fn corpus() -> Vec<(String, String)> {
     files
 }
 
+/// The documents kubectl would apply: lists (`List` and every `<Kind>List`) flattened, nested too.
+fn flatten<'a>(document: &'a mut Value, out: &mut Vec<&'a mut Value>) {
+    if workload::is_list(document) {
+        for item in document.get_mut("items").and_then(Value::as_array_mut).into_iter().flatten() {
+            flatten(item, out);
+        }
+    } else {
+        out.push(document);
+    }
+}
+
 #[test]
 fn manifests_read_and_write_exactly_as_kubectl_reads_them() {
     let Some(reader) = yamlread() else {
         eprintln!("kubectl_yaml: not run (run `make kubectl-yaml`, which builds kubectl's reader first)");
         return;
     };
-    let engine = Engine::new(template::TemplateSet::load(template::embedded_sources()).0, Vec::new());
+    // As `inject` does: the embedded templates, never the injector's own namespace.
+    let engine = Engine::new(
+        template::TemplateSet::load(template::embedded_sources()).0,
+        vec![names::INJECTOR_NAMESPACE.to_owned()],
+    );
     let mut failures = Vec::new();
     let mut checked = 0;
     let mut generated_checked = false;
@@ -261,25 +276,23 @@ fn manifests_read_and_write_exactly_as_kubectl_reads_them() {
             Err(_) => continue,
         };
         let mut expected = theirs.clone();
+        let mut pods = Vec::new();
         for document in expected.iter_mut() {
-            let mut items: Vec<&mut Value> = match document.get("kind").and_then(Value::as_str) {
-                Some("List") => document.get_mut("items").and_then(Value::as_array_mut).into_iter().flatten().collect(),
-                _ => vec![document],
+            flatten(document, &mut pods);
+        }
+        for document in pods {
+            let Some(pod) = workload::pod_of(document) else { continue };
+            let namespace = workload::namespace_of(document).unwrap_or("shop").to_owned();
+            let request = PodRequest {
+                pod: Arc::new(pod.clone()),
+                namespace: args.namespace_facts(&namespace),
+                cluster: args.cluster(),
+                workload: workload::Workload::of_document(document),
             };
-            for document in items.iter_mut() {
-                let Some(pod) = workload::pod_of(document) else { continue };
-                let namespace = workload::namespace_of(document).unwrap_or("shop").to_owned();
-                let request = PodRequest {
-                    pod: Arc::new(pod.clone()),
-                    namespace: args.namespace_facts(&namespace),
-                    cluster: args.cluster(),
-                    workload: workload::Workload::of_document(document),
-                };
-                if let Outcome::Inject(injection) = engine.evaluate(&request).outcome {
-                    let mut pod = pod;
-                    json_patch::patch(&mut pod, &injection.patch).unwrap();
-                    workload::set_pod(document, pod);
-                }
+            if let Outcome::Inject(injection) = engine.evaluate(&request).outcome {
+                let mut pod = pod;
+                json_patch::patch(&mut pod, &injection.patch).unwrap();
+                workload::set_pod(document, pod);
             }
         }
         match kubectl_read(&reader, &output) {
