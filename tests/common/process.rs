@@ -64,14 +64,13 @@ impl ServeProcess {
 
     /// A client builder that trusts the server's self-signed CA.
     pub fn client_builder(&self) -> reqwest::ClientBuilder {
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_file(&self.ca_file).unwrap()).unwrap();
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        reqwest::Client::builder().tls_backend_preconfigured(tls)
+        (self.client_factory())()
+    }
+
+    /// Makes client builders trusting the server's CA, from any thread.
+    pub fn client_factory(&self) -> impl Fn() -> reqwest::ClientBuilder + Send + 'static {
+        let ca_file = self.ca_file.clone();
+        move || client_builder_trusting(&ca_file)
     }
 
     pub fn sigterm(&self) {
@@ -97,4 +96,16 @@ impl Drop for ServeProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A client builder that trusts the CA in `ca_file`.
+fn client_builder_trusting(ca_file: &std::path::Path) -> reqwest::ClientBuilder {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(ca_file).unwrap()).unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    reqwest::Client::builder().tls_backend_preconfigured(tls)
 }
