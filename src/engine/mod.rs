@@ -27,6 +27,7 @@ mod test_support;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -138,8 +139,10 @@ impl fmt::Display for Denial {
     }
 }
 
-/// Renders a template for a pod (the evaluation's namespace, workload and masking fixed).
-type RenderFor<'a> = dyn Fn(&Template, &Arc<Value>) -> Result<RenderedTemplate, RenderError> + 'a;
+/// Renders a template for a pod and its annotations (the evaluation's namespace, workload and
+/// masking fixed). The annotations are passed in, computed once per pod, not once per template.
+type RenderFor<'a> =
+    dyn Fn(&Template, &Arc<Value>, &BTreeMap<String, String>) -> Result<RenderedTemplate, RenderError> + 'a;
 
 /// What a pod's status annotation settles.
 enum ClaimCheck {
@@ -166,10 +169,14 @@ impl Engine {
         warnings: &mut Vec<String>,
     ) -> ClaimCheck {
         let base = Arc::new(validate::strip_injection(pod, claim));
+        let base_annotations = pod::string_map(&base, "annotations").unwrap_or_default();
         let renderings: Vec<Option<RenderedTemplate>> = claim
             .templates
             .iter()
-            .map(|claimed| self.templates.version(&claimed.name, &claimed.hash).and_then(|t| render_one(t, &base).ok()))
+            .map(|claimed| {
+                let template = self.templates.version(&claimed.name, &claimed.hash)?;
+                render_one(template, &base, &base_annotations).ok()
+            })
             .collect();
         let assessed = ownership::assess(pod, claim, &renderings.iter().map(Option::as_ref).collect::<Vec<_>>());
         let current = claim.is_current(selected.iter().map(|t| (&*t.name, t.hash.as_str())));
@@ -286,12 +293,11 @@ impl Engine {
             }
         };
         let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(pod));
-        let render_one = |template: &Template, pod: &Arc<Value>| {
-            let annotations = pod::string_map(pod, "annotations").unwrap_or_default();
+        let render_one = |template: &Template, pod: &Arc<Value>, annotations: &BTreeMap<String, String>| {
             let subject = render::Subject { pod: render::pod_value(pod.clone()), workload: &owner };
             match mask_pod_reads {
-                true => render::render_masked(template, &subject, &annotations, &request.namespace),
-                false => render::render(template, &subject, &annotations, &request.namespace),
+                true => render::render_masked(template, &subject, annotations, &request.namespace),
+                false => render::render(template, &subject, annotations, &request.namespace),
             }
         };
         let native = |template: &Template| template.sidecar_mode.is_native(request.cluster.native_sidecars);
@@ -306,9 +312,15 @@ impl Engine {
                 }
             }
         };
+        // Without a claim (every first admission) the pod renders as submitted: its annotations
+        // are already at hand.
+        let base_annotations = match Arc::ptr_eq(&base, &request.pod) {
+            true => annotations,
+            false => pod::string_map(&base, "annotations").unwrap_or_default(),
+        };
         let mut planned = Vec::with_capacity(selected.len());
         for template in selected {
-            match render_one(template, &base) {
+            match render_one(template, &base, &base_annotations) {
                 Ok(mut rendered) => {
                     warnings.append(&mut rendered.warnings);
                     warnings.extend(sidecar_mode_warnings(template, &rendered, request.cluster, &owner));
