@@ -62,8 +62,12 @@ pub struct Metrics {
     registry: Registry,
     /// `sidecar_injector_admission_requests_total{endpoint,operation,result}`.
     pub requests: Family<RequestLabels, Counter>,
-    /// `sidecar_injector_injections_total{template}`: pods a template was injected into.
+    /// `sidecar_injector_injections_total{template}`: pods a template was injected into, every
+    /// item of it (a template applied with conflicts counts in `injection_conflicts` instead).
     pub injections: Family<TemplateLabel, Counter>,
+    /// `sidecar_injector_injection_conflicts_total{template}`: pods a template was applied to with
+    /// conflicts (some of its items were already in the pod, whose own stand).
+    pub injection_conflicts: Family<TemplateLabel, Counter>,
     /// `sidecar_injector_skips_total{reason}`: pods not injected, by reason.
     pub skips: Family<ReasonLabel, Counter>,
     /// `sidecar_injector_admission_duration_seconds{endpoint}`: time from body received to answer.
@@ -102,7 +106,13 @@ impl Default for Metrics {
             requests.clone(),
         );
         let injections = Family::<TemplateLabel, Counter>::default();
-        registry.register("injections", "Pods a template was injected into", injections.clone());
+        registry.register("injections", "Pods a template was injected into, every item of it", injections.clone());
+        let injection_conflicts = Family::<TemplateLabel, Counter>::default();
+        registry.register(
+            "injection_conflicts",
+            "Pods a template was applied to with conflicts: the pod's own items stand where some of the template's would be",
+            injection_conflicts.clone(),
+        );
         let skips = Family::<ReasonLabel, Counter>::default();
         registry.register("skips", "Pods not injected, by reason", skips.clone());
         let duration =
@@ -148,6 +158,7 @@ impl Default for Metrics {
             registry,
             requests,
             injections,
+            injection_conflicts,
             skips,
             duration,
             template_reload_errors,

@@ -125,8 +125,11 @@ pub struct Summary {
     pub result: &'static str,
     /// The human reason (why allowed without patch, why denied, what is invalid).
     pub reason: String,
-    /// Templates injected (mutate).
+    /// Templates injected, every item of them (mutate).
     pub injected: Vec<String>,
+    /// Templates applied with conflicts (mutate): the pod's own items stand where some of theirs
+    /// would be.
+    pub conflicted: Vec<String>,
     /// Short code of a skip, for the skips metric (`not_a_pod`, `not_create`, `namespace_not_opted_in`,
     /// `up_to_date`, `no_template_matched`, ...).
     pub skip: Option<&'static str>,
@@ -378,14 +381,25 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
         Outcome::OutOfScope(reason) => allow(&request, reason.code(), reason.to_string()),
         Outcome::UpToDate(_) => allow(&request, "up_to_date", "already injected with the current templates"),
         Outcome::Inject(injection) => {
-            let injected: Vec<String> = injection.status.templates.iter().map(|t| t.name.clone()).collect();
-            let (skip, reason) = match &injection.status.reason {
+            let status = &injection.status;
+            let conflicted: Vec<String> = status.conflicted_templates().into_iter().map(str::to_owned).collect();
+            let injected: Vec<String> =
+                status.templates.iter().map(|t| t.name.clone()).filter(|n| !conflicted.contains(n)).collect();
+            let (skip, reason) = match &status.reason {
                 Some(reason) => (Some("no_template_matched"), reason.clone()),
-                None => (None, format!("injected {}", injected.join(", "))),
+                None if conflicted.is_empty() => (None, format!("injected {}", injected.join(", "))),
+                None => (
+                    None,
+                    format!(
+                        "injected [{}], applied with conflicts [{}] (the pod's own items stand)",
+                        injected.join(", "),
+                        conflicted.join(", ")
+                    ),
+                ),
             };
             let response = with_warnings(base, decision.warnings);
             let response = response.with_patch(json_patch::Patch(injection.patch)).expect("a patch serializes");
-            reply(response, Summary { operation, result: "patched", reason, injected, skip })
+            reply(response, Summary { operation, result: "patched", reason, injected, conflicted, skip })
         }
         Outcome::Denied(denial) => {
             let message = denial.to_string();
@@ -395,7 +409,8 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
     }
 }
 
-/// `POST /validate`: pods on CREATE (the injection happened and survived every mutator) and the
+/// `POST /validate`: pods on CREATE (the injection happened and survived every mutator) and UPDATE
+/// (what the injection added stays as injected), and the
 /// template ConfigMaps in `own_namespace` on CREATE and UPDATE (every template passes `precheck`
 /// and loads).
 pub fn validate(
@@ -408,14 +423,30 @@ pub fn validate(
 ) -> Reply {
     let operation = operation_name(&request.operation).to_owned();
     let verdict = if is_kind(&request, "", "Pod") {
-        if request.operation != Operation::Create {
-            return allow(&request, "not_create", format!("pods are checked on CREATE, not {operation}"));
+        match (&request.operation, &request.object, &request.old_object) {
+            (Operation::Create, Some(object), _) => validate::validate_pod(
+                engine,
+                &PodRequest {
+                    pod: Arc::new(object.json.clone()),
+                    namespace: namespace.clone(),
+                    cluster,
+                    workload: None,
+                },
+            ),
+            (Operation::Update, Some(object), Some(old)) => {
+                validate::validate_pod_update(engine, &old.json, &object.json)
+            }
+            (Operation::Update, _, None) => {
+                return deny(&request, "request.oldObject is missing for a pod UPDATE".into());
+            }
+            _ => {
+                return allow(
+                    &request,
+                    "not_create",
+                    format!("pods are checked on CREATE and UPDATE, not {operation}"),
+                );
+            }
         }
-        let object = request.object.as_ref().expect("parse checked that CREATE carries an object");
-        validate::validate_pod(
-            engine,
-            &PodRequest { pod: Arc::new(object.json.clone()), namespace: namespace.clone(), cluster, workload: None },
-        )
     } else if is_kind(&request, "", "ConfigMap") {
         let Some(object) =
             request.object.as_ref().filter(|_| matches!(request.operation, Operation::Create | Operation::Update))

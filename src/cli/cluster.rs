@@ -259,6 +259,10 @@ impl ClusterExplanation {
                     "  this pod: injected with [{t}], stale ({}); restart its workload to update it (sidecar-injector drift --restart)\n",
                     templates.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
                 ),
+                (PodDrift::Conflicts { templates }, Some(t)) => format!(
+                    "  this pod: injected with [{t}], but {} applied with conflicts: the pod's own items stand where the template's would be (see \"skipped\" in its status)\n",
+                    templates.join(", ")
+                ),
                 (PodDrift::NotInjected { templates }, Some(_)) => format!("  this pod: not injected, but {} apply now\n", templates.join(", ")),
                 (PodDrift::OutOfScope, Some(t)) => format!("  this pod: injected with [{t}], now out of scope\n"),
             });
@@ -304,6 +308,9 @@ pub struct DriftedWorkload {
     workload: WorkloadRef,
     stale_pods: Vec<String>,
     not_injected_pods: Vec<String>,
+    /// Pods whose templates applied with conflicts: listed, never restarted (a restart changes
+    /// nothing; the pod template has to).
+    conflicted_pods: Vec<String>,
     templates: Vec<String>,
     action: RestartAction,
 }
@@ -364,9 +371,10 @@ async fn drifted(client: &Client, args: &DriftArgs) -> Result<Vec<DriftedWorkloa
         let namespace = pod.namespace().unwrap_or_default();
         let Some(facts) = namespaces.get(&namespace) else { continue };
         let state = drift::classify(&engine, pod.labels(), pod.annotations(), facts);
-        let (stale, templates): (bool, Vec<String>) = match state {
-            PodDrift::Stale { templates } => (true, templates.into_iter().map(|t| t.name).collect()),
-            PodDrift::NotInjected { templates } => (false, templates),
+        let (kind, templates): (DriftKind, Vec<String>) = match state {
+            PodDrift::Stale { templates } => (DriftKind::Stale, templates.into_iter().map(|t| t.name).collect()),
+            PodDrift::NotInjected { templates } => (DriftKind::NotInjected, templates),
+            PodDrift::Conflicts { templates } => (DriftKind::Conflicts, templates),
             PodDrift::Current | PodDrift::OutOfScope => continue,
         };
         let in_namespace: BTreeMap<(String, String), WorkloadRef> = owners
@@ -381,12 +389,13 @@ async fn drifted(client: &Client, args: &DriftArgs) -> Result<Vec<DriftedWorkloa
             workload,
             stale_pods: Vec::new(),
             not_injected_pods: Vec::new(),
+            conflicted_pods: Vec::new(),
             templates: Vec::new(),
         });
-        if stale {
-            entry.stale_pods.push(pod.name_any())
-        } else {
-            entry.not_injected_pods.push(pod.name_any())
+        match kind {
+            DriftKind::Stale => entry.stale_pods.push(pod.name_any()),
+            DriftKind::NotInjected => entry.not_injected_pods.push(pod.name_any()),
+            DriftKind::Conflicts => entry.conflicted_pods.push(pod.name_any()),
         }
         for template in templates {
             if !entry.templates.contains(&template) {
@@ -394,7 +403,21 @@ async fn drifted(client: &Client, args: &DriftArgs) -> Result<Vec<DriftedWorkloa
             }
         }
     }
+    for workload in workloads.values_mut() {
+        if workload.stale_pods.is_empty() && workload.not_injected_pods.is_empty() {
+            workload.action = RestartAction::Manual {
+                advice: "none: a restart changes nothing; remove the pod template's items that conflict (sidecar-injector why)".to_owned(),
+            };
+        }
+    }
     Ok(workloads.into_values().collect())
+}
+
+/// Why a pod is listed by `drift`.
+enum DriftKind {
+    Stale,
+    NotInjected,
+    Conflicts,
 }
 
 /// `drift [--restart]`.
@@ -405,11 +428,11 @@ pub async fn drift(client: &Client, args: &DriftArgs) -> Result<String> {
         return Ok(serde_json::to_string_pretty(&workloads)? + "\n");
     }
     if workloads.is_empty() {
-        out.push_str("no drift: every injected pod has the current templates\n");
+        out.push_str("no drift: every injected pod has the current templates, applied without conflicts\n");
     } else {
         out.push_str(&format!(
-            "{:<20} {:<32} {:>5} {:>12}  {:<28} ACTION\n",
-            "NAMESPACE", "WORKLOAD", "STALE", "NOT INJECTED", "TEMPLATES"
+            "{:<20} {:<32} {:>5} {:>12} {:>9}  {:<28} ACTION\n",
+            "NAMESPACE", "WORKLOAD", "STALE", "NOT INJECTED", "CONFLICTS", "TEMPLATES"
         ));
         for w in &workloads {
             let action = match &w.action {
@@ -418,11 +441,12 @@ pub async fn drift(client: &Client, args: &DriftArgs) -> Result<String> {
                 RestartAction::Manual { advice } => advice.clone(),
             };
             out.push_str(&format!(
-                "{:<20} {:<32} {:>5} {:>12}  {:<28} {action}\n",
+                "{:<20} {:<32} {:>5} {:>12} {:>9}  {:<28} {action}\n",
                 w.namespace,
                 w.workload.to_string(),
                 w.stale_pods.len(),
                 w.not_injected_pods.len(),
+                w.conflicted_pods.len(),
                 w.templates.join(",")
             ));
         }

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use super::inject::{PodDecision, decide_all};
 use super::{CliError, OfflineArgs, OutputFormat};
 use crate::engine::status::InjectionStatus;
-use crate::engine::{Choice, Outcome};
+use crate::engine::{Choice, Outcome, names};
 
 /// The explanation of one pod, as printed by `-o json`.
 #[derive(Debug, Serialize)]
@@ -57,7 +57,7 @@ pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
         Outcome::OutOfScope(reason) => ("outOfScope", format!("not injected: {reason}"), None),
         Outcome::UpToDate(status) => (
             "upToDate",
-            "already injected with the current templates; nothing to change".to_owned(),
+            format!("already injected with the current templates{}; nothing to change", conflicts_note(status)),
             Some(status.clone()),
         ),
         Outcome::Inject(injection) if injection.status.templates.is_empty() => (
@@ -68,8 +68,9 @@ pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
         Outcome::Inject(injection) => (
             "inject",
             format!(
-                "would inject {}",
-                injection.status.templates.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+                "would inject {}{}",
+                injection.status.templates.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", "),
+                conflicts_note(&injection.status)
             ),
             Some(injection.status.clone()),
         ),
@@ -88,6 +89,20 @@ pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
         status,
         removes,
         warnings,
+    }
+}
+
+/// Says which templates apply only in part, as the `injected` label will.
+fn conflicts_note(status: &InjectionStatus) -> String {
+    let conflicted = status.conflicted_templates();
+    match conflicted.is_empty() {
+        true => String::new(),
+        false => format!(
+            " ({} applied with conflicts: the pod's own items stand where the template's would be, see \"skipped\"; labelled {}={})",
+            conflicted.join(", "),
+            names::INJECTED_LABEL,
+            names::INJECTED_PARTIAL
+        ),
     }
 }
 

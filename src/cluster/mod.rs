@@ -207,6 +207,7 @@ pub fn count_drift(
             match drift::classify(&engine, pod.labels(), pod.annotations(), &facts) {
                 PodDrift::Stale { templates } => (templates.into_iter().map(|t| t.name).collect(), "stale"),
                 PodDrift::NotInjected { templates } => (templates, "not_injected"),
+                PodDrift::Conflicts { templates } => (templates, "conflicts"),
                 PodDrift::Current | PodDrift::OutOfScope => continue,
             };
         for template in names {

@@ -35,6 +35,13 @@ pub enum PodDrift {
         /// What differs.
         templates: Vec<StaleTemplate>,
     },
+    /// Injected with the current templates, but some applied with conflicts: the pod's own items
+    /// stand where theirs would be (labelled `injected=partial`). A restart does not change that;
+    /// the pod's spec has to.
+    Conflicts {
+        /// The templates applied with conflicts.
+        templates: Vec<String>,
+    },
     /// In scope and templates apply, but the pod was never injected.
     NotInjected {
         /// The templates it would get.
@@ -51,10 +58,10 @@ pub fn classify(
     annotations: &BTreeMap<String, String>,
     namespace: &NamespaceFacts,
 ) -> PodDrift {
-    if select::scope(labels, annotations, namespace, &engine.excluded_namespaces).is_err() {
+    let Ok(choice) = select::select(&engine.templates, labels, annotations, namespace, &engine.excluded_namespaces)
+    else {
         return PodDrift::OutOfScope;
-    }
-    let choice = select::choose(&engine.templates, labels, annotations, namespace);
+    };
     let current: BTreeMap<&str, &str> =
         choice.selected().filter_map(|name| engine.templates.get(name)).map(|t| (&*t.name, t.hash.as_str())).collect();
     let status = annotations.get(names::STATUS_ANNOTATION).and_then(|s| InjectionStatus::parse(s).ok());
@@ -78,7 +85,13 @@ pub fn classify(
             current: current.get(n).map(|h| (*h).to_owned()),
         })
         .collect();
-    if templates.is_empty() { PodDrift::Current } else { PodDrift::Stale { templates } }
+    if !templates.is_empty() {
+        return PodDrift::Stale { templates };
+    }
+    match status.conflicted_templates() {
+        conflicted if conflicted.is_empty() => PodDrift::Current,
+        conflicted => PodDrift::Conflicts { templates: conflicted.into_iter().map(str::to_owned).collect() },
+    }
 }
 
 /// A workload: what owns a pod, up to the object a user would restart.

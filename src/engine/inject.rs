@@ -310,14 +310,14 @@ pub fn plan(
     if !matches!(pod.get("metadata"), Some(Value::Object(_))) {
         builder.add(&["metadata"], Value::Object(Default::default()));
     }
-    let injected = !templates.is_empty();
     let mut label_removals: Vec<&str> =
         previous.labels.iter().map(String::as_str).filter(|k| labels.contains_key(*k)).collect();
-    if !injected && labels.contains_key(names::INJECTED_LABEL) {
-        label_removals.push(names::INJECTED_LABEL);
-    }
-    if injected {
-        added_labels.insert(names::INJECTED_LABEL.to_owned(), "true".to_owned());
+    match status.injected_label() {
+        Some(value) => {
+            added_labels.insert(names::INJECTED_LABEL.to_owned(), value.to_owned());
+        }
+        None if labels.contains_key(names::INJECTED_LABEL) => label_removals.push(names::INJECTED_LABEL),
+        None => {}
     }
     let empties_labels = label_removals.len() == labels.len();
     builder.string_map(

@@ -7,6 +7,7 @@
 //! returns a [`Decision`]: out of scope, already up to date, a patch to apply, or a denial.
 
 pub mod drift;
+pub mod enforce;
 pub mod facts;
 pub mod inject;
 pub mod manifest;
@@ -114,6 +115,14 @@ pub enum Denial {
     /// changed since (by a later mutating webhook, or by hand in a copied pod): neither keeping
     /// them as injected nor reclassifying them as the pod's own would tell the truth.
     Altered(Vec<String>),
+    /// An enforced template cannot be applied as written: the pod (or a template injected before
+    /// it) has items of the same names that are not the template's.
+    Enforced {
+        /// The template.
+        template: String,
+        /// Each conflict, as a sentence.
+        conflicts: Vec<String>,
+    },
 }
 
 impl fmt::Display for Denial {
@@ -134,6 +143,11 @@ impl fmt::Display for Denial {
                 "sidecar-injector: the pod's {} annotation says it was injected with the current templates, but {}; if another mutating webhook changes the injected containers, exclude them there; to inject a copied pod afresh, remove the annotation",
                 names::STATUS_ANNOTATION,
                 changes.join("; ")
+            ),
+            Denial::Enforced { template, conflicts } => write!(
+                f,
+                "sidecar-injector: template {template} is enforced for this pod, so the pod cannot replace or skip what it injects: {}. Remove these items from the pod and let the injector add them; only the cluster operator can exempt pods, through the template's podSelector and namespaceSelector",
+                conflicts.join("; ")
             ),
         }
     }
@@ -258,6 +272,44 @@ impl Engine {
     }
 
     fn evaluate_with(&self, request: &PodRequest, mask_pod_reads: bool) -> Decision {
+        let mut decision = self.decide(request, mask_pod_reads);
+        let status = match &decision.outcome {
+            Outcome::Inject(injection) => &injection.status,
+            Outcome::UpToDate(status) => status,
+            Outcome::OutOfScope(_) | Outcome::Denied(_) => return decision,
+        };
+        if let Some(denial) = self.enforcement_denial(request, status) {
+            decision.outcome = Outcome::Denied(denial);
+        }
+        decision
+    }
+
+    /// The first enforced template of `status` that was applied with conflicts the pod may not
+    /// have (see `enforce`).
+    fn enforcement_denial(&self, request: &PodRequest, status: &InjectionStatus) -> Option<Denial> {
+        let conflicted = status.conflicted_templates();
+        let enforced = status
+            .templates
+            .iter()
+            .filter(|t| conflicted.contains(&t.name.as_str()))
+            .filter_map(|t| self.templates.version(&t.name, &t.hash).filter(|t| t.enforced));
+        let annotations = pod::string_map(&request.pod, "annotations").unwrap_or_default();
+        let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(&request.pod));
+        for template in enforced {
+            let subject = render::Subject::new(request.pod.clone(), &owner);
+            let native = template.sidecar_mode.is_native(request.cluster.native_sidecars);
+            let conflicts = match render::render(template, &subject, &annotations, &request.namespace) {
+                Ok(rendered) => enforce::conflicts(&request.pod, status, &rendered, native),
+                Err(e) => vec![format!("the template does not render for the pod as it is: {e}")],
+            };
+            if !conflicts.is_empty() {
+                return Some(Denial::Enforced { template: template.name.to_string(), conflicts });
+            }
+        }
+        None
+    }
+
+    fn decide(&self, request: &PodRequest, mask_pod_reads: bool) -> Decision {
         let mut warnings = Vec::new();
         let decision = |choice, outcome, warnings| Decision { choice, outcome, warnings };
         let pod = &*request.pod;
@@ -267,10 +319,12 @@ impl Engine {
                 return decision(None, Outcome::Denied(Denial::Shape(e)), warnings);
             }
         };
-        if let Err(reason) = select::scope(&labels, &annotations, &request.namespace, &self.excluded_namespaces) {
-            return decision(None, Outcome::OutOfScope(reason), warnings);
-        }
-        let choice = select::choose(&self.templates, &labels, &annotations, &request.namespace);
+        let choice =
+            match select::select(&self.templates, &labels, &annotations, &request.namespace, &self.excluded_namespaces)
+            {
+                Ok(choice) => choice,
+                Err(reason) => return decision(None, Outcome::OutOfScope(reason), warnings),
+            };
         let missing: Vec<String> = choice.missing().map(str::to_owned).collect();
         if !missing.is_empty() {
             let denial = Denial::UnknownTemplates {

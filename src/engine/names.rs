@@ -22,6 +22,11 @@ pub const STATUS_ANNOTATION: &str = "sidecar-injector.io/status";
 
 /// Label written on every pod that received at least one template.
 pub const INJECTED_LABEL: &str = "sidecar-injector.io/injected";
+/// Value of [`INJECTED_LABEL`] when every template applied cleanly.
+pub const INJECTED_TRUE: &str = "true";
+/// Value of [`INJECTED_LABEL`] when some template applied with conflicts (the pod's own item stands
+/// where the template's would be): the pod is not fully what its templates make.
+pub const INJECTED_PARTIAL: &str = "partial";
 
 /// Label that marks template ConfigMaps in the injector's namespace.
 pub const TEMPLATES_CONFIGMAP_LABEL: &str = "sidecar-injector.io/templates";

@@ -91,6 +91,19 @@ pub(crate) struct CompiledText {
     constant: Option<Constant>,
 }
 
+impl CompiledText {
+    /// Whether it reads `values` (so an override may change it).
+    pub(crate) fn reads_values(&self) -> bool {
+        self.reads_values
+    }
+
+    /// Its output with the default values when it reads neither `pod` nor `namespace` (and
+    /// rendered without error when the template was loaded).
+    pub(crate) fn constant_output(&self) -> Option<&str> {
+        self.constant.as_ref().map(|c| c.output.as_str())
+    }
+}
+
 /// Every expression string of a compiled `inject` tree with its line (`when:` conditions included),
 /// for the checks made when a template is loaded.
 pub(crate) fn expression_sources(spec: &super::template::InjectSpec) -> Vec<(u64, &str)> {

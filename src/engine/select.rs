@@ -1,14 +1,18 @@
 //! Which pods are in scope, and which templates a pod gets — with the reason for every "no", so
 //! `explain`, metrics and the status annotation can say exactly why a pod was not injected.
 //!
-//! Rules, in the order they are checked:
+//! Rules, in the order they are checked ([`select`]):
 //! 1. Never: mirror pods, pods in kube-system, kube-public, kube-node-lease or the injector's own
 //!    namespace.
 //! 2. The namespace must carry `sidecar-injector.io/inject=enabled` (when its labels are known).
-//! 3. The pod must not carry `sidecar-injector.io/inject=disabled`.
-//! 4. Templates: those named by `sidecar-injector.io/templates` on the pod, else on the namespace,
+//! 3. Templates: those named by `sidecar-injector.io/templates` on the pod, else on the namespace,
 //!    else every template with `default: true`; a named template that does not exist is an error.
-//! 5. Each chosen template's podSelector and namespaceSelector must match.
+//! 4. Each chosen template's podSelector and namespaceSelector must match.
+//! 5. Every `enforced: true` template whose selectors match is chosen too, whatever the annotation
+//!    says.
+//! 6. A pod carrying `sidecar-injector.io/inject=disabled` gets only the enforced templates of
+//!    rule 5, and is out of scope when there are none. The pod is untrusted input: what it says can
+//!    narrow the operator's defaults, never the operator's mandates.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -84,6 +88,8 @@ pub enum ChoiceSource {
     NamespaceAnnotation,
     /// Every template marked `default: true`.
     Defaults,
+    /// The pod opts out: only the enforced templates are considered.
+    OptedOut,
 }
 
 impl fmt::Display for ChoiceSource {
@@ -92,6 +98,7 @@ impl fmt::Display for ChoiceSource {
             ChoiceSource::PodAnnotation => "named by the pod's annotation",
             ChoiceSource::NamespaceAnnotation => "named by the namespace's annotation",
             ChoiceSource::Defaults => "templates marked default: true",
+            ChoiceSource::OptedOut => "the pod opts out, so only enforced templates",
         })
     }
 }
@@ -102,6 +109,9 @@ impl fmt::Display for ChoiceSource {
 pub enum TemplateVerdict {
     /// It will be injected.
     Selected,
+    /// It will be injected because it is enforced for this pod, although the pod's annotation or
+    /// opt-out label (or not being `default: true`) would leave it out.
+    Enforced,
     /// Named by an annotation but not defined.
     NotFound,
     /// Not named and not `default: true`.
@@ -122,6 +132,9 @@ impl fmt::Display for TemplateVerdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TemplateVerdict::Selected => f.write_str("selected"),
+            TemplateVerdict::Enforced => {
+                f.write_str("enforced: injected whatever the pod's annotations and opt-out label say")
+            }
             TemplateVerdict::NotFound => f.write_str("no template of that name exists"),
             TemplateVerdict::NotDefault => f.write_str("not default: true and not named by an annotation"),
             TemplateVerdict::PodSelectorMismatch { selector } => {
@@ -146,7 +159,10 @@ pub struct Choice {
 impl Choice {
     /// Names of the templates that will be injected, in order.
     pub fn selected(&self) -> impl Iterator<Item = &str> {
-        self.verdicts.iter().filter(|(_, v)| *v == TemplateVerdict::Selected).map(|(name, _)| &**name)
+        self.verdicts
+            .iter()
+            .filter(|(_, v)| matches!(v, TemplateVerdict::Selected | TemplateVerdict::Enforced))
+            .map(|(name, _)| &**name)
     }
 
     /// Names that an annotation gave but that do not exist.
@@ -159,6 +175,7 @@ impl Choice {
         if self.verdicts.is_empty() {
             return match self.source {
                 ChoiceSource::Defaults => "no template is marked default: true".to_owned(),
+                ChoiceSource::OptedOut => "the pod opts out and no enforced template applies".to_owned(),
                 _ => format!("the {} annotation names no templates", names::TEMPLATES_ANNOTATION),
             };
         }
@@ -176,9 +193,25 @@ impl Choice {
     }
 }
 
-/// Decides whether the pod is in scope at all.
-pub fn scope(
+/// Decides whether the pod is in scope and which templates it gets (rules 1–6 of the module doc).
+pub fn select(
+    templates: &TemplateSet,
     pod_labels: &BTreeMap<String, String>,
+    pod_annotations: &BTreeMap<String, String>,
+    namespace: &NamespaceFacts,
+    excluded_namespaces: &[String],
+) -> Result<Choice, OutOfScope> {
+    scope(pod_annotations, namespace, excluded_namespaces)?;
+    let opted_out = pod_labels.get(names::INJECT_LABEL).map(String::as_str) == Some(names::INJECT_DISABLED);
+    let choice = choose(templates, pod_labels, pod_annotations, namespace, opted_out);
+    if opted_out && choice.selected().next().is_none() {
+        return Err(OutOfScope::PodOptedOut);
+    }
+    Ok(choice)
+}
+
+/// Rules 1 and 2: whether the pod's namespace (and kind of pod) is served at all.
+fn scope(
     pod_annotations: &BTreeMap<String, String>,
     namespace: &NamespaceFacts,
     excluded_namespaces: &[String],
@@ -193,9 +226,6 @@ pub fn scope(
         && namespace.labels.get(names::INJECT_LABEL).map(String::as_str) != Some(names::INJECT_ENABLED)
     {
         return Err(OutOfScope::NamespaceNotOptedIn { namespace: namespace.name.clone() });
-    }
-    if pod_labels.get(names::INJECT_LABEL).map(String::as_str) == Some(names::INJECT_DISABLED) {
-        return Err(OutOfScope::PodOptedOut);
     }
     Ok(())
 }
@@ -212,12 +242,13 @@ fn named_templates(annotations: &BTreeMap<String, String>) -> Option<Vec<&str>> 
     Some(names)
 }
 
-/// Chooses the templates for an in-scope pod.
-pub fn choose(
+/// Chooses the templates for an in-scope pod (rules 3–6).
+fn choose(
     templates: &TemplateSet,
     pod_labels: &BTreeMap<String, String>,
     pod_annotations: &BTreeMap<String, String>,
     namespace: &NamespaceFacts,
+    opted_out: bool,
 ) -> Choice {
     let verdict = |template: &Template| {
         if let Some(selector) = template.pod_selector.as_ref().filter(|s| !s.matches(pod_labels)) {
@@ -229,11 +260,12 @@ pub fn choose(
         TemplateVerdict::Selected
     };
     let (source, names) = match (named_templates(pod_annotations), named_templates(&namespace.annotations)) {
+        _ if opted_out => (ChoiceSource::OptedOut, Some(Vec::new())),
         (Some(names), _) => (ChoiceSource::PodAnnotation, Some(names)),
         (None, Some(names)) => (ChoiceSource::NamespaceAnnotation, Some(names)),
         (None, None) => (ChoiceSource::Defaults, None),
     };
-    let verdicts = match names {
+    let mut verdicts: Vec<(Arc<str>, TemplateVerdict)> = match names {
         Some(names) => names
             .into_iter()
             .map(|name| match templates.get(name) {
@@ -249,6 +281,23 @@ pub fn choose(
             })
             .collect(),
     };
+    // Rule 5: enforced templates the choice above left out come last, in template order.
+    for template in templates.iter().filter(|t| t.enforced) {
+        let listed = verdicts.iter().position(|(name, _)| *name == template.name);
+        if listed.is_some_and(|i| verdicts[i].1 == TemplateVerdict::Selected) {
+            continue;
+        }
+        let enforced = match verdict(template) {
+            TemplateVerdict::Selected => TemplateVerdict::Enforced,
+            // Shown only when the pod opts out, to say why even the enforced ones do not apply.
+            mismatch if opted_out => mismatch,
+            _ => continue,
+        };
+        if let Some(i) = listed {
+            verdicts.remove(i);
+        }
+        verdicts.push((template.name.clone(), enforced));
+    }
     Choice { source, verdicts }
 }
 
@@ -262,6 +311,8 @@ mod tests {
     type ScopeCase = (&'static str, Map, Map, NamespaceFacts, Result<(), &'static str>);
     /// (case, pod labels, pod annotations, namespace, source, selected templates)
     type ChoiceCase = (&'static str, Map, Map, NamespaceFacts, ChoiceSource, Vec<&'static str>);
+    /// (case, pod labels, pod annotations, selected templates or the out-of-scope code)
+    type EnforcedCase = (&'static str, Map, Map, Result<Vec<&'static str>, &'static str>);
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
@@ -312,12 +363,14 @@ mod tests {
             ),
         ];
         for (case, labels, annotations, namespace, expected) in cases {
-            let got = scope(&labels, &annotations, &namespace, &excluded).map_err(|r| r.code());
+            let got = select(&TemplateSet::default(), &labels, &annotations, &namespace, &excluded)
+                .map(|_| ())
+                .map_err(|r| r.code());
             assert_eq!(got, expected, "{case}");
         }
-        let message = scope(&map(&[]), &map(&[]), &NamespaceFacts::known("shop", map(&[]), map(&[])), &excluded)
-            .unwrap_err()
-            .to_string();
+        let no_facts = NamespaceFacts::known("shop", map(&[]), map(&[]));
+        let message =
+            select(&TemplateSet::default(), &map(&[]), &map(&[]), &no_facts, &excluded).unwrap_err().to_string();
         assert_eq!(message, "namespace shop is not opted in (label it sidecar-injector.io/inject=enabled)");
     }
 
@@ -423,7 +476,7 @@ mod tests {
             ),
         ];
         for (case, labels, annotations, namespace, source, selected) in cases {
-            let choice = choose(&engine.templates, &labels, &annotations, &namespace);
+            let choice = choose(&engine.templates, &labels, &annotations, &namespace, false);
             assert_eq!(choice.source, source, "{case}");
             assert_eq!(choice.selected().collect::<Vec<_>>(), selected, "{case}");
         }
@@ -432,7 +485,7 @@ mod tests {
     #[test]
     fn verdicts_say_why_a_template_was_not_chosen() {
         let engine = engine(&[("base", DEFAULT), ("extra", OPTIONAL), ("web", WEB_ONLY), ("prod", PROD_ONLY)]);
-        let choice = choose(&engine.templates, &map(&[("app", "db")]), &map(&[]), &opted_in("dev", &[]));
+        let choice = choose(&engine.templates, &map(&[("app", "db")]), &map(&[]), &opted_in("dev", &[]), false);
         let verdicts: BTreeMap<&str, String> = choice.verdicts.iter().map(|(n, v)| (&**n, v.to_string())).collect();
         assert_eq!(verdicts["base"], "selected");
         assert_eq!(verdicts["extra"], "not default: true and not named by an annotation");
@@ -447,6 +500,7 @@ mod tests {
             &map(&[]),
             &map(&[(names::TEMPLATES_ANNOTATION, "nope,base")]),
             &opted_in("dev", &[]),
+            false,
         );
         assert_eq!(choice.missing().collect::<Vec<_>>(), vec!["nope"]);
 
@@ -455,10 +509,50 @@ mod tests {
             &map(&[("app", "db")]),
             &map(&[(names::TEMPLATES_ANNOTATION, "web")]),
             &opted_in("dev", &[]),
+            false,
         );
         assert_eq!(
             none.summary_of_none(),
             "no template matched (web: podSelector \"app in (api,web),!canary\" does not match the pod's labels)"
+        );
+    }
+
+    const ENFORCED_WEB: &str =
+        "enforced: true\npodSelector: {matchLabels: {app: web}}\ninject:\n  labels: {audit: on}\n";
+
+    #[test]
+    fn enforced_templates_cannot_be_skipped_by_the_pod() {
+        let engine = engine(&[("base", DEFAULT), ("extra", OPTIONAL), ("audit", ENFORCED_WEB)]);
+        let excluded = vec!["sidecar-injector".to_owned()];
+        let web = map(&[("app", "web")]);
+        let opted_out_web = map(&[("app", "web"), (names::INJECT_LABEL, names::INJECT_DISABLED)]);
+        let opted_out_db = map(&[("app", "db"), (names::INJECT_LABEL, names::INJECT_DISABLED)]);
+        let ns = opted_in("dev", &[]);
+        let named = |list: &str| map(&[(names::TEMPLATES_ANNOTATION, list)]);
+        // (case, pod labels, pod annotations, selected templates or out-of-scope code)
+        let cases: Vec<EnforcedCase> = vec![
+            ("defaults plus the enforced one", web.clone(), map(&[]), Ok(vec!["base", "audit"])),
+            ("annotation naming none", web.clone(), named(" , "), Ok(vec!["audit"])),
+            ("annotation naming others", web.clone(), named("extra"), Ok(vec!["extra", "audit"])),
+            ("annotation naming it keeps its place", web.clone(), named("audit,extra"), Ok(vec!["audit", "extra"])),
+            ("opted out: only the enforced one", opted_out_web, map(&[]), Ok(vec!["audit"])),
+            ("opted out, enforced does not match", opted_out_db, map(&[]), Err("pod_opted_out")),
+            ("selectors still decide", map(&[("app", "db")]), named(""), Ok(vec![])),
+        ];
+        for (case, labels, annotations, expected) in cases {
+            let got = select(&engine.templates, &labels, &annotations, &ns, &excluded)
+                .map(|c| c.selected().map(str::to_owned).collect::<Vec<_>>())
+                .map_err(|r| r.code());
+            let expected = expected.map(|v| v.into_iter().map(str::to_owned).collect::<Vec<_>>());
+            assert_eq!(got, expected, "{case}");
+        }
+        let choice = select(&engine.templates, &web, &named(""), &ns, &excluded).unwrap();
+        assert_eq!(choice.verdicts, vec![("audit".into(), TemplateVerdict::Enforced)]);
+        // Not opted in: enforcement works within the namespaces the injector serves.
+        let not_opted = NamespaceFacts::known("dev", map(&[]), map(&[]));
+        assert_eq!(
+            select(&engine.templates, &web, &map(&[]), &not_opted, &excluded).unwrap_err().code(),
+            "namespace_not_opted_in"
         );
     }
 }

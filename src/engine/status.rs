@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::names;
+
 /// The content of the status annotation.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -145,6 +147,28 @@ impl InjectionStatus {
             })
             && other.skipped.iter().all(|s| self.skipped.contains(s))
             && self.templates == other.templates
+    }
+
+    /// The templates applied with conflicts: some item they add was already in the pod (or added
+    /// by an earlier template), so the pod's item stands where the template's would be.
+    pub fn conflicted_templates(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        for skip in &self.skipped {
+            if !names.contains(&skip.template.as_str()) {
+                names.push(&skip.template);
+            }
+        }
+        names
+    }
+
+    /// The value of the `injected` label this status calls for: `true` when every template applied
+    /// cleanly, `partial` when some applied with conflicts, none when no template was injected.
+    pub fn injected_label(&self) -> Option<&'static str> {
+        match (self.templates.is_empty(), self.skipped.is_empty()) {
+            (true, _) => None,
+            (false, true) => Some(names::INJECTED_TRUE),
+            (false, false) => Some(names::INJECTED_PARTIAL),
+        }
     }
 
     /// Whether the injection recorded here is what `templates` (name, hash, in order) would inject now.

@@ -216,6 +216,10 @@ pub struct Template {
     pub description: String,
     /// Injected when no `sidecar-injector.io/templates` annotation names templates.
     pub default: bool,
+    /// Injected into every pod its selectors match in an opted-in namespace, whatever the pod says:
+    /// its opt-out label and its templates annotation cannot remove it, and a same-name item in the
+    /// pod that differs from the template's refuses the pod (see `enforce`).
+    pub enforced: bool,
     /// Optional selector on pod labels.
     pub pod_selector: Option<TemplateSelector>,
     /// Optional selector on namespace labels.
@@ -248,6 +252,13 @@ impl Template {
         let mut template = Compiler::new(name).template(&root)?;
         render::check(&template)?;
         render::prerender(&mut template);
+        if template.enforced {
+            // Native or classic does not change what can be checked.
+            let unchecked = super::enforce::Requirements::of(&template, true).unchecked;
+            template.warnings.extend(unchecked.into_iter().map(|what| {
+                format!("enforced: while the injector is down, the enforcement policy checks less: {what}")
+            }));
+        }
         Ok(template)
     }
 }
@@ -298,6 +309,7 @@ impl<'a> Compiler<'a> {
             name: self.name.into(),
             description: String::new(),
             default: false,
+            enforced: false,
             pod_selector: None,
             namespace_selector: None,
             sidecar_mode: SidecarMode::Auto,
@@ -317,6 +329,14 @@ impl<'a> Compiler<'a> {
                     _ => {
                         return Err(
                             self.err(node.line, format!("default must be true or false, not {}", node.type_name()))
+                        );
+                    }
+                },
+                "enforced" => match node.value {
+                    SourceValue::Bool(b) => template.enforced = b,
+                    _ => {
+                        return Err(
+                            self.err(node.line, format!("enforced must be true or false, not {}", node.type_name()))
                         );
                     }
                 },
@@ -348,7 +368,7 @@ impl<'a> Compiler<'a> {
                     return Err(self.err(
                         *key_line,
                         format!(
-                            "unknown key {other:?} (expected description, default, podSelector, namespaceSelector, sidecarMode, values, overridable, inject)"
+                            "unknown key {other:?} (expected description, default, enforced, podSelector, namespaceSelector, sidecarMode, values, overridable, inject)"
                         ),
                     ));
                 }

@@ -42,9 +42,11 @@ pub fn validate_pod(engine: &Engine, request: &PodRequest) -> Verdict {
         (Ok(l), Ok(a)) => (l, a),
         (Err(e), _) | (_, Err(e)) => return Verdict::Denied(format!("the pod is malformed: {e}")),
     };
-    if select::scope(&labels, &annotations, &request.namespace, &engine.excluded_namespaces).is_err() {
+    let Ok(choice) =
+        select::select(&engine.templates, &labels, &annotations, &request.namespace, &engine.excluded_namespaces)
+    else {
         return Verdict::Allowed(Vec::new());
-    }
+    };
     let Some(text) = annotations.get(names::STATUS_ANNOTATION) else {
         return Verdict::Denied(NOT_INJECTED_MESSAGE.to_owned());
     };
@@ -57,7 +59,6 @@ pub fn validate_pod(engine: &Engine, request: &PodRequest) -> Verdict {
     if let Err(message) = check_named_items(pod, &status) {
         return Verdict::Denied(message);
     }
-    let choice = select::choose(&engine.templates, &labels, &annotations, &request.namespace);
     let current: Vec<TemplateRef> = choice
         .selected()
         .filter_map(|n| engine.templates.get(n))
@@ -74,6 +75,65 @@ pub fn validate_pod(engine: &Engine, request: &PodRequest) -> Verdict {
         Ok(()) => Verdict::Allowed(Vec::new()),
         Err(message) => Verdict::Denied(message),
     }
+}
+
+/// Checks a pod UPDATE (`old` → `new`): what an injection added changes only by a new injection,
+/// which happens at CREATE. The status annotation and the `injected` label stay as written (a pod
+/// that rewrote them would mislead `drift` and every later check), and the image of every
+/// container the status names as injected, or that an enforced template requires, stays (images
+/// are the one container field a pod UPDATE may change).
+pub fn validate_pod_update(engine: &Engine, old: &Value, new: &Value) -> Verdict {
+    let metadata = |pod: &Value, field: &str, key: &str| {
+        pod.get("metadata")
+            .and_then(|m| m.get(field))
+            .and_then(|m| m.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let advice = "an injection changes only when the pod is created again (delete it, or restart its workload with `sidecar-injector drift --restart`)";
+    for (field, key) in [("annotations", names::STATUS_ANNOTATION), ("labels", names::INJECTED_LABEL)] {
+        let (before, after) = (metadata(old, field, key), metadata(new, field, key));
+        if before != after {
+            let show = |v: &Option<String>| v.as_ref().map_or("absent".to_owned(), |v| format!("{v:?}"));
+            return Verdict::Denied(format!(
+                "the {} {key} cannot be changed by an update ({} before, {} after): {advice}",
+                &field[..field.len() - 1],
+                show(&before),
+                show(&after)
+            ));
+        }
+    }
+    let Some(status) =
+        metadata(old, "annotations", names::STATUS_ANNOTATION).and_then(|s| InjectionStatus::parse(&s).ok())
+    else {
+        return Verdict::Allowed(Vec::new());
+    };
+    let enforced_skips = status.skipped.iter().filter(|s| {
+        matches!(s.kind, super::status::ItemKind::Sidecar | super::status::ItemKind::InitContainer)
+            && engine.templates.get(&s.template).is_some_and(|t| t.enforced)
+    });
+    let guarded = status.containers.iter().chain(&status.init_containers).chain(enforced_skips.map(|s| &s.name));
+    let image = |pod: &Value, name: &str| {
+        ["containers", "initContainers"]
+            .into_iter()
+            .filter_map(|list| pod::list(pod, list).ok().flatten())
+            .flatten()
+            .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
+            .and_then(|c| c.get("image"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    for name in guarded {
+        let (before, after) = (image(old, name), image(new, name));
+        if before != after {
+            return Verdict::Denied(format!(
+                "the image of injected container {name:?} cannot be changed by an update ({} before, {} after): {advice}",
+                before.as_deref().unwrap_or("none"),
+                after.as_deref().unwrap_or("none")
+            ));
+        }
+    }
+    Verdict::Allowed(Vec::new())
 }
 
 fn describe_refs(refs: &[TemplateRef]) -> String {
@@ -114,6 +174,12 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
     // metadata.name from generateName after the mutating call): those are not compared.
     let injection = match engine.evaluate_masked(&base_request).outcome {
         Outcome::Inject(injection) => injection,
+        // An enforced template's item was replaced after injection (or never injected under a
+        // forged status): the author cannot have that either way.
+        Outcome::Denied(denial @ super::Denial::Enforced { .. }) => {
+            let text = denial.to_string();
+            return Err(text.strip_prefix("sidecar-injector: ").unwrap_or(&text).to_owned());
+        }
         // The templates fail for this pod now; the mutating call would have refused it, so there is
         // nothing trustworthy to compare against.
         _ => return Ok(()),

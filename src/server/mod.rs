@@ -94,6 +94,9 @@ async fn handle(
     for template in &summary.injected {
         metrics.injections.get_or_create(&TemplateLabel { template: template.clone() }).inc();
     }
+    for template in &summary.conflicted {
+        metrics.injection_conflicts.get_or_create(&TemplateLabel { template: template.clone() }).inc();
+    }
     if let Some(skip) = summary.skip {
         metrics.skip(skip);
     }

@@ -1,0 +1,541 @@
+//! Enforced templates (`enforced: true`): sidecars a pod's author cannot skip, swap or fake.
+//!
+//! Selection (`select`) already gives an enforced template to every pod its selectors match in an
+//! opted-in namespace, whatever the pod's opt-out label or templates annotation say. This module
+//! owns the two checks that make the mandate hold:
+//! - at admission, [`conflicts`]: "the pod's item wins" does not apply to an enforced template. A
+//!   same-name item the pod (or a template injected before it) already has is accepted only when
+//!   it is exactly the template's; anything else refuses the pod with what to do;
+//! - without the injector, [`Requirements`]: what an in-tree ValidatingAdmissionPolicy can check
+//!   on its own (item names, and the image, command and args that are the same for every pod), as
+//!   the data of a params ConfigMap the injector keeps current. The policy reads the containers
+//!   themselves, never the status annotation, so a hand-written status satisfies nothing.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::ownership;
+use super::render::RenderedTemplate;
+use super::status::{InjectionStatus, ItemKind};
+use super::template::{Piece, SeqItem, Template};
+use super::validate::first_difference;
+
+/// The conflicts of one enforced template with what the pod already has, one sentence each.
+/// `rendered` is the template rendered for this pod; `native` whether its sidecars are native.
+pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTemplate, native: bool) -> Vec<String> {
+    let spec_list = |field: &str| pod.get("spec").and_then(|s| s.get(field)).and_then(Value::as_array);
+    let container = |name: &str| {
+        [spec_list("containers"), spec_list("initContainers")]
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
+    };
+    let app_item = |app: Option<&str>, field: &str, key: &str, name: &str| {
+        let app = container(app?)?;
+        app.get(field)?.as_array()?.iter().find(|i| i.get(key).and_then(Value::as_str) == Some(name))
+    };
+    let metadata = |field: &str, key: &str| {
+        pod.get("metadata").and_then(|m| m.get(field)).and_then(|m| m.get(key)).and_then(Value::as_str)
+    };
+    let mut found = Vec::new();
+    for skip in status.skipped.iter().filter(|s| s.template == rendered.name) {
+        let what = match &skip.container {
+            Some(c) => format!("{} {:?} of container {c:?}", skip.kind.describe(), skip.name),
+            None => format!("{} {:?}", skip.kind.describe(), skip.name),
+        };
+        if let Some(other) = skip.owner.strip_prefix("template:") {
+            found.push(format!("{what} is also added by template {other}, which comes first"));
+            continue;
+        }
+        let named = |items: &[Value], key: &str| {
+            items.iter().find(|i| i.get(key).and_then(Value::as_str) == Some(&skip.name)).cloned()
+        };
+        let (expected, actual) = match skip.kind {
+            ItemKind::Label => (
+                rendered.labels.get(&skip.name).map(|v| Value::from(v.as_str())),
+                metadata("labels", &skip.name).map(Value::from),
+            ),
+            ItemKind::Annotation => (
+                rendered.annotations.get(&skip.name).map(|v| Value::from(v.as_str())),
+                metadata("annotations", &skip.name).map(Value::from),
+            ),
+            ItemKind::InitContainer => (named(&rendered.init_containers, "name"), container(&skip.name).cloned()),
+            ItemKind::Sidecar => {
+                let expected = named(&rendered.sidecars, "name").map(|mut sidecar| {
+                    if native {
+                        sidecar["restartPolicy"] = Value::from("Always");
+                    }
+                    sidecar
+                });
+                (expected, container(&skip.name).cloned())
+            }
+            ItemKind::Volume => (named(&rendered.volumes, "name"), spec_list("volumes").and_then(|v| named(v, "name"))),
+            ItemKind::Env => {
+                (named(&rendered.env, "name"), app_item(skip.container.as_deref(), "env", "name", &skip.name).cloned())
+            }
+            ItemKind::VolumeMount => (
+                named(&rendered.volume_mounts, "mountPath"),
+                app_item(skip.container.as_deref(), "volumeMounts", "mountPath", &skip.name).cloned(),
+            ),
+        };
+        let (Some(expected), Some(actual)) = (expected, actual) else {
+            found.push(format!("the pod's {what} takes the place of the template's"));
+            continue;
+        };
+        if let Some(difference) = first_difference(&expected, &actual, "") {
+            found.push(format!("the pod's {what} is not the template's ({difference})"));
+        } else if !ownership::exact(&expected, &actual) {
+            found.push(format!("the pod's {what} holds fields the template does not set"));
+        }
+    }
+    found
+}
+
+/// What the enforcement policy requires of a pod a template is enforced for, when the injector
+/// cannot be asked: the items whose presence does not depend on the pod, and the fields of its
+/// containers that are the same for every pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Requirements {
+    /// The template.
+    pub template: String,
+    /// Its content hash (for people reading the params; the policy does not compare it).
+    pub hash: String,
+    /// Classic sidecars, required in `spec.containers`.
+    pub containers: Vec<RequiredContainer>,
+    /// Init containers and native sidecars, required in `spec.initContainers`.
+    pub init_containers: Vec<RequiredContainer>,
+    /// Required in `spec.volumes`.
+    pub volumes: Vec<String>,
+    /// Items the policy cannot check, with why (for `check-templates`).
+    pub unchecked: Vec<String>,
+}
+
+/// A container the policy requires, with the fields it compares.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequiredContainer {
+    /// Its name.
+    pub name: String,
+    /// A native sidecar: must keep `restartPolicy: Always`.
+    pub native: bool,
+    /// The image, when the same for every pod.
+    pub image: Option<String>,
+    /// The command, when the same for every pod (an empty list: the pod must not set one).
+    pub command: Option<Vec<String>>,
+    /// The args, likewise.
+    pub args: Option<Vec<String>>,
+}
+
+/// Separates list elements in the params (see [`Requirements::params_data`]).
+pub const LIST_SEPARATOR: char = '\u{1f}';
+
+impl Requirements {
+    /// What `template` requires of every pod it is enforced for, with its sidecars native or not.
+    pub fn of(template: &Template, native: bool) -> Requirements {
+        let mut requirements = Requirements {
+            template: template.name.to_string(),
+            hash: template.hash.clone(),
+            ..Requirements::default()
+        };
+        let spec = &template.inject;
+        let lists: [(&[SeqItem], &str, bool); 3] = [
+            (&spec.init_containers, "init container", false),
+            (&spec.sidecars, "sidecar", native),
+            (&spec.volumes, "volume", false),
+        ];
+        for (items, kind, native_sidecar) in lists {
+            for (index, item) in items.iter().enumerate() {
+                let fields = match fixed_item(template, item) {
+                    Ok(fields) => fields,
+                    Err(why) => {
+                        requirements.unchecked.push(format!("{kind} #{} {why}", index + 1));
+                        continue;
+                    }
+                };
+                let Some(Some(Value::String(name))) = fields.get("name").cloned() else {
+                    requirements.unchecked.push(format!("{kind} #{}: its name depends on the pod", index + 1));
+                    continue;
+                };
+                if kind == "volume" {
+                    requirements.volumes.push(name);
+                    continue;
+                }
+                let strings = |field: &str| -> Option<Vec<String>> {
+                    match fields.get(field) {
+                        None => Some(Vec::new()),
+                        Some(Some(Value::Array(items))) => items
+                            .iter()
+                            .map(|i| i.as_str().filter(|s| !s.contains(LIST_SEPARATOR)).map(str::to_owned))
+                            .collect(),
+                        Some(_) => None,
+                    }
+                };
+                let container = RequiredContainer {
+                    image: match fields.get("image") {
+                        Some(Some(Value::String(image))) => Some(image.clone()),
+                        _ => None,
+                    },
+                    command: strings("command"),
+                    args: strings("args"),
+                    native: native_sidecar,
+                    name,
+                };
+                for (field, fixed) in [
+                    ("image", container.image.is_some()),
+                    ("command", container.command.is_some()),
+                    ("args", container.args.is_some()),
+                ] {
+                    if !fixed {
+                        requirements.unchecked.push(format!(
+                            "{kind} {:?}: {field} is not the same for every pod (it reads the pod, the namespace or an overridable value), so the policy does not compare it",
+                            container.name
+                        ));
+                    }
+                }
+                match kind {
+                    "sidecar" if !native => requirements.containers.push(container),
+                    _ => requirements.init_containers.push(container),
+                }
+            }
+        }
+        requirements
+    }
+
+    /// The params ConfigMap data the enforcement policy in `deploy/` reads. CEL cannot parse JSON,
+    /// so every value is a flat string: names separated by spaces (DNS labels never hold one),
+    /// list fields as each element preceded by [`LIST_SEPARATOR`] (a control character refused in
+    /// the template's own lists, so the encoding is one-to-one).
+    pub fn params_data(&self) -> BTreeMap<String, String> {
+        let names = |items: &[RequiredContainer]| items.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(" ");
+        let mut data = BTreeMap::from([
+            ("template".to_owned(), self.template.clone()),
+            ("hash".to_owned(), self.hash.clone()),
+            ("containers".to_owned(), names(&self.containers)),
+            ("initContainers".to_owned(), names(&self.init_containers)),
+            (
+                "nativeSidecars".to_owned(),
+                self.init_containers.iter().filter(|c| c.native).map(|c| c.name.as_str()).collect::<Vec<_>>().join(" "),
+            ),
+            ("volumes".to_owned(), self.volumes.join(" ")),
+        ]);
+        let encode = |list: &[String]| list.iter().map(|e| format!("{LIST_SEPARATOR}{e}")).collect::<String>();
+        for container in self.containers.iter().chain(&self.init_containers) {
+            if let Some(image) = &container.image {
+                data.insert(format!("image.{}", container.name), image.clone());
+            }
+            if let Some(command) = &container.command {
+                data.insert(format!("command.{}", container.name), encode(command));
+            }
+            if let Some(args) = &container.args {
+                data.insert(format!("args.{}", container.name), encode(args));
+            }
+        }
+        data
+    }
+}
+
+/// The fields of an item that are the same for every pod (`None` for a field that is not), or
+/// why the item itself may or may not be there depending on the pod.
+fn fixed_item(template: &Template, item: &SeqItem) -> Result<BTreeMap<String, Option<Value>>, String> {
+    if let Some(when) = &item.when {
+        match fixed_text(template, when) {
+            Some(output) if output == "true" => {}
+            Some(_) => return Err("is never added (its when: is always false)".to_owned()),
+            None => return Err("is added only for some pods (its when: depends on the pod)".to_owned()),
+        }
+    }
+    match &item.piece {
+        Piece::Map(entries) => {
+            Ok(entries.iter().map(|(key, piece)| (key.clone(), fixed_value(template, piece))).collect())
+        }
+        Piece::Literal(Value::Object(map)) => Ok(map.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect()),
+        _ => Err("is not a mapping".to_owned()),
+    }
+}
+
+/// A piece's value when it is the same for every pod.
+fn fixed_value(template: &Template, piece: &Piece) -> Option<Value> {
+    match piece {
+        Piece::Literal(value) => Some(value.clone()),
+        Piece::Text(text) => fixed_text(template, text).map(Value::String),
+        Piece::ValueRef { path, .. } => {
+            let overridable = template.overridable.iter().any(|o| Some(&o.name) == path.first());
+            match overridable {
+                true => None,
+                false => super::render::lookup_path(&template.values, path).cloned(),
+            }
+        }
+        Piece::Seq(items) => items
+            .iter()
+            .map(|item| match &item.when {
+                Some(_) => None,
+                None => fixed_value(template, &item.piece),
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(Value::Array),
+        Piece::Map(entries) => entries
+            .iter()
+            .map(|(k, p)| fixed_value(template, p).map(|v| (k.clone(), v)))
+            .collect::<Option<serde_json::Map<_, _>>>()
+            .map(Value::Object),
+    }
+}
+
+/// The output of an expression string that reads neither the pod nor the namespace nor a value a
+/// pod may override.
+fn fixed_text(template: &Template, text: &super::render::CompiledText) -> Option<String> {
+    let may_be_overridden = text.reads_values() && !template.overridable.is_empty();
+    match may_be_overridden {
+        true => None,
+        false => text.constant_output().map(str::to_owned),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::engine::test_support::{apply, engine, opted_in, request};
+    use crate::engine::validate::{Verdict, validate_pod, validate_pod_update};
+    use crate::engine::{Denial, Engine, Outcome, names};
+
+    /// An enforced audit agent for pods labelled `app`, plus an ordinary default template.
+    const AUDIT: &str = r#"
+enforced: true
+sidecarMode: native
+podSelector: {matchExpressions: [{key: app, operator: Exists}]}
+values: {image: "audit:1.0", level: info}
+overridable: [level]
+inject:
+  labels: {audit.example.com/agent: "on"}
+  sidecars:
+    - name: audit
+      image: "{{ values.image }}"
+      args: ["--level={{ values.level }}"]
+      command: [/audit]
+  volumes:
+    - {name: audit-spool, emptyDir: {}}
+"#;
+    const LOGS: &str =
+        "default: true\nsidecarMode: container\ninject:\n  sidecars:\n    - {name: logs, image: fluent-bit}\n";
+    const DEBUG: &str = "inject:\n  sidecars:\n    - {name: audit, image: busybox}\n";
+
+    fn audit_engine() -> Engine {
+        engine(&[("logs", LOGS), ("audit", AUDIT), ("debug", DEBUG)])
+    }
+
+    fn pod(labels: Value, annotations: Value, init: Value) -> Value {
+        json!({
+            "metadata": {"generateName": "web-", "namespace": "shop", "labels": labels, "annotations": annotations},
+            "spec": {"initContainers": init, "containers": [{"name": "web", "image": "nginx"}]}
+        })
+    }
+
+    fn evaluate(engine: &Engine, pod: &Value) -> Outcome {
+        engine.evaluate(&request(pod.clone(), opted_in("shop", &[]))).outcome
+    }
+
+    fn injected_names(pod: &Value) -> Vec<String> {
+        ["initContainers", "containers"]
+            .iter()
+            .filter_map(|l| pod["spec"][l].as_array())
+            .flatten()
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_pod_cannot_skip_an_enforced_template() {
+        let engine = audit_engine();
+        let app = json!({"app": "web"});
+        let opted_out = json!({"app": "web", names::INJECT_LABEL: names::INJECT_DISABLED});
+        let none_named = json!({names::TEMPLATES_ANNOTATION: " , "});
+        // (case, labels, annotations, containers the pod ends with)
+        let cases: Vec<(&str, Value, Value, Vec<&str>)> = vec![
+            ("defaults", app.clone(), json!({}), vec!["audit", "web", "logs"]),
+            ("annotation naming no template", app.clone(), none_named.clone(), vec!["audit", "web"]),
+            ("opt-out label", opted_out.clone(), json!({}), vec!["audit", "web"]),
+            ("opt-out label and annotation", opted_out, none_named, vec!["audit", "web"]),
+            ("its selector does not match", json!({}), json!({}), vec!["web", "logs"]),
+        ];
+        for (case, labels, annotations, expected) in cases {
+            let pod = pod(labels, annotations, json!([]));
+            let Outcome::Inject(injection) = evaluate(&engine, &pod) else { panic!("{case}: not injected") };
+            let injected = apply(&pod, &injection.patch);
+            assert_eq!(injected_names(&injected), expected, "{case}");
+            assert_eq!(injected["metadata"]["labels"][names::INJECTED_LABEL], "true", "{case}");
+        }
+    }
+
+    #[test]
+    fn a_look_alike_item_is_refused_with_what_to_do() {
+        let engine = audit_engine();
+        let app = json!({"app": "web"});
+        let evil = json!([{"name": "audit", "image": "evil/not-audit", "command": ["/audit"], "args": ["--level=info"],
+                           "restartPolicy": "Always"}]);
+        let Outcome::Denied(denial) = evaluate(&engine, &pod(app.clone(), json!({}), evil)) else { panic!("allowed") };
+        let message = denial.to_string();
+        assert!(matches!(&denial, Denial::Enforced { template, .. } if template == "audit"), "{message}");
+        for part in [
+            "template audit is enforced for this pod",
+            "the pod's sidecar \"audit\" is not the template's",
+            "evil/not-audit",
+            "Remove these items from the pod",
+            "podSelector and namespaceSelector",
+        ] {
+            assert!(message.contains(part), "{part:?} not in {message}");
+        }
+        // The same with the pod's own label of the template's name and another value.
+        let label = json!({"app": "web", "audit.example.com/agent": "off"});
+        let Outcome::Denied(denial) = evaluate(&engine, &pod(label, json!({}), json!([]))) else { panic!("allowed") };
+        assert!(denial.to_string().contains("the pod's label \"audit.example.com/agent\" is not the template's"));
+        // A template the pod names that brings an item of the same name comes first, and loses.
+        let named = json!({names::TEMPLATES_ANNOTATION: "debug"});
+        let Outcome::Denied(denial) = evaluate(&engine, &pod(app.clone(), named, json!([]))) else { panic!("allowed") };
+        assert!(denial.to_string().contains("sidecar \"audit\" is also added by template debug"), "{denial}");
+        // A copy with extra fields is not the template's either.
+        let extra = json!([{"name": "audit", "image": "audit:1.0", "command": ["/audit"], "args": ["--level=info"],
+                            "restartPolicy": "Always", "securityContext": {"privileged": true}}]);
+        let Outcome::Denied(denial) = evaluate(&engine, &pod(app, json!({}), extra)) else { panic!("allowed") };
+        assert!(denial.to_string().contains("holds fields the template does not set"), "{denial}");
+    }
+
+    #[test]
+    fn an_exact_copy_stands_and_is_reported_as_the_pods_own() {
+        let engine = audit_engine();
+        let exact = json!([{"name": "audit", "image": "audit:1.0", "command": ["/audit"], "args": ["--level=info"],
+                            "restartPolicy": "Always", "imagePullPolicy": "IfNotPresent"}]);
+        let pod = pod(json!({"app": "web"}), json!({}), exact);
+        let Outcome::Inject(injection) = evaluate(&engine, &pod) else { panic!("not injected") };
+        assert!(!injection.status.init_containers.contains(&"audit".to_owned()), "never reported as injected");
+        assert_eq!(injection.status.conflicted_templates(), vec!["audit"]);
+        let injected = apply(&pod, &injection.patch);
+        assert_eq!(injected["metadata"]["labels"][names::INJECTED_LABEL], names::INJECTED_PARTIAL);
+        // Admitted again: up to date, not refused, nothing added twice.
+        assert!(matches!(evaluate(&engine, &injected), Outcome::UpToDate(_)));
+    }
+
+    #[test]
+    fn a_forged_status_gets_the_enforced_sidecar_anyway() {
+        let engine = audit_engine();
+        let audit = engine.templates.get("audit").unwrap();
+        let logs = engine.templates.get("logs").unwrap();
+        let forged = json!({"templates": [{"name": "logs", "hash": logs.hash}, {"name": "audit", "hash": audit.hash}],
+                            "initContainers": ["audit"], "nativeSidecars": ["audit"], "containers": ["logs"]});
+        let pod = pod(json!({"app": "web"}), json!({names::STATUS_ANNOTATION: forged.to_string()}), json!([]));
+        let Outcome::Inject(injection) = evaluate(&engine, &pod) else { panic!("not injected") };
+        assert_eq!(injected_names(&apply(&pod, &injection.patch)), vec!["audit", "web", "logs"]);
+    }
+
+    #[test]
+    fn validate_refuses_what_a_later_mutator_swapped_in() {
+        let engine = audit_engine();
+        let pod = pod(json!({"app": "web", names::INJECT_LABEL: names::INJECT_DISABLED}), json!({}), json!([]));
+        let Outcome::Inject(injection) = evaluate(&engine, &pod) else { panic!("not injected") };
+        let mut stored = apply(&pod, &injection.patch);
+        let validate = |pod: &Value| validate_pod(&engine, &request(pod.clone(), opted_in("shop", &[])));
+        assert_eq!(validate(&stored), Verdict::Allowed(Vec::new()), "opted out, enforced, injected");
+        stored["spec"]["initContainers"][0]["image"] = json!("evil");
+        let Verdict::Denied(message) = validate(&stored) else { panic!("allowed") };
+        assert!(message.contains("\"audit\"") && message.contains("evil"), "{message}");
+        // Not injected at all (the injector was down; the opt-out label kept the general policy away).
+        let Verdict::Denied(message) = validate(&pod) else { panic!("allowed") };
+        assert!(message.contains("sidecar injection did not happen"), "{message}");
+    }
+
+    #[test]
+    fn an_update_cannot_change_what_was_injected() {
+        let engine = audit_engine();
+        let pod = pod(json!({"app": "web"}), json!({}), json!([]));
+        let Outcome::Inject(injection) = evaluate(&engine, &pod) else { panic!("not injected") };
+        let stored = apply(&pod, &injection.patch);
+        let update = |change: &dyn Fn(&mut Value)| {
+            let mut new = stored.clone();
+            change(&mut new);
+            validate_pod_update(&engine, &stored, &new)
+        };
+        let allowed = Verdict::Allowed(Vec::new());
+        assert_eq!(update(&|p| p["metadata"]["labels"]["team"] = json!("a")), allowed, "an unrelated label");
+        assert_eq!(update(&|p| p["spec"]["containers"][0]["image"] = json!("nginx:2")), allowed, "the app's image");
+        let denied = |verdict: Verdict, part: &str| match verdict {
+            Verdict::Denied(message) => assert!(message.contains(part), "{part:?} not in {message}"),
+            Verdict::Allowed(_) => panic!("allowed: {part}"),
+        };
+        denied(
+            update(&|p| p["spec"]["initContainers"][0]["image"] = json!("evil")),
+            "image of injected container \"audit\"",
+        );
+        denied(
+            update(&|p| p["spec"]["containers"][1]["image"] = json!("evil")),
+            "image of injected container \"logs\"",
+        );
+        denied(
+            update(&|p| p["metadata"]["annotations"][names::STATUS_ANNOTATION] = json!("{\"templates\":[]}")),
+            "annotation sidecar-injector.io/status cannot be changed",
+        );
+        denied(
+            update(&|p| {
+                p["metadata"]["labels"].as_object_mut().unwrap().remove(names::INJECTED_LABEL);
+            }),
+            "label sidecar-injector.io/injected cannot be changed",
+        );
+        // An exact copy the pod brought for an enforced template is guarded too.
+        let exact = json!([{"name": "audit", "image": "audit:1.0", "command": ["/audit"], "args": ["--level=info"],
+                            "restartPolicy": "Always"}]);
+        let own = self::pod(json!({"app": "web"}), json!({}), exact);
+        let Outcome::Inject(injection) = evaluate(&engine, &own) else { panic!("not injected") };
+        let stored = apply(&own, &injection.patch);
+        let mut new = stored.clone();
+        new["spec"]["initContainers"][0]["image"] = json!("evil");
+        assert!(matches!(validate_pod_update(&engine, &stored, &new), Verdict::Denied(_)));
+    }
+
+    #[test]
+    fn the_policy_params_hold_what_is_the_same_for_every_pod() {
+        let engine = audit_engine();
+        let requirements = Requirements::of(engine.templates.get("audit").unwrap(), true);
+        let data = requirements.params_data();
+        let sep = LIST_SEPARATOR;
+        assert_eq!(data["template"], "audit");
+        assert_eq!(data["initContainers"], "audit");
+        assert_eq!(data["nativeSidecars"], "audit");
+        assert_eq!(data["containers"], "");
+        assert_eq!(data["volumes"], "audit-spool");
+        assert_eq!(data["image.audit"], "audit:1.0");
+        assert_eq!(data["command.audit"], format!("{sep}/audit"));
+        assert!(!data.contains_key("args.audit"), "args read an overridable value");
+        assert_eq!(
+            requirements.unchecked,
+            vec![
+                "sidecar \"audit\": args is not the same for every pod (it reads the pod, the namespace or an overridable value), so the policy does not compare it"
+            ]
+        );
+        let classic = Requirements::of(engine.templates.get("audit").unwrap(), false).params_data();
+        assert_eq!((classic["containers"].as_str(), classic["initContainers"].as_str()), ("audit", ""));
+
+        let per_pod = r#"
+enforced: true
+inject:
+  sidecars:
+    - name: "agent-{{ namespace.name }}"
+      image: agent
+    - name: tagger
+      image: "tagger:{{ namespace.name }}"
+      when: "{{ pod.metadata.labels is defined }}"
+    - name: fixed
+      image: fixed
+      when: "{{ true }}"
+"#;
+        let engine = engine_with(per_pod);
+        let requirements = Requirements::of(engine.templates.get("t").unwrap(), true);
+        assert_eq!(requirements.init_containers.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), vec!["fixed"]);
+        assert_eq!(requirements.init_containers[0].args, Some(vec![]), "no args: the pod must not add any");
+        assert_eq!(requirements.unchecked.len(), 2, "{:?}", requirements.unchecked);
+    }
+
+    fn engine_with(template: &str) -> Engine {
+        engine(&[("t", template)])
+    }
+}
