@@ -187,6 +187,10 @@ pub struct ClusterSettings {
     pub watch_pods: bool,
     /// How often the drift metrics are recomputed, in seconds.
     pub drift_interval_seconds: u64,
+    /// Keep a binding of the `sidecar-injector.io-enforced` ValidatingAdmissionPolicy (and its
+    /// params ConfigMap) for every enforced template, so the API server refuses pods that lack an
+    /// enforced template's sidecars while the injector is down (needs the RBAC in `deploy/`).
+    pub enforcement_policy: bool,
 }
 
 impl Default for ClusterSettings {
@@ -198,6 +202,7 @@ impl Default for ClusterSettings {
             kubernetes_version: None,
             watch_pods: true,
             drift_interval_seconds: 30,
+            enforcement_policy: true,
         }
     }
 }

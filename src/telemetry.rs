@@ -68,6 +68,9 @@ pub struct Metrics {
     /// `sidecar_injector_injection_conflicts_total{template}`: pods a template was applied to with
     /// conflicts (some of its items were already in the pod, whose own stand).
     pub injection_conflicts: Family<TemplateLabel, Counter>,
+    /// `sidecar_injector_enforcement_sync_errors_total`: failed writes of the enforcement policy's
+    /// bindings and params (see `cluster::enforcement`).
+    pub enforcement_sync_errors: Counter,
     /// `sidecar_injector_skips_total{reason}`: pods not injected, by reason.
     pub skips: Family<ReasonLabel, Counter>,
     /// `sidecar_injector_admission_duration_seconds{endpoint}`: time from body received to answer.
@@ -112,6 +115,12 @@ impl Default for Metrics {
             "injection_conflicts",
             "Pods a template was applied to with conflicts: the pod's own items stand where some of the template's would be",
             injection_conflicts.clone(),
+        );
+        let enforcement_sync_errors = Counter::default();
+        registry.register(
+            "enforcement_sync_errors",
+            "Failed writes of the enforcement policy's bindings and params for enforced templates",
+            enforcement_sync_errors.clone(),
         );
         let skips = Family::<ReasonLabel, Counter>::default();
         registry.register("skips", "Pods not injected, by reason", skips.clone());
@@ -159,6 +168,7 @@ impl Default for Metrics {
             requests,
             injections,
             injection_conflicts,
+            enforcement_sync_errors,
             skips,
             duration,
             template_reload_errors,

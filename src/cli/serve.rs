@@ -117,6 +117,9 @@ impl Starting {
         });
         if let Some(client) = &client {
             cluster::watch_templates(client.clone(), &own_namespace, state.clone());
+            if settings.cluster.enforcement_policy {
+                cluster::enforcement::keep_current(client.clone(), own_namespace.clone(), state.clone());
+            }
             if let (true, Some(store)) = (settings.cluster.watch_pods, namespace_store) {
                 let interval = Duration::from_secs(settings.cluster.drift_interval_seconds);
                 cluster::watch_drift(client.clone(), store, state.clone(), interval);

@@ -12,6 +12,7 @@
 //! namespaced ConfigMap watch, one metadata-only namespace watch — cost the API server nothing.
 
 pub mod certs;
+pub mod enforcement;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -13,13 +13,13 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use super::ownership;
 use super::render::RenderedTemplate;
 use super::status::{InjectionStatus, ItemKind};
 use super::template::{Piece, SeqItem, Template};
 use super::validate::first_difference;
+use super::{names, ownership};
 
 /// The conflicts of one enforced template with what the pod already has, one sentence each.
 /// `rendered` is the template rendered for this pod; `native` whether its sidecars are native.
@@ -233,6 +233,55 @@ impl Requirements {
         }
         data
     }
+}
+
+/// The objects the injector keeps in the cluster for one enforced template: the params ConfigMap
+/// (in `own_namespace`) and the binding of the enforcement policy to the pods the template is
+/// enforced for. Both are plain JSON for server-side apply.
+pub fn policy_objects(template: &Template, native: bool, own_namespace: &str) -> (Value, Value) {
+    let name = format!("{}{}", names::ENFORCED_OBJECT_PREFIX, template.name);
+    let labels = json!({ names::ENFORCED_TEMPLATE_LABEL: &*template.name });
+    let params = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": own_namespace, "labels": labels},
+        "data": Requirements::of(template, native).params_data(),
+    });
+    // The namespaces the webhook serves (opted in, not excluded), narrowed by the template's own
+    // namespaceSelector; the pods its podSelector matches, opted out or not.
+    let mut excluded: Vec<&str> = names::SYSTEM_NAMESPACES.to_vec();
+    excluded.push(own_namespace);
+    let mut namespace_expressions = vec![
+        json!({"key": names::INJECT_LABEL, "operator": "In", "values": [names::INJECT_ENABLED]}),
+        json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded}),
+    ];
+    let mut namespace_selector = json!({});
+    if let Some(selector) = &template.namespace_selector {
+        let own = serde_json::to_value(&selector.label_selector).unwrap_or_default();
+        if let Some(labels) = own.get("matchLabels") {
+            namespace_selector["matchLabels"] = labels.clone();
+        }
+        if let Some(Value::Array(expressions)) = own.get("matchExpressions") {
+            namespace_expressions.splice(0..0, expressions.iter().cloned());
+        }
+    }
+    namespace_selector["matchExpressions"] = Value::Array(namespace_expressions);
+    let object_selector = template
+        .pod_selector
+        .as_ref()
+        .map_or_else(|| json!({}), |s| serde_json::to_value(&s.label_selector).unwrap_or_default());
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "policyName": names::ENFORCEMENT_POLICY,
+            "validationActions": ["Deny"],
+            "paramRef": {"name": name, "namespace": own_namespace, "parameterNotFoundAction": "Deny"},
+            "matchResources": {"namespaceSelector": namespace_selector, "objectSelector": object_selector},
+        },
+    });
+    (params, binding)
 }
 
 /// The fields of an item that are the same for every pod (`None` for a field that is not), or

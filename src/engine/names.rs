@@ -41,3 +41,12 @@ pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-no
 pub fn override_annotation(template: &str, value: &str) -> String {
     format!("{PREFIX}{template}.{value}")
 }
+
+/// The ValidatingAdmissionPolicy (shipped in `deploy/`) that holds enforced templates while the
+/// injector is down; the injector binds it once per enforced template.
+pub const ENFORCEMENT_POLICY: &str = "sidecar-injector.io-enforced";
+/// Label on the bindings and params ConfigMaps the injector writes for enforced templates: the
+/// template's name. The injector deletes the labelled objects of templates no longer enforced.
+pub const ENFORCED_TEMPLATE_LABEL: &str = "sidecar-injector.io/enforced-template";
+/// Prefix of the names of those bindings and ConfigMaps (followed by the template's name).
+pub const ENFORCED_OBJECT_PREFIX: &str = "sidecar-injector-enforced-";

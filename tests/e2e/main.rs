@@ -104,6 +104,7 @@ async fn run(root: &Path) -> Result<bool> {
         s13_explain_cluster,
         s14_drift,
         s15_only_the_api_server,
+        s16_enforced_templates,
         s12_api_server_outage,
     ];
     let mut failed = Vec::new();

@@ -523,6 +523,11 @@ pub async fn s11_least_privilege(ctx: &mut Ctx) -> Result<()> {
         (&["list", "pods", "--all-namespaces"], true),
         (&["get", "pods/web", "-n", "e2e-shop"], false),
         (&["delete", "pods", "-n", "e2e-shop"], false),
+        (&["create", "validatingadmissionpolicybindings"], true),
+        (&["delete", "validatingadmissionpolicybindings/anything"], true),
+        (&["update", "validatingadmissionpolicies/sidecar-injector.io-enforced"], false),
+        (&["create", "configmaps", "-n", "sidecar-injector"], true),
+        (&["create", "configmaps", "-n", "e2e-shop"], false),
     ];
     for (args, expected) in expectations {
         ensure!(can(args) == *expected, "can-i {} should be {}", args.join(" "), if *expected { "yes" } else { "no" });
@@ -690,6 +695,228 @@ pub async fn s14_drift(ctx: &mut Ctx) -> Result<()> {
                 .join("\n")
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+/// An enforced template for pods labelled `tier=prod`, as an operator would add it.
+const ENFORCED_AUDIT: &str = r#"description: An audit agent every tier=prod pod must run
+enforced: true
+sidecarMode: auto
+podSelector:
+  matchLabels: {tier: prod}
+values:
+  image: registry.example/audit-agent:2.1
+inject:
+  sidecars:
+    - name: audit-agent
+      image: "{{ values.image }}"
+      command: [/audit-agent]
+      args: [--spool=/spool, --upload=none]
+      volumeMounts:
+        - {name: audit-spool, mountPath: /spool}
+  volumes:
+    - name: audit-spool
+      emptyDir: {}
+"#;
+
+async fn set_template(ctx: &Ctx, key: &str, text: Option<&str>) -> Result<()> {
+    let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), "sidecar-injector");
+    let mut configmap = configmaps.get("sidecar-templates").await?;
+    let data = configmap.data.get_or_insert_with(Default::default);
+    match text {
+        Some(text) => data.insert(key.into(), text.into()),
+        None => data.remove(key),
+    };
+    configmaps.replace("sidecar-templates", &PostParams::default(), &configmap).await?;
+    Ok(())
+}
+
+/// Waits until the enforcement binding of `template` exists (`true`) or is gone (`false`).
+async fn wait_for_binding(ctx: &Ctx, template: &str, present: bool) -> Result<Duration> {
+    let start = Instant::now();
+    let name = format!("binding sidecar-injector-enforced-{template}");
+    loop {
+        let found = ctx
+            .plane
+            .kubectl(&[
+                "get",
+                "validatingadmissionpolicybindings",
+                &format!("sidecar-injector-enforced-{template}"),
+                "-o",
+                "name",
+            ])
+            .is_ok_and(|o| o.contains(&format!("sidecar-injector-enforced-{template}")));
+        if found == present {
+            return Ok(start.elapsed());
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "{name} still {}",
+            if present { "missing" } else { "there" }
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn all_containers(pod: &Pod) -> Vec<k8s_openapi::api::core::v1::Container> {
+    let spec = pod.spec.clone().unwrap_or_default();
+    spec.init_containers.unwrap_or_default().into_iter().chain(spec.containers).collect()
+}
+
+/// Scenario 16: An enforced template cannot be skipped, swapped or faked: not with the opt-out label,
+/// the templates annotation or a look-alike container while the injector is up, not by an UPDATE
+/// afterwards, and not while the injector is down (the enforcement policy the injector binds).
+/// The status tells the truth about a template applied with conflicts.
+pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
+    set_template(ctx, "audit.yaml", Some(ENFORCED_AUDIT)).await.context("adding the enforced template")?;
+    let took = wait_for_binding(ctx, "audit", true).await?;
+    println!("      enforcement binding written {took:?} after the template edit");
+    let prod_opted_out = json!({"app": "web", "tier": "prod", "sidecar-injector.io/inject": "disabled"});
+    // The webhook serves the new template a moment after the edit: wait for it.
+    let start = Instant::now();
+    while !ctx
+        .dry_run_pod("e2e-shop", pod("probe", prod_opted_out.clone(), json!({})))
+        .await
+        .is_ok_and(|p| all_containers(&p).iter().any(|c| c.name == "audit-agent"))
+    {
+        ensure!(start.elapsed() < Duration::from_secs(15), "the enforced template was not served");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Injector up: the pod cannot skip it.
+    let opted_out = ctx.create_pod("e2e-shop", pod("enforced-opted-out", prod_opted_out.clone(), json!({}))).await?;
+    let names: Vec<String> = all_containers(&opted_out).into_iter().map(|c| c.name).collect();
+    ensure!(names.contains(&"audit-agent".to_owned()), "opted out, not enforced: {names:?}");
+    ensure!(!names.contains(&"log-shipper".to_owned()), "the opt-out label still holds for the rest: {names:?}");
+    let none_named = ctx
+        .create_pod(
+            "e2e-shop",
+            pod("enforced-none-named", json!({"tier": "prod"}), json!({"sidecar-injector.io/templates": " , "})),
+        )
+        .await?;
+    ensure!(all_containers(&none_named).iter().any(|c| c.name == "audit-agent"), "the annotation skipped it");
+    let mut look_alike = pod("enforced-look-alike", json!({"tier": "prod"}), json!({}));
+    look_alike["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "audit-agent", "image": "evil/not-audit"}));
+    let refused = ctx.create_pod("e2e-shop", look_alike.clone()).await;
+    let message = refused.as_ref().err().map(api_message).unwrap_or_default();
+    ensure!(
+        message.contains("template audit is enforced for this pod") && message.contains("\"audit-agent\""),
+        "look-alike not refused: {refused:?}"
+    );
+
+    // The honest status: a pod whose own container takes the log shipper's place.
+    let before = ctx.injector.as_ref().context("no injector")?.metrics();
+    let mut own_shipper = pod("own-shipper", json!({"app": "web"}), json!({}));
+    own_shipper["spec"]["initContainers"] =
+        json!([{"name": "log-shipper", "image": "evil/not-fluent-bit", "restartPolicy": "Always"}]);
+    let stored = ctx.create_pod("e2e-shop", own_shipper).await?;
+    let label = stored.metadata.labels.as_ref().and_then(|l| l.get("sidecar-injector.io/injected")).cloned();
+    ensure!(label.as_deref() == Some("partial"), "injected label {label:?}");
+    let status = status(&stored).context("no status")?;
+    ensure!(
+        !status.init_containers.contains(&"log-shipper".to_owned()),
+        "the pod's own container reported as injected"
+    );
+    ensure!(status.conflicted_templates() == vec!["log-shipper"], "{status:?}");
+    let after = ctx.injector.as_ref().context("no injector")?.metrics();
+    let count = |text: &str, series: &str| -> f64 {
+        text.lines().find_map(|l| l.strip_prefix(series)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+    };
+    let conflicts = "sidecar_injector_injection_conflicts_total{template=\"log-shipper\"}";
+    ensure!(count(&after, conflicts) == count(&before, conflicts) + 1.0, "the conflict was not counted");
+    let injections = "sidecar_injector_injections_total{template=\"log-shipper\"}";
+    ensure!(count(&after, injections) == count(&before, injections), "counted as a clean injection");
+
+    // UPDATE: an injected container's image cannot change; other updates pass.
+    let pods = ctx.pods("e2e-shop");
+    let patch = |p: Value| kube::api::Patch::Strategic(p);
+    let params = kube::api::PatchParams::default();
+    pods.patch("enforced-opted-out", &params, &patch(json!({"metadata": {"labels": {"team": "a"}}})))
+        .await
+        .context("an unrelated update")?;
+    let swap = json!({"spec": {"initContainers": [{"name": "audit-agent", "image": "evil/not-audit"}]}});
+    let refused = pods.patch("enforced-opted-out", &params, &patch(swap)).await;
+    let message = refused.as_ref().err().map(api_message).unwrap_or_default();
+    ensure!(
+        message.contains("the image of injected container \"audit-agent\" cannot be changed by an update"),
+        "image swap not refused: {message:?}"
+    );
+    let forged = json!({"metadata": {"annotations": {"sidecar-injector.io/status": "{\"templates\":[]}"}}});
+    let refused = pods.patch("enforced-none-named", &params, &patch(forged)).await;
+    ensure!(
+        refused.as_ref().err().map(api_message).unwrap_or_default().contains("cannot be changed by an update"),
+        "status rewrite not refused: {refused:?}"
+    );
+
+    // Injector down: the enforcement policy holds on its own.
+    ctx.stop_injector();
+    let mut exact = pod("exact", prod_opted_out.clone(), json!({}));
+    exact["spec"]["initContainers"] = json!([{
+        "name": "audit-agent", "image": "registry.example/audit-agent:2.1", "command": ["/audit-agent"],
+        "args": ["--spool=/spool", "--upload=none"], "restartPolicy": "Always",
+        "volumeMounts": [{"name": "audit-spool", "mountPath": "/spool"}]
+    }]);
+    exact["spec"]["volumes"] = json!([{"name": "audit-spool", "emptyDir": {}}]);
+    let mut forged_status = exact.clone();
+    forged_status["metadata"]["annotations"] = json!({"sidecar-injector.io/status": "{\"templates\":[{\"name\":\"audit\",\"hash\":\"x\"}],\"initContainers\":[\"audit-agent\"]}"});
+    forged_status["spec"]["initContainers"][0]["image"] = json!("evil/not-audit");
+    let mut swapped_args = exact.clone();
+    // Encodes like the template's two args if the policy did not refuse the separator itself.
+    swapped_args["spec"]["initContainers"][0]["args"] = json!(["--spool=/spool\u{1f}--upload=none"]);
+    let mut not_native = exact.clone();
+    not_native["spec"]["initContainers"][0].as_object_mut().unwrap().remove("restartPolicy");
+    let cases: Vec<(&str, Value, Option<&str>)> = vec![
+        (
+            "missing",
+            pod("missing", prod_opted_out.clone(), json!({})),
+            Some("which lacks its audit-agent, audit-spool"),
+        ),
+        ("forged status, other image", forged_status, Some("whose audit-agent differ from the template's")),
+        ("separator smuggled into args", swapped_args, Some("whose audit-agent differ from the template's")),
+        ("not native", not_native, Some("native sidecar(s) audit-agent lack restartPolicy: Always")),
+        ("exactly the template's", exact, None),
+        (
+            "not tier=prod",
+            pod("dev", json!({"tier": "dev", "sidecar-injector.io/inject": "disabled"}), json!({})),
+            None,
+        ),
+    ];
+    for (case, pod, expected) in cases {
+        let result = ctx.dry_run_pod("e2e-shop", pod).await;
+        match (expected, result) {
+            (None, Ok(_)) => {}
+            (Some(fragment), Err(e))
+                if api_message(&e).contains(fragment)
+                    && api_message(&e).contains("ValidatingAdmissionPolicy 'sidecar-injector.io-enforced'") => {}
+            (expected, result) => bail!(
+                "injector down, {case}: expected {expected:?}, got {:?}",
+                result.map(|p| p.metadata.name).map_err(|e| api_message(&e))
+            ),
+        }
+    }
+    ctx.start_injector()?;
+    wait_for_injection(ctx, "e2e-shop").await?;
+
+    // No longer enforced: the binding and its params go.
+    set_template(ctx, "audit.yaml", None).await?;
+    wait_for_binding(ctx, "audit", false).await?;
+    let params = ctx.plane.kubectl(&[
+        "-n",
+        "sidecar-injector",
+        "get",
+        "configmaps",
+        "-l",
+        "sidecar-injector.io/enforced-template",
+        "-o",
+        "name",
+    ])?;
+    ensure!(params.trim().is_empty(), "params left behind: {params}");
+    for name in ["enforced-opted-out", "enforced-none-named", "own-shipper"] {
+        pods.delete(name, &DeleteParams::default()).await?;
     }
     Ok(())
 }
