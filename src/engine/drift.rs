@@ -189,6 +189,21 @@ mod tests {
             injected: injected.map(Into::into),
             current: current.map(Into::into),
         };
+        let conflicted = InjectionStatus {
+            templates: vec![
+                TemplateRef { name: "a".into(), hash: a.clone() },
+                TemplateRef { name: "b".into(), hash: b.clone() },
+            ],
+            skipped: vec![crate::engine::status::Skipped {
+                template: "b".into(),
+                kind: crate::engine::status::ItemKind::Label,
+                name: "b".into(),
+                container: None,
+                owner: "pod".into(),
+            }],
+            ..InjectionStatus::default()
+        }
+        .to_annotation();
         /// (case, pod labels, pod annotations, namespace, expected)
         type Case = (&'static str, BTreeMap<String, String>, BTreeMap<String, String>, NamespaceFacts, PodDrift);
         let cases: Vec<Case> = vec![
@@ -219,6 +234,13 @@ mod tests {
                 map(&[(names::STATUS_ANNOTATION, &status(&[("a", &a), ("b", &b)]))]),
                 shop.clone(),
                 PodDrift::Stale { templates: vec![stale("b", Some(&b), None)] },
+            ),
+            (
+                "current, but applied with conflicts",
+                map(&[("app", "web")]),
+                map(&[(names::STATUS_ANNOTATION, &conflicted)]),
+                shop.clone(),
+                PodDrift::Conflicts { templates: vec!["b".into()] },
             ),
             (
                 "never injected",

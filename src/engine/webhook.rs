@@ -91,7 +91,10 @@ pub fn checks(
     };
     let webhooks: Vec<&MutatingWebhook> =
         configuration.webhooks.iter().flatten().filter(|w| covers_pod_create(w)).collect();
-    let Some(webhook) = webhooks.first() else {
+    // The entry the API server calls for this pod (the injector's configuration splits pods by the
+    // opt-out label into two entries); the first one when none selects the pod.
+    let selecting = webhooks.iter().find(|w| selector_matches(w.object_selector.as_ref(), pod_labels) == Ok(true));
+    let Some(webhook) = selecting.or(webhooks.first()) else {
         checks.push(Check::fail(
             "webhook-installed",
             format!("MutatingWebhookConfiguration {configuration_name} has no webhook for pods on CREATE"),
@@ -181,8 +184,9 @@ mod tests {
         let text = include_str!("../../deploy/base/mutatingwebhookconfiguration.yaml");
         let value: serde_json::Value = crate::engine::manifest::read(text).unwrap().remove(0);
         let mut configuration: MutatingWebhookConfiguration = serde_json::from_value(value).unwrap();
-        configuration.webhooks.as_mut().unwrap()[0].client_config.ca_bundle =
-            Some(k8s_openapi::ByteString(b"CA".to_vec()));
+        for webhook in configuration.webhooks.as_mut().unwrap() {
+            webhook.client_config.ca_bundle = Some(k8s_openapi::ByteString(b"CA".to_vec()));
+        }
         configuration
     }
 
@@ -208,7 +212,12 @@ mod tests {
             .unwrap(),
         );
         let mut updates_only = configuration();
-        updates_only.webhooks.as_mut().unwrap()[0].rules.as_mut().unwrap()[0].operations = Some(vec!["UPDATE".into()]);
+        for webhook in updates_only.webhooks.as_mut().unwrap() {
+            webhook.rules.as_mut().unwrap()[0].operations = Some(vec!["UPDATE".into()]);
+        }
+        // An install from before enforced templates: no entry for the pods that opt out.
+        let mut without_enforce_entry = configuration();
+        without_enforce_entry.webhooks.as_mut().unwrap().truncate(1);
         // (case, configuration, reachability, namespace, namespace labels, pod labels, pod annotations, expected first failure)
         type Case<'a> = (
             &'a str,
@@ -289,8 +298,18 @@ mod tests {
                 )),
             ),
             (
-                "pod opts out",
+                "pod opts out: the enforce entry is called (only enforced templates apply)",
                 Some(&installed),
+                Reachability::Ready(1),
+                "shop",
+                opted_in.clone(),
+                map(&[("sidecar-injector.io/inject", "disabled")]),
+                map(&[]),
+                None,
+            ),
+            (
+                "pod opts out, no enforce entry",
+                Some(&without_enforce_entry),
                 Reachability::Ready(1),
                 "shop",
                 opted_in.clone(),

@@ -108,6 +108,12 @@ async fn run(root: &Path) -> Result<bool> {
         s12_api_server_outage,
     ];
     let mut failed = Vec::new();
+    // `SIDECAR_INJECTOR_E2E_ONLY=s16,s12` runs only the scenarios whose names start with these (for
+    // working on one; `make test` runs them all).
+    let only: Vec<String> = std::env::var("SIDECAR_INJECTOR_E2E_ONLY")
+        .map(|v| v.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+        .unwrap_or_default();
+    let all = all.into_iter().filter(|(name, _)| only.is_empty() || only.iter().any(|o| name.starts_with(o.as_str())));
     for (name, scenario) in all {
         let started = Instant::now();
         let outcome = tokio::time::timeout(
