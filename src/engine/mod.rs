@@ -288,6 +288,9 @@ impl Engine {
     /// have (see `enforce`).
     fn enforcement_denial(&self, request: &PodRequest, status: &InjectionStatus) -> Option<Denial> {
         let conflicted = status.conflicted_templates();
+        if conflicted.is_empty() {
+            return None;
+        }
         let enforced = status
             .templates
             .iter()
