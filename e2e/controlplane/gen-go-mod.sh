@@ -33,6 +33,7 @@ go_directive=$(grep -m1 '^go ' "$gomod")
   echo ")"
 } > go.mod
 rm -f go.sum
-go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$k8s" "k8s.io/kubernetes/cmd/kubectl@$k8s"
+go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$k8s" "k8s.io/kubernetes/cmd/kubectl@$k8s" \
+  "k8s.io/kubernetes/cmd/kube-controller-manager@$k8s" "k8s.io/kubernetes/cmd/kube-scheduler@$k8s"
 go mod tidy
 echo "go.mod regenerated for k8s.io/kubernetes@$k8s ($(echo "$modules" | wc -l) staging modules replaced)"

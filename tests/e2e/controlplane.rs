@@ -1,6 +1,8 @@
-//! A real control plane on loopback: etcd and kube-apiserver built from Go modules (see
-//! `e2e/controlplane/`), a self-made PKI (rcgen), a static admin token, a service-account key pair;
-//! and the injector as a local process with a token of its own ServiceAccount.
+//! A real cluster on loopback: etcd, kube-apiserver, kube-controller-manager and kube-scheduler built
+//! from Go modules (see `e2e/controlplane/`), simulated nodes run by KWOK (nodes that stay Ready,
+//! pods that start and Job pods that complete, without a kubelet), a self-made PKI (rcgen), a static
+//! admin token, a service-account key pair; and the injector as a local process with a token of its
+//! own ServiceAccount.
 //!
 //! Every child process is killed when its guard drops (the harness's teardown, also on panic) and,
 //! through `PR_SET_PDEATHSIG`, when the harness itself dies, so nothing is left running.
@@ -13,6 +15,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use sidecar_injector::certs;
+
+/// Simulated nodes (KWOK). Each takes 1,100 pods, so the scale run fits too.
+pub const NODES: usize = 10;
 
 /// The fixed HTTPS port of the injector: `deploy/overlays/e2e` points the webhooks at it.
 pub const INJECTOR_HTTPS_PORT: u16 = 18443;
@@ -105,12 +110,14 @@ pub fn wait_for(
     bail!("{what} not ready within {timeout:?}:\n{}", process.tail(30))
 }
 
-/// etcd, kube-apiserver, and how to reach them.
+/// etcd, kube-apiserver, the controllers, the scheduler, KWOK, and how to reach them.
 pub struct ControlPlane {
     pub dir: PathBuf,
     pub bin: PathBuf,
     pub etcd: Process,
     pub apiserver: Option<Process>,
+    /// kube-controller-manager, kube-scheduler and KWOK (dropped, so stopped, with the plane).
+    pub components: Vec<Process>,
     pub url: String,
     pub admin_kubeconfig: PathBuf,
     /// The client certificate the API server presents to webhooks (its AdmissionConfiguration),
@@ -218,6 +225,7 @@ impl ControlPlane {
             bin: bin.to_owned(),
             etcd,
             apiserver: None,
+            components: Vec::new(),
             url,
             admin_kubeconfig,
             webhook_client,
@@ -225,7 +233,73 @@ impl ControlPlane {
             apiserver_args,
         };
         plane.start_apiserver()?;
+        plane.start_components()?;
         Ok(plane)
+    }
+
+    /// Starts kube-controller-manager, kube-scheduler and KWOK (all with the admin kubeconfig, no
+    /// leader election, no serving port of their own) and registers [`NODES`] simulated nodes.
+    fn start_components(&mut self) -> Result<()> {
+        let kubeconfig = format!("--kubeconfig={}", self.admin_kubeconfig.display());
+        let mut controllers = Command::new(self.bin.join("kube-controller-manager"));
+        controllers.args([
+            kubeconfig.as_str(),
+            "--leader-elect=false",
+            "--secure-port=0",
+            "--use-service-account-credentials=false",
+            &format!("--service-account-private-key-file={}", self.dir.join("sa.key").display()),
+            &format!("--root-ca-file={}", self.dir.join("ca.crt").display()),
+            // Namespaces delete in seconds rather than after the default sync periods.
+            "--namespace-sync-period=5s",
+            "--concurrent-namespace-syncs=4",
+        ]);
+        self.components.push(Process::spawn("kube-controller-manager", controllers, &self.dir)?);
+        let mut scheduler = Command::new(self.bin.join("kube-scheduler"));
+        scheduler.args([kubeconfig.as_str(), "--leader-elect=false", "--secure-port=0"]);
+        self.components.push(Process::spawn("kube-scheduler", scheduler, &self.dir)?);
+        let mut kwok = Command::new(self.bin.join("kwok"));
+        kwok.args([
+            kubeconfig.as_str(),
+            &format!("--config={}", self.bin.join("kwok-stages.yaml").display()),
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            "--manage-nodes-with-label-selector=",
+            "--manage-single-node=",
+            "--cidr=10.244.0.0/16",
+            "--node-ip=10.0.0.1",
+            &format!("--server-address=127.0.0.1:{}", free_port()),
+        ]);
+        self.components.push(Process::spawn("kwok", kwok, &self.dir)?);
+        let nodes: Vec<String> = (0..NODES)
+            .map(|i| {
+                format!(
+                    r#"{{"apiVersion":"v1","kind":"Node","metadata":{{"name":"kwok-node-{i}","annotations":{{"kwok.x-k8s.io/node":"fake","node.alpha.kubernetes.io/ttl":"0"}},"labels":{{"kubernetes.io/hostname":"kwok-node-{i}","kubernetes.io/os":"linux","kubernetes.io/arch":"amd64","type":"kwok"}}}},"status":{{"allocatable":{{"cpu":"64","memory":"256Gi","pods":"1100"}},"capacity":{{"cpu":"64","memory":"256Gi","pods":"1100"}}}}}}"#
+                )
+            })
+            .collect();
+        let list = format!(r#"{{"apiVersion":"v1","kind":"List","items":[{}]}}"#, nodes.join(","));
+        self.kubectl_as(&self.admin_kubeconfig, &["apply", "-f", "-"], Some(&list))?;
+        let start = Instant::now();
+        loop {
+            for process in &mut self.components {
+                if !process.running() {
+                    bail!("{} exited:\n{}", process.log.display(), process.tail(30));
+                }
+            }
+            let ready = self.kubectl(&[
+                "get",
+                "nodes",
+                "-o",
+                "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
+            ])?;
+            if ready.split_whitespace().filter(|s| *s == "True").count() == NODES {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!("the KWOK nodes did not become Ready within 60 s: {ready:?}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// (Re)starts kube-apiserver and waits for `/readyz`.
@@ -316,8 +390,8 @@ pub struct Injector {
 }
 
 impl Injector {
-    /// Starts `sidecar-injector serve` with the ServiceAccount's token and waits for `/readyz`.
-    pub fn start(plane: &ControlPlane, binary: &Path, extra_env: &[(&str, &str)]) -> Result<Injector> {
+    /// Starts `sidecar-injector serve` with the ServiceAccount's token, without waiting.
+    pub fn spawn(plane: &ControlPlane, binary: &Path, extra_env: &[(&str, &str)]) -> Result<Injector> {
         let token =
             plane.kubectl(&["-n", "sidecar-injector", "create", "token", "sidecar-injector", "--duration=2h"])?;
         let kubeconfig = plane.kubeconfig_for("injector", token.trim(), "sidecar-injector")?;
@@ -340,10 +414,23 @@ impl Injector {
         for (key, value) in extra_env {
             command.env(key, value);
         }
-        let mut process = Process::spawn("injector", command, &plane.dir)?;
-        let readyz = format!("http://127.0.0.1:{http_port}/readyz");
-        wait_for("the injector", Duration::from_secs(30), &mut process, || curl(&readyz, None, None).is_some())?;
+        let name = format!("injector-{http_port}");
+        let process = Process::spawn(&name, command, &plane.dir)?;
         Ok(Injector { process, http_port })
+    }
+
+    /// Waits for `/readyz`.
+    pub fn wait_ready(&mut self) -> Result<()> {
+        let readyz = format!("http://127.0.0.1:{}/readyz", self.http_port);
+        wait_for("the injector", Duration::from_secs(30), &mut self.process, || curl(&readyz, None, None).is_some())?;
+        Ok(())
+    }
+
+    /// Starts `sidecar-injector serve` with the ServiceAccount's token and waits for `/readyz`.
+    pub fn start(plane: &ControlPlane, binary: &Path, extra_env: &[(&str, &str)]) -> Result<Injector> {
+        let mut injector = Injector::spawn(plane, binary, extra_env)?;
+        injector.wait_ready()?;
+        Ok(injector)
     }
 
     /// `/metrics` of the injector.

@@ -7,6 +7,7 @@
 //! message saying what to install — it never skips silently when asked to run.
 
 mod controlplane;
+mod flows;
 mod scenarios;
 
 use std::future::Future;
@@ -25,7 +26,7 @@ type Scenario = for<'a> fn(&'a mut Ctx) -> Pin<Box<dyn Future<Output = Result<()
 
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
-        vec![$((stringify!($name), (|ctx| Box::pin(scenarios::$name(ctx))) as Scenario)),*]
+        vec![$((stringify!($name), (|ctx| Box::pin($name(ctx))) as Scenario)),*]
     };
 }
 
@@ -89,6 +90,8 @@ async fn run(root: &Path) -> Result<bool> {
     }
     println!("e2e: injector ready, setup took {:.1} s", setup.elapsed().as_secs_f64());
 
+    use flows::*;
+    use scenarios::*;
     let all = scenarios![
         s01_overlay_accepted,
         s02_pod_injected,
@@ -105,6 +108,11 @@ async fn run(root: &Path) -> Result<bool> {
         s14_drift,
         s15_only_the_api_server,
         s16_enforced_templates,
+        s17_workloads,
+        s18_opt_in_later,
+        s19_namespace_reborn,
+        s20_two_injectors_race,
+        s21_restart_during_rollout,
         s12_api_server_outage,
     ];
     let mut failed = Vec::new();

@@ -41,21 +41,20 @@ impl Ctx {
         Api::namespaced(self.client.clone(), namespace)
     }
 
-    /// A namespace with labels, and the `default` ServiceAccount no controller-manager will create.
+    /// A namespace with labels; returns once the controller-manager has given it its `default`
+    /// ServiceAccount (pods are refused until then).
     pub async fn namespace(&self, name: &str, labels: &[(&str, &str)]) -> Result<()> {
         let namespace: Namespace = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>()}
         }))?;
         Api::<Namespace>::all(self.client.clone()).create(&PostParams::default(), &namespace).await?;
-        let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}}))?;
-        match Api::<ServiceAccount>::namespaced(self.client.clone(), name)
-            .create(&PostParams::default(), &account)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-            Err(e) => Err(e.into()),
+        let accounts = Api::<ServiceAccount>::namespaced(self.client.clone(), name);
+        let start = Instant::now();
+        while accounts.get_opt("default").await?.is_none() {
+            ensure!(start.elapsed() < Duration::from_secs(30), "no default ServiceAccount in {name} after 30 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        Ok(())
     }
 
     pub async fn create_pod(&self, namespace: &str, pod: Value) -> Result<Pod, kube::Error> {
@@ -79,11 +78,11 @@ pub fn pod(name: &str, labels: Value, annotations: Value) -> Value {
     })
 }
 
-fn status(pod: &Pod) -> Option<InjectionStatus> {
+pub(crate) fn status(pod: &Pod) -> Option<InjectionStatus> {
     pod.metadata.annotations.as_ref()?.get("sidecar-injector.io/status").and_then(|s| InjectionStatus::parse(s).ok())
 }
 
-fn init_names(pod: &Pod) -> Vec<String> {
+pub(crate) fn init_names(pod: &Pod) -> Vec<String> {
     pod.spec
         .as_ref()
         .and_then(|s| s.init_containers.as_ref())
@@ -91,14 +90,14 @@ fn init_names(pod: &Pod) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn api_message(error: &kube::Error) -> String {
+pub(crate) fn api_message(error: &kube::Error) -> String {
     match error {
         kube::Error::Api(e) => e.message.clone(),
         other => other.to_string(),
     }
 }
 
-fn log_shipper(pod: &Pod) -> Option<k8s_openapi::api::core::v1::Container> {
+pub(crate) fn log_shipper(pod: &Pod) -> Option<k8s_openapi::api::core::v1::Container> {
     pod.spec.as_ref()?.init_containers.as_ref()?.iter().find(|c| c.name == "log-shipper").cloned()
 }
 
@@ -240,7 +239,7 @@ async fn edit_templates(ctx: &Ctx, edit: impl Fn(&str) -> String) -> Result<(), 
 
 /// Sets the log-shipper image tag in the templates ConfigMap and waits until a new pod in
 /// `namespace` gets it; returns how long that took.
-async fn edit_tag_and_wait(ctx: &Ctx, namespace: &str, tag: &str, limit: Duration) -> Result<Duration> {
+pub(crate) async fn edit_tag_and_wait(ctx: &Ctx, namespace: &str, tag: &str, limit: Duration) -> Result<Duration> {
     edit_templates(ctx, |t| with_shipper_tag(t, tag)).await?;
     let edited = Instant::now();
     let image = format!("cr.fluentbit.io/fluent/fluent-bit:{tag}");
@@ -536,7 +535,7 @@ pub async fn s11_least_privilege(ctx: &mut Ctx) -> Result<()> {
 }
 
 /// Runs the CLI as the admin; returns stdout, or an error with stderr.
-fn cli(ctx: &Ctx, args: &[&str]) -> Result<String> {
+pub(crate) fn cli(ctx: &Ctx, args: &[&str]) -> Result<String> {
     let output =
         std::process::Command::new(&ctx.binary).args(args).env("KUBECONFIG", &ctx.plane.admin_kubeconfig).output()?;
     ensure!(
@@ -619,91 +618,6 @@ pub async fn s13_explain_cluster(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Scenario 14: after a template edit, `drift` lists the pods created before it and not those
-/// after; `drift --restart --dry-run` plans and changes nothing; `drift --restart` patches the
-/// Deployment's pod template (no controller-manager runs, so the stored Deployment is checked).
-pub async fn s14_drift(ctx: &mut Ctx) -> Result<()> {
-    ctx.namespace("e2e-drift", &[("sidecar-injector.io/inject", "enabled")]).await?;
-    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "web"},
-        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
-                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}}
-    }))?;
-    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(ctx.client.clone(), "e2e-drift");
-    let deployment = deployments.create(&PostParams::default(), &deployment).await?;
-    let owner = |kind: &str, name: &str, uid: &str| json!([{"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": uid, "controller": true}]);
-    let replica_set: k8s_openapi::api::apps::v1::ReplicaSet = serde_json::from_value(json!({
-        "metadata": {"name": "web-7d9f", "ownerReferences": owner("Deployment", "web", deployment.metadata.uid.as_deref().unwrap())},
-        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
-                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}}
-    }))?;
-    let replica_set = Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(ctx.client.clone(), "e2e-drift")
-        .create(&PostParams::default(), &replica_set)
-        .await?;
-    let rs_owner = owner("ReplicaSet", "web-7d9f", replica_set.metadata.uid.as_deref().unwrap());
-    let owned = |name: &str| {
-        let mut p = pod(name, json!({"app": "web"}), json!({}));
-        p["metadata"]["ownerReferences"] = rs_owner.clone();
-        p
-    };
-    for name in ["web-7d9f-aaaaa", "web-7d9f-bbbbb"] {
-        ctx.create_pod("e2e-drift", owned(name)).await?;
-    }
-    ctx.create_pod("e2e-drift", pod("debug", json!({"app": "debug"}), json!({}))).await?;
-
-    edit_tag_and_wait(ctx, "e2e-drift", "3.2.13", Duration::from_secs(10)).await?;
-    ctx.create_pod("e2e-drift", owned("web-7d9f-ccccc")).await?;
-
-    let report: Value = serde_json::from_str(&cli(ctx, &["drift", "--namespace", "e2e-drift", "-o", "json"])?)?;
-    let workloads = report.as_array().context("a list")?;
-    let web = workloads.iter().find(|w| w["workload"]["kind"] == "Deployment").context("deployment/web not listed")?;
-    ensure!(web["workload"]["name"] == "web", "{web}");
-    ensure!(
-        web["stalePods"] == json!(["web-7d9f-aaaaa", "web-7d9f-bbbbb"]),
-        "pods created before the edit only: {web}"
-    );
-    ensure!(web["templates"] == json!(["log-shipper"]) && web["action"]["action"] == "restart", "{web}");
-    let debug = workloads.iter().find(|w| w["workload"]["kind"] == "Pod").context("the bare pod is not listed")?;
-    ensure!(debug["action"]["advice"].as_str().unwrap_or_default().contains("never deleted"), "{debug}");
-
-    let plan = cli(ctx, &["drift", "--namespace", "e2e-drift", "--restart", "--dry-run"])?;
-    ensure!(plan.contains("would restart deployment/web in e2e-drift (2 pod(s) drifted)"), "{plan}");
-    let restarted_at = |d: &k8s_openapi::api::apps::v1::Deployment| {
-        d.spec
-            .as_ref()
-            .and_then(|s| s.template.metadata.as_ref())
-            .and_then(|m| m.annotations.as_ref())
-            .and_then(|a| a.get("kubectl.kubernetes.io/restartedAt").cloned())
-    };
-    ensure!(restarted_at(&deployments.get("web").await?).is_none(), "the dry run changed the Deployment");
-
-    let done = cli(ctx, &["drift", "--namespace", "e2e-drift", "--restart", "--rollout-timeout", "0"])?;
-    ensure!(done.contains("restarted deployment/web in e2e-drift"), "{done}");
-    let stored = deployments.get("web").await?;
-    ensure!(restarted_at(&stored).is_some(), "the Deployment's pod template was not patched");
-    ensure!(ctx.pods("e2e-drift").get_opt("debug").await?.is_some(), "a bare pod was deleted");
-
-    // The server exports the same counts from its pod metadata watch.
-    let start = Instant::now();
-    let line = "sidecar_injector_drifted_pods{namespace=\"e2e-drift\",template=\"log-shipper\",state=\"stale\"} 3";
-    while !ctx.injector.as_ref().context("no injector")?.metrics().contains(line) {
-        ensure!(
-            start.elapsed() < Duration::from_secs(15),
-            "metric {line:?} not exported:\n{}",
-            ctx.injector
-                .as_ref()
-                .unwrap()
-                .metrics()
-                .lines()
-                .filter(|l| l.contains("drifted"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Ok(())
-}
-
 /// An enforced template for pods labelled `tier=prod`, as an operator would add it.
 const ENFORCED_AUDIT: &str = r#"description: An audit agent every tier=prod pod must run
 enforced: true
@@ -725,7 +639,7 @@ inject:
       emptyDir: {}
 "#;
 
-async fn set_template(ctx: &Ctx, key: &str, text: Option<&str>) -> Result<()> {
+pub(crate) async fn set_template(ctx: &Ctx, key: &str, text: Option<&str>) -> Result<()> {
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), "sidecar-injector");
     let mut configmap = configmaps.get("sidecar-templates").await?;
     let data = configmap.data.get_or_insert_with(Default::default);
@@ -954,7 +868,7 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
 /// webhook: they are answered from the caches (injected where the cached namespace labels say so).
 /// After the restart, a template edit takes effect within 5 s.
 /// A client of the webhook trusting the injector's CA, presenting `certificate` (or none).
-fn webhook_client(ctx: &Ctx, certificate: Option<&sidecar_injector::certs::Pem>) -> Result<reqwest::Client> {
+pub(crate) fn webhook_client(ctx: &Ctx, certificate: Option<&sidecar_injector::certs::Pem>) -> Result<reqwest::Client> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let mut roots = rustls::RootCertStore::empty();

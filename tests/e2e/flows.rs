@@ -1,0 +1,372 @@
+//! Scenarios of the flows users live in, on the whole cluster: controllers create the pods (with
+//! `generateName` and no name at admission), the scheduler places them on KWOK's simulated nodes,
+//! Jobs complete, namespaces really delete, and rollouts really roll. Every assertion is on what
+//! the cluster stored or reports, never on the objects the test itself wrote.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams};
+use serde_json::{Value, json};
+
+use crate::controlplane::{INJECTOR_HTTPS_PORT, Injector, NODES};
+use crate::scenarios::{Ctx, cli, edit_tag_and_wait, log_shipper, status};
+
+/// `kubectl apply -f -` of YAML text, as a user applies manifests.
+fn kubectl_apply(ctx: &Ctx, namespace: &str, yaml: &str) -> Result<()> {
+    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["apply", "-n", namespace, "-f", "-"], Some(yaml))?;
+    Ok(())
+}
+
+/// Polls `check` every 200 ms until it yields a value, for at most `limit`.
+async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<(T, Duration)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let start = Instant::now();
+    let mut last_error = None;
+    loop {
+        match check().await {
+            Ok(Some(value)) => return Ok((value, start.elapsed())),
+            Ok(None) => {}
+            Err(error) => last_error = Some(error),
+        }
+        if start.elapsed() > limit {
+            bail!(
+                "{what}: not within {limit:?}{}",
+                last_error.map(|e| format!(" (last error: {e:#})")).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The pods of a namespace that are not being deleted.
+async fn live_pods(ctx: &Ctx, namespace: &str, selector: &str) -> Result<Vec<Pod>> {
+    let pods = ctx.pods(namespace).list(&ListParams::default().labels(selector)).await?;
+    Ok(pods.items.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect())
+}
+
+fn injected_label(pod: &Pod) -> Option<String> {
+    pod.metadata.labels.as_ref()?.get("sidecar-injector.io/injected").cloned()
+}
+
+/// The log shipper's hash recorded in a pod's status, when it was injected cleanly as a native
+/// sidecar (what every pod in an opted-in namespace gets from the default templates).
+fn shipper_hash(pod: &Pod) -> Option<String> {
+    let status = status(pod)?;
+    let sidecar = log_shipper(pod)?;
+    (injected_label(pod).as_deref() == Some("true") && sidecar.restart_policy.as_deref() == Some("Always"))
+        .then(|| status.templates.iter().find(|t| t.name == "log-shipper").map(|t| t.hash.clone()))
+        .flatten()
+}
+
+fn name(pod: &Pod) -> String {
+    pod.metadata.name.clone().unwrap_or_default()
+}
+
+const WORKLOADS: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers: [{name: app, image: registry.example/web:1}]
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  replicas: 2
+  serviceName: db
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+      containers: [{name: app, image: registry.example/db:1}]
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: node-agent}
+spec:
+  selector: {matchLabels: {app: node-agent}}
+  template:
+    metadata: {labels: {app: node-agent}}
+    spec:
+      containers: [{name: app, image: registry.example/agent:1}]
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: report}
+spec:
+  template:
+    metadata: {labels: {app: report}}
+    spec:
+      restartPolicy: Never
+      containers: [{name: app, image: registry.example/report:1}]
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: nightly}
+spec:
+  schedule: "0 3 * * *"
+  jobTemplate:
+    spec:
+      template:
+        metadata: {labels: {app: nightly}}
+        spec:
+          restartPolicy: Never
+          containers: [{name: app, image: registry.example/nightly:1}]
+"#;
+
+/// Scenario 17: `kubectl apply` of a Deployment, StatefulSet, DaemonSet, Job and CronJob (run once
+/// by hand, `kubectl create job --from=cronjob/...`) in an opted-in namespace: every pod the
+/// controllers create is injected, and the Jobs, whose pods have a native sidecar, complete.
+pub async fn s17_workloads(ctx: &mut Ctx) -> Result<()> {
+    let namespace = "e2e-workloads";
+    ctx.namespace(namespace, &[("sidecar-injector.io/inject", "enabled")]).await?;
+    kubectl_apply(ctx, namespace, WORKLOADS)?;
+    ctx.plane.kubectl(&["-n", namespace, "create", "job", "nightly-manual", "--from=cronjob/nightly"])?;
+    let expected = [("web", 2), ("db", 2), ("node-agent", NODES), ("report", 1), ("nightly", 1)];
+    let (pods, took) = eventually("every workload's pods", Duration::from_secs(90), || async {
+        let pods = live_pods(ctx, namespace, "app").await?;
+        let count = |app: &str| {
+            pods.iter()
+                .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get("app")).map(String::as_str) == Some(app))
+                .count()
+        };
+        Ok(expected.iter().all(|(app, n)| count(app) == *n).then_some(pods))
+    })
+    .await?;
+    println!("      {} pods created by 5 controllers within {took:?}", pods.len());
+    for pod in &pods {
+        ensure!(shipper_hash(pod).is_some(), "pod {} escaped injection: {:?}", name(pod), pod.metadata.annotations);
+    }
+    let controller_made = pods.iter().filter(|p| p.metadata.generate_name.is_some()).count();
+    ensure!(controller_made >= pods.len() - 2, "only the StatefulSet's pods are named: {controller_made}");
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
+    let (_, took) = eventually("the Jobs to complete", Duration::from_secs(60), || async {
+        let mut done = true;
+        for job in ["report", "nightly-manual"] {
+            let job = jobs.get(job).await?;
+            done &= job.status.and_then(|s| s.succeeded).unwrap_or(0) == 1;
+        }
+        Ok(done.then_some(()))
+    })
+    .await?;
+    println!("      both Jobs (native log-shipper sidecar) completed within {took:?}");
+    let scheduled = |pods: &[Pod]| pods.iter().all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some());
+    eventually("every pod scheduled onto a simulated node", Duration::from_secs(30), || async {
+        Ok(scheduled(&live_pods(ctx, namespace, "app").await?).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+/// Scenario 14: a template edit → `drift` lists exactly the pods created before it →
+/// `drift --restart` rolls the Deployment: the new pods carry the new template hash, the old
+/// ReplicaSet is scaled to zero (one rollout), and the server's drift metric agrees throughout.
+pub async fn s14_drift(ctx: &mut Ctx) -> Result<()> {
+    let namespace = "e2e-drift";
+    ctx.namespace(namespace, &[("sidecar-injector.io/inject", "enabled")]).await?;
+    kubectl_apply(ctx, namespace, WORKLOADS.split("---").next().unwrap_or_default())?;
+    let (old, _) = eventually("the Deployment's 2 pods", Duration::from_secs(60), || async {
+        let pods = live_pods(ctx, namespace, "app=web").await?;
+        Ok((pods.len() == 2 && pods.iter().all(|p| shipper_hash(p).is_some())).then_some(pods))
+    })
+    .await?;
+    let old_hash = shipper_hash(&old[0]).context("injected")?;
+    ctx.create_pod(namespace, crate::scenarios::pod("debug", json!({"run": "debug"}), json!({}))).await?;
+
+    edit_tag_and_wait(ctx, namespace, "3.2.13", Duration::from_secs(10)).await?;
+    let report: Value = serde_json::from_str(&cli(ctx, &["drift", "--namespace", namespace, "-o", "json"])?)?;
+    let workloads = report.as_array().context("a list")?;
+    let web = workloads.iter().find(|w| w["workload"]["kind"] == "Deployment").context("deployment/web not listed")?;
+    let mut old_names: Vec<String> = old.iter().map(name).collect();
+    old_names.sort();
+    let mut listed: Vec<String> = serde_json::from_value(web["stalePods"].clone())?;
+    listed.sort();
+    ensure!(web["workload"]["name"] == "web" && listed == old_names, "exactly the pods from before the edit: {web}");
+    ensure!(web["templates"] == json!(["log-shipper"]) && web["action"]["action"] == "restart", "{web}");
+    let debug = workloads.iter().find(|w| w["workload"]["kind"] == "Pod").context("the bare pod is not listed")?;
+    ensure!(debug["action"]["advice"].as_str().unwrap_or_default().contains("never deleted"), "{debug}");
+
+    // The server exports the same count from its pod metadata watch.
+    let line = format!(
+        "sidecar_injector_drifted_pods{{namespace=\"{namespace}\",template=\"log-shipper\",state=\"stale\"}} 3"
+    );
+    eventually("the drift metric", Duration::from_secs(15), || async {
+        Ok(ctx.injector.as_ref().context("no injector")?.metrics().contains(&line).then_some(()))
+    })
+    .await?;
+
+    let plan = cli(ctx, &["drift", "--namespace", namespace, "--restart", "--dry-run"])?;
+    ensure!(plan.contains(&format!("would restart deployment/web in {namespace} (2 pod(s) drifted)")), "{plan}");
+    let started = Instant::now();
+    let done = cli(ctx, &["drift", "--namespace", namespace, "--restart", "--rollout-timeout", "120"])?;
+    ensure!(done.contains(&format!("restarted deployment/web in {namespace}")), "{done}");
+    println!("      drift --restart rolled deployment/web in {:?}", started.elapsed());
+    let (new, _) = eventually("the rolled pods", Duration::from_secs(60), || async {
+        let pods = live_pods(ctx, namespace, "app=web").await?;
+        Ok((pods.len() == 2 && pods.iter().all(|p| !old_names.contains(&name(p)))).then_some(pods))
+    })
+    .await?;
+    for pod in &new {
+        let hash = shipper_hash(pod).context("a rolled pod was not injected")?;
+        ensure!(hash != old_hash, "pod {} still has the old template {hash}", name(pod));
+    }
+    let replica_sets: Api<ReplicaSet> = Api::namespaced(ctx.client.clone(), namespace);
+    let sets = replica_sets.list(&ListParams::default().labels("app=web")).await?.items;
+    let sizes: Vec<i32> = sets.iter().map(|rs| rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0)).collect();
+    ensure!(sets.len() == 2 && sizes.contains(&0) && sizes.contains(&2), "one rollout: ReplicaSet sizes {sizes:?}");
+    ensure!(ctx.pods(namespace).get_opt("debug").await?.is_some(), "a bare pod was deleted");
+    let line = format!(
+        "sidecar_injector_drifted_pods{{namespace=\"{namespace}\",template=\"log-shipper\",state=\"stale\"}} 1"
+    );
+    eventually("the drift metric after the rollout (the bare pod only)", Duration::from_secs(15), || async {
+        Ok(ctx.injector.as_ref().context("no injector")?.metrics().contains(&line).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+/// Scenario 18: a namespace opts in after its pods exist: `drift` reports them as not injected,
+/// and `drift --restart` replaces them with injected ones.
+pub async fn s18_opt_in_later(ctx: &mut Ctx) -> Result<()> {
+    let namespace = "e2e-late";
+    ctx.namespace(namespace, &[]).await?;
+    kubectl_apply(ctx, namespace, WORKLOADS.split("---").next().unwrap_or_default())?;
+    let (before, _) = eventually("the Deployment's 2 pods", Duration::from_secs(60), || async {
+        let pods = live_pods(ctx, namespace, "app=web").await?;
+        Ok((pods.len() == 2).then_some(pods))
+    })
+    .await?;
+    ensure!(before.iter().all(|p| status(p).is_none()), "injected before the namespace opted in");
+    ctx.plane.kubectl(&["label", "namespace", namespace, "sidecar-injector.io/inject=enabled"])?;
+    let report: Value = serde_json::from_str(&cli(ctx, &["drift", "--namespace", namespace, "-o", "json"])?)?;
+    let web = report.as_array().and_then(|w| w.first()).context("nothing listed")?;
+    ensure!(web["notInjectedPods"].as_array().map(Vec::len) == Some(2), "{web}");
+    cli(ctx, &["drift", "--namespace", namespace, "--restart", "--rollout-timeout", "120"])?;
+    let before: Vec<String> = before.iter().map(name).collect();
+    eventually("injected replacements", Duration::from_secs(60), || async {
+        let pods = live_pods(ctx, namespace, "app=web").await?;
+        Ok((pods.len() == 2 && pods.iter().all(|p| !before.contains(&name(p)) && shipper_hash(p).is_some()))
+            .then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+/// Scenario 19: a namespace deleted (the namespace controller really removes it) and created again
+/// with the same name and other annotations: the injector decides from the new namespace, not a
+/// cached copy of the old one.
+pub async fn s19_namespace_reborn(ctx: &mut Ctx) -> Result<()> {
+    let namespace = "e2e-reborn";
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    ctx.namespace(namespace, &[("sidecar-injector.io/inject", "enabled")]).await?;
+    ctx.plane.kubectl(&["annotate", "namespace", namespace, "sidecar-injector.io/templates=proxy"])?;
+    let templates = |pod: &Pod| status(pod).map(|s| s.templates.into_iter().map(|t| t.name).collect::<Vec<_>>());
+    let (first, _) =
+        eventually("the namespace annotation in the injector's cache", Duration::from_secs(10), || async {
+            let pod = ctx.dry_run_pod(namespace, crate::scenarios::pod("probe", json!({}), json!({}))).await?;
+            Ok((templates(&pod) == Some(vec!["proxy".to_owned()])).then_some(pod))
+        })
+        .await?;
+    ensure!(templates(&first) == Some(vec!["proxy".to_owned()]));
+    ctx.create_pod(namespace, crate::scenarios::pod("first-life", json!({}), json!({}))).await?;
+    namespaces.delete(namespace, &DeleteParams::default()).await?;
+    let (_, took) = eventually("the namespace to be deleted", Duration::from_secs(90), || async {
+        Ok(namespaces.get_opt(namespace).await?.is_none().then_some(()))
+    })
+    .await?;
+    println!("      namespace {namespace} deleted by the namespace controller in {took:?}");
+    ctx.namespace(namespace, &[("sidecar-injector.io/inject", "enabled")]).await?;
+    let stored = ctx.create_pod(namespace, crate::scenarios::pod("second-life", json!({}), json!({}))).await?;
+    ensure!(
+        templates(&stored) == Some(vec!["log-shipper".to_owned()]),
+        "the re-created namespace was decided from the old one's annotation: {:?}",
+        templates(&stored)
+    );
+    Ok(())
+}
+
+/// Scenario 20: two injector processes start at the same moment against an API server with no
+/// certificate Secret: exactly one CA Secret results, and both serve certificates of that CA.
+pub async fn s20_two_injectors_race(ctx: &mut Ctx) -> Result<()> {
+    ctx.stop_injector();
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), "sidecar-injector");
+    secrets.delete("sidecar-injector-tls", &DeleteParams::default()).await?;
+    let second_port = INJECTOR_HTTPS_PORT + 1;
+    let port = second_port.to_string();
+    let mut first = Injector::spawn(&ctx.plane, &ctx.binary, &[])?;
+    let mut second =
+        Injector::spawn(&ctx.plane, &ctx.binary, &[("SIDECAR_INJECTOR__SERVER__HTTPS_PORT", port.as_str())])?;
+    first.wait_ready()?;
+    second.wait_ready()?;
+    let names: Vec<String> = secrets
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter_map(|s| s.metadata.name.clone())
+        .filter(|n| n.starts_with("sidecar-injector-tls"))
+        .collect();
+    ensure!(names == ["sidecar-injector-tls"], "CA Secrets: {names:?}");
+    ctx.first_ca_bundle = crate::scenarios::ca_bundle(&ctx.client).await?;
+    // Each serves a certificate the Secret's CA verifies (the client trusts nothing else).
+    let client = crate::scenarios::webhook_client(ctx, Some(&ctx.plane.webhook_client))?;
+    for port in [INJECTOR_HTTPS_PORT, second_port] {
+        let response = client.post(format!("https://127.0.0.1:{port}/mutate")).body("{}").send().await;
+        let status =
+            response.with_context(|| format!("the injector on :{port} does not serve the Secret's CA"))?.status();
+        ensure!(status == 400, "an empty review on :{port} answered {status}");
+    }
+    drop(second);
+    ctx.injector = Some(first);
+    crate::scenarios::wait_for_injection(ctx, "e2e-shop").await?;
+    Ok(())
+}
+
+/// Scenario 21: the API server restarts in the middle of a rollout: no pod of the rollout escapes
+/// injection (the controllers retry while the webhook, failing open, is unreachable only while the
+/// API server itself is down).
+pub async fn s21_restart_during_rollout(ctx: &mut Ctx) -> Result<()> {
+    let namespace = "e2e-restart";
+    ctx.namespace(namespace, &[("sidecar-injector.io/inject", "enabled")]).await?;
+    let deployment = WORKLOADS.split("---").next().unwrap_or_default().replace("replicas: 2", "replicas: 12");
+    kubectl_apply(ctx, namespace, &deployment)?;
+    eventually("12 pods", Duration::from_secs(60), || async {
+        Ok((live_pods(ctx, namespace, "app=web").await?.len() == 12).then_some(()))
+    })
+    .await?;
+    ctx.plane.kubectl(&["-n", namespace, "rollout", "restart", "deployment/web"])?;
+    ctx.plane.stop_apiserver();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ctx.plane.start_apiserver()?;
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
+    let (_, took) = eventually("the rollout to finish", Duration::from_secs(120), || async {
+        let d = deployments.get("web").await?;
+        let (spec, status) = (d.spec.unwrap_or_default(), d.status.unwrap_or_default());
+        let done = status.observed_generation == d.metadata.generation
+            && status.updated_replicas == spec.replicas
+            && status.replicas == spec.replicas
+            && status.available_replicas == spec.replicas;
+        Ok(done.then_some(()))
+    })
+    .await?;
+    println!("      rollout with an API server restart finished in {took:?}");
+    let pods = live_pods(ctx, namespace, "app=web").await?;
+    ensure!(pods.len() == 12, "{} pods", pods.len());
+    for pod in &pods {
+        ensure!(shipper_hash(pod).is_some(), "pod {} of the rollout escaped injection", name(pod));
+    }
+    Ok(())
+}
