@@ -89,6 +89,9 @@ pub struct Metrics {
     pub ready: Gauge,
     /// `sidecar_injector_namespaces_watched`: namespaces in the cache.
     pub namespaces_watched: Gauge,
+    /// `sidecar_injector_pods_watched`: pods in the drift watch's metadata cache, as of the last
+    /// drift count.
+    pub pods_watched: Gauge,
     /// `sidecar_injector_drifted_pods{namespace,template,state}`: pods whose injection is not what
     /// the templates would do now. Only non-zero series exist.
     pub drifted_pods: Family<DriftLabels, Gauge>,
@@ -157,6 +160,12 @@ impl Default for Metrics {
         registry.register("ready", "1 when the server is ready", ready.clone());
         let namespaces_watched = Gauge::default();
         registry.register("namespaces_watched", "Namespaces in the namespace cache", namespaces_watched.clone());
+        let pods_watched = Gauge::default();
+        registry.register(
+            "pods_watched",
+            "Pods in the drift watch's metadata cache, as of the last drift count",
+            pods_watched.clone(),
+        );
         let drifted_pods = Family::<DriftLabels, Gauge>::default();
         registry.register(
             "drifted_pods",
@@ -178,6 +187,7 @@ impl Default for Metrics {
             namespace_cache_misses,
             ready,
             namespaces_watched,
+            pods_watched,
             drifted_pods,
         }
     }

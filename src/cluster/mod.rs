@@ -198,6 +198,7 @@ pub fn count_drift(
 ) {
     use crate::engine::drift::{self, PodDrift};
     use crate::telemetry::DriftLabels;
+    state.metrics.pods_watched.set(pods.len() as i64);
     let engine = state.engine.load();
     let mut counts: BTreeMap<(String, String, &'static str), i64> = BTreeMap::new();
     for pod in pods {

@@ -8,6 +8,7 @@
 
 mod controlplane;
 mod flows;
+mod scale;
 mod scenarios;
 
 use std::future::Future;
@@ -91,6 +92,7 @@ async fn run(root: &Path) -> Result<bool> {
     println!("e2e: injector ready, setup took {:.1} s", setup.elapsed().as_secs_f64());
 
     use flows::*;
+    use scale::scale as scale_run_scenario;
     use scenarios::*;
     let all = scenarios![
         s01_overlay_accepted,
@@ -115,6 +117,12 @@ async fn run(root: &Path) -> Result<bool> {
         s21_restart_during_rollout,
         s12_api_server_outage,
     ];
+    // `make scale` (SIDECAR_INJECTOR_E2E_SCALE=1): the scale run alone, with a budget of its own.
+    let scale_run = std::env::var_os("SIDECAR_INJECTOR_E2E_SCALE").is_some();
+    let (all, limit) = match scale_run {
+        true => (scenarios![scale_run_scenario], Duration::from_secs(1800)),
+        false => (all, Duration::from_secs(180)),
+    };
     let mut failed = Vec::new();
     // `SIDECAR_INJECTOR_E2E_ONLY=s16,s12` runs only the scenarios whose names start with these (for
     // working on one; `make test` runs them all).
@@ -124,13 +132,10 @@ async fn run(root: &Path) -> Result<bool> {
     let all = all.into_iter().filter(|(name, _)| only.is_empty() || only.iter().any(|o| name.starts_with(o.as_str())));
     for (name, scenario) in all {
         let started = Instant::now();
-        let outcome = tokio::time::timeout(
-            Duration::from_secs(180),
-            std::panic::AssertUnwindSafe(scenario(&mut ctx)).catch_unwind(),
-        )
-        .await;
+        let outcome =
+            tokio::time::timeout(limit, std::panic::AssertUnwindSafe(scenario(&mut ctx)).catch_unwind()).await;
         let result = match outcome {
-            Err(_) => Err(anyhow::anyhow!("timed out after 180 s")),
+            Err(_) => Err(anyhow::anyhow!("timed out after {limit:?}")),
             Ok(Err(panic)) => Err(anyhow::anyhow!(
                 "panicked: {}",
                 panic
