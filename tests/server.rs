@@ -75,6 +75,31 @@ async fn a_pod_review_over_tls_gets_a_patch_that_injects_it() {
     server.stop();
 }
 
+/// The README's laptop commands post these files as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_reviews_in_the_readme_do_what_it_says() {
+    let server = TestServer::start(|_| {});
+    let create = std::fs::read("examples/review-pod.json").unwrap();
+    let (status, answer) = post(&server, "/mutate", create).await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["response"]["uid"], "0b8f3a1e-example-pod-create");
+    assert!(answer["response"]["patch"].is_string(), "{answer}");
+    let update = std::fs::read("examples/review-pod-update.json").unwrap();
+    let (status, answer) = post(&server, "/validate", update).await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("the image of injected container \"log-shipper\" cannot be changed by an update"),
+        "{message}"
+    );
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    for file in ["examples/review-pod.json", "examples/review-pod-update.json"] {
+        assert!(readme.contains(&format!("-d @{file}")), "the README no longer uses {file}");
+    }
+    server.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_inputs_get_their_exact_status_and_message() {
     let server = TestServer::start(|s| s.server.max_body_bytes = 1024 * 1024);
