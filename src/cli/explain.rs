@@ -110,6 +110,7 @@ fn is_empty(items: &InjectionStatus) -> bool {
     items.containers.is_empty()
         && items.init_containers.is_empty()
         && items.volumes.is_empty()
+        && items.image_pull_secrets.is_empty()
         && items.labels.is_empty()
         && items.annotations.is_empty()
         && items.app_containers.is_empty()
@@ -122,6 +123,7 @@ fn item_lines(out: &mut String, heading: &str, status: &InjectionStatus) {
         ("init containers", &status.init_containers),
         ("sidecar containers", &status.containers),
         ("volumes", &status.volumes),
+        ("image pull secrets", &status.image_pull_secrets),
         ("labels", &status.labels),
         ("annotations", &status.annotations),
     ];
@@ -140,6 +142,9 @@ fn item_lines(out: &mut String, heading: &str, status: &InjectionStatus) {
         let mut parts = Vec::new();
         if !additions.env.is_empty() {
             parts.push(format!("env {}", additions.env.join(", ")));
+        }
+        if !additions.env_from.is_empty() {
+            parts.push(format!("envFrom {}", additions.env_from.join(", ")));
         }
         if !additions.volume_mounts.is_empty() {
             parts.push(format!("mounts {}", additions.volume_mounts.join(", ")));

@@ -75,6 +75,19 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
             ItemKind::Env => {
                 (named(&rendered.env, "name"), app_item(skip.container.as_deref(), "env", "name", &skip.name).cloned())
             }
+            ItemKind::EnvFrom => {
+                let source = |items: &[Value]| {
+                    items
+                        .iter()
+                        .find(|i| super::inject::env_from_key(i).as_deref() == Some(skip.name.as_str()))
+                        .cloned()
+                };
+                let app = skip.container.as_deref().and_then(container);
+                let actual = app.and_then(|c| c.get("envFrom")).and_then(Value::as_array).and_then(|l| source(l));
+                (source(&rendered.env_from), actual)
+            }
+            // Never skipped: a pull secret the pod already names is simply not added again.
+            ItemKind::ImagePullSecret => continue,
             ItemKind::VolumeMount => (
                 named(&rendered.volume_mounts, "mountPath"),
                 app_item(skip.container.as_deref(), "volumeMounts", "mountPath", &skip.name).cloned(),

@@ -139,7 +139,12 @@ pub fn plan(
     // Keys of labels and annotations that stay as injected (no operation, but in the status).
     let (mut kept_label_keys, mut kept_annotation_keys) = (Vec::new(), Vec::new());
 
-    // App containers that stay, with their index once the previous sidecars are gone.
+    // App containers that stay, with their index once the previous sidecars are gone. The keys of
+    // their `envFrom` sources are computed once here (the lists below borrow them).
+    let env_from_keys: Vec<Vec<String>> = containers
+        .iter()
+        .map(|c| c.get("envFrom").and_then(Value::as_array).into_iter().flatten().map(pod_env_from_key).collect())
+        .collect();
     let mut app_containers = Vec::new();
     for (index, container) in containers.iter().enumerate() {
         // Sidecars of an earlier injection are not app containers, whether they go or stay.
@@ -149,33 +154,47 @@ pub fn plan(
         let name = container_names[index];
         let field = || format!("spec.containers[{index}]");
         let prev = previous.app_containers.get(name);
+        let kept_here = kept.app_containers.get(name);
         let env = named_list(container, "env", field)?;
         let mounts = named_list(container, "volumeMounts", field)?;
+        named_list(container, "envFrom", field)?;
         let env_names = pod::names(env, || format!("{}.env", field()))?;
         let mount_paths = pod::keys(mounts, "mountPath", || format!("{}.volumeMounts", field()))?;
-        let removed_env = prev.map(|p| indexes_named(&env_names, &p.env)).unwrap_or_default();
-        let removed_mounts = prev.map(|p| indexes_named(&mount_paths, &p.volume_mounts)).unwrap_or_default();
-        let mut taken_env = Taken::by_pod(&env_names, &removed_env);
-        let mut taken_mounts = Taken::by_pod(&mount_paths, &removed_mounts);
-        if let Some(kept) = kept.app_containers.get(name) {
-            taken_env.keep(&kept.env);
-            taken_mounts.keep(&kept.volume_mounts);
-        }
+        let source_keys: Vec<&str> = env_from_keys[index].iter().map(String::as_str).collect();
         app_containers.push(AppContainer {
             name,
             new_index: index - removed_containers.iter().filter(|r| **r < index).count(),
-            has_env: container.get("env").is_some_and(|e| !e.is_null()),
-            has_mounts: container.get("volumeMounts").is_some_and(|m| !m.is_null()),
-            env_count: env_names.len(),
-            mount_count: mount_paths.len(),
-            taken_env,
-            taken_mounts,
-            removed_env,
-            removed_mounts,
-            added_env: Vec::new(),
-            added_mounts: Vec::new(),
+            lists: [
+                AppList::new(container, "env", env_names, prev.map(|a| &a.env), kept_here.map(|a| &a.env)),
+                AppList::new(
+                    container,
+                    "envFrom",
+                    source_keys,
+                    prev.map(|a| &a.env_from),
+                    kept_here.map(|a| &a.env_from),
+                ),
+                AppList::new(
+                    container,
+                    "volumeMounts",
+                    mount_paths,
+                    prev.map(|a| &a.volume_mounts),
+                    kept_here.map(|a| &a.volume_mounts),
+                ),
+            ],
         });
     }
+    // The pod's image pull secrets: names the pod (or a kept injection) already has are not added
+    // again, and not reported as injected either.
+    let pull_secrets = pod::list(pod, "imagePullSecrets")?;
+    let pull_secret_names: Vec<&str> =
+        pull_secrets.into_iter().flatten().map(|s| s.get("name").and_then(Value::as_str).unwrap_or_default()).collect();
+    let removed_pull_secrets = indexes_named(&pull_secret_names, &previous.image_pull_secrets);
+    let mut taken_pull_secrets = Taken::by_pod(&pull_secret_names, &removed_pull_secrets);
+    taken_pull_secrets.keep(&kept.image_pull_secrets);
+    let mut new_pull_secrets = Vec::new();
+    // The keys of the templates' `envFrom` sources, borrowed by the lists while claiming.
+    let template_env_from_keys: Vec<Vec<String>> =
+        templates.iter().map(|t| t.rendered.env_from.iter().filter_map(env_from_key).collect()).collect();
 
     // Decide what each template adds.
     let mut added_labels = BTreeMap::new();
@@ -183,7 +202,7 @@ pub fn plan(
     let mut new_init = Vec::new();
     let mut new_containers = Vec::new();
     let mut new_volumes = Vec::new();
-    for planned in templates {
+    for (template_index, planned) in templates.iter().enumerate() {
         let t = &planned.rendered;
         let owner = Owner::Template(&t.name);
         let mut skip = |kind: ItemKind, name: &str, container: Option<&str>, by: Owner| {
@@ -261,21 +280,30 @@ pub fn plan(
                 Err(by) => skip(ItemKind::Volume, name, None, by),
             }
         }
-        for app in &mut app_containers {
-            for env in &t.env {
-                let name = rendered_name(env);
-                match app.taken_env.claim(name, owner) {
-                    Ok(Claimed::New) => app.added_env.push(Addition::New(env)),
-                    Ok(Claimed::Kept) => app.added_env.push(Addition::Kept(env)),
-                    Err(by) => skip(ItemKind::Env, name, Some(app.name), by),
+        for secret in &t.image_pull_secrets {
+            let name = rendered_name(secret);
+            // Err: already referenced, so the pod can pull with it; nothing to add or report.
+            if let Ok(claimed) = taken_pull_secrets.claim(name, owner) {
+                status.image_pull_secrets.push(name.to_owned());
+                if claimed == Claimed::New {
+                    new_pull_secrets.push(secret.clone());
                 }
             }
-            for mount in &t.volume_mounts {
-                let path = mount_path(mount);
-                match app.taken_mounts.claim(path, owner) {
-                    Ok(Claimed::New) => app.added_mounts.push(Addition::New(mount)),
-                    Ok(Claimed::Kept) => app.added_mounts.push(Addition::Kept(mount)),
-                    Err(by) => skip(ItemKind::VolumeMount, path, Some(app.name), by),
+        }
+        let sources = t.env_from.iter().zip(&template_env_from_keys[template_index]);
+        let kinds: [(ItemKind, Vec<(&Value, &str)>); 3] = [
+            (ItemKind::Env, t.env.iter().map(|e| (e, rendered_name(e))).collect()),
+            (ItemKind::EnvFrom, sources.map(|(e, k)| (e, k.as_str())).collect()),
+            (ItemKind::VolumeMount, t.volume_mounts.iter().map(|m| (m, mount_path(m))).collect()),
+        ];
+        for app in app_containers.iter_mut().filter(|app| t.targets.includes(app.name)) {
+            for ((kind, items), list) in kinds.iter().zip(&mut app.lists) {
+                for (item, key) in items {
+                    match list.taken.claim(key, owner) {
+                        Ok(Claimed::New) => list.added.push(Addition::New(item)),
+                        Ok(Claimed::Kept) => list.added.push(Addition::Kept(item)),
+                        Err(by) => skip(*kind, key, Some(app.name), by),
+                    }
                 }
             }
         }
@@ -295,12 +323,14 @@ pub fn plan(
     };
     status.labels = sorted(&added_labels, kept_label_keys);
     status.annotations = sorted(&added_annotations, kept_annotation_keys);
-    for app in app_containers.iter().filter(|a| !a.added_env.is_empty() || !a.added_mounts.is_empty()) {
+    for app in app_containers.iter().filter(|a| a.lists.iter().any(|l| !l.added.is_empty())) {
+        let [env, env_from, mounts] = &app.lists;
         status.app_containers.insert(
             app.name.to_owned(),
             AppContainerAdditions {
-                env: app.added_env.iter().map(|e| rendered_name(e.item()).to_owned()).collect(),
-                volume_mounts: app.added_mounts.iter().map(|m| mount_path(m.item()).to_owned()).collect(),
+                env: env.added.iter().map(|e| rendered_name(e.item()).to_owned()).collect(),
+                env_from: env_from.added.iter().filter_map(|e| env_from_key(e.item())).collect(),
+                volume_mounts: mounts.added.iter().map(|m| mount_path(m.item()).to_owned()).collect(),
             },
         );
     }
@@ -345,36 +375,35 @@ pub fn plan(
     builder.removals(&["spec", "containers"], &removed_containers, usize::MAX, false);
     for app in &app_containers {
         let index = app.new_index.to_string();
-        let env_path = ["spec", "containers", &index, "env"];
-        let env_left = app.has_env
-            && builder.removals(
-                &env_path,
-                &app.removed_env,
-                app.env_count,
-                app.added_env.iter().all(Addition::is_kept),
-            );
-        builder.append(&env_path, env_left, app.added_env.iter().filter_map(Addition::new_item).collect());
-        let mounts_path = ["spec", "containers", &index, "volumeMounts"];
-        let mounts_left = app.has_mounts
-            && builder.removals(
-                &mounts_path,
-                &app.removed_mounts,
-                app.mount_count,
-                app.added_mounts.iter().all(Addition::is_kept),
-            );
-        builder.append(&mounts_path, mounts_left, app.added_mounts.iter().filter_map(Addition::new_item).collect());
+        for list in &app.lists {
+            let path = ["spec", "containers", &index, list.field];
+            let nothing_follows = list.added.iter().all(Addition::is_kept);
+            let left = list.present && builder.removals(&path, &list.removed, list.count, nothing_follows);
+            builder.append(&path, left, list.added.iter().filter_map(Addition::new_item).collect());
+        }
     }
     builder.append(&["spec", "containers"], true, new_containers);
 
     let volumes_left =
         builder.removals(&["spec", "volumes"], &removed_volumes, volume_names.len(), new_volumes.is_empty());
     builder.append(&["spec", "volumes"], volumes_left, new_volumes);
+    let pull_secrets_path = ["spec", "imagePullSecrets"];
+    let pull_secrets_left = builder.removals(
+        &pull_secrets_path,
+        &removed_pull_secrets,
+        pull_secret_names.len(),
+        new_pull_secrets.is_empty(),
+    );
+    builder.append(&pull_secrets_path, pull_secrets_left, new_pull_secrets);
 
     let removed = removed_items(
         previous,
-        &container_names,
-        &init_names,
-        &volume_names,
+        PodItems {
+            containers: &container_names,
+            init: &init_names,
+            volumes: &volume_names,
+            pull_secrets: &pull_secret_names,
+        },
         &label_removals,
         &annotation_removals,
         &app_containers,
@@ -384,12 +413,18 @@ pub fn plan(
 
 use super::ownership::SERVICE_ACCOUNT_TOKEN_PATH;
 
+/// The names of the pod's items by list, as `plan` found them.
+struct PodItems<'a> {
+    containers: &'a [&'a str],
+    init: &'a [&'a str],
+    volumes: &'a [&'a str],
+    pull_secrets: &'a [&'a str],
+}
+
 /// The items `plan` removes, in the status layout (for `explain` and the warnings of `inject`).
 fn removed_items(
     previous: &InjectionStatus,
-    containers: &[&str],
-    init: &[&str],
-    volumes: &[&str],
+    pod: PodItems<'_>,
     labels: &[&str],
     annotations: &[&str],
     app_containers: &[AppContainer<'_>],
@@ -399,10 +434,11 @@ fn removed_items(
     };
     InjectionStatus {
         templates: previous.templates.clone(),
-        containers: present(&previous.containers, containers),
-        init_containers: present(&previous.init_containers, init),
-        native_sidecars: present(&previous.native_sidecars, init),
-        volumes: present(&previous.volumes, volumes),
+        containers: present(&previous.containers, pod.containers),
+        init_containers: present(&previous.init_containers, pod.init),
+        native_sidecars: present(&previous.native_sidecars, pod.init),
+        volumes: present(&previous.volumes, pod.volumes),
+        image_pull_secrets: present(&previous.image_pull_secrets, pod.pull_secrets),
         labels: labels.iter().filter(|k| **k != names::INJECTED_LABEL).map(|k| (*k).to_owned()).collect(),
         annotations: annotations.iter().map(|k| (*k).to_owned()).collect(),
         app_containers: app_containers
@@ -410,7 +446,7 @@ fn removed_items(
             .filter_map(|app| {
                 let prev = previous.app_containers.get(app.name)?;
                 // `previous` holds only items the pod has (proven by `ownership`).
-                (!prev.env.is_empty() || !prev.volume_mounts.is_empty()).then(|| (app.name.to_owned(), prev.clone()))
+                (!prev.is_empty()).then(|| (app.name.to_owned(), prev.clone()))
             })
             .collect(),
         ..InjectionStatus::default()
@@ -463,16 +499,45 @@ fn mount_unless_path_taken(container: &mut Value, mount: &Value) {
 struct AppContainer<'p> {
     name: &'p str,
     new_index: usize,
-    has_env: bool,
-    has_mounts: bool,
-    env_count: usize,
-    mount_count: usize,
-    taken_env: Taken<'p>,
-    taken_mounts: Taken<'p>,
-    removed_env: Vec<usize>,
-    removed_mounts: Vec<usize>,
-    added_env: Vec<Addition<'p>>,
-    added_mounts: Vec<Addition<'p>>,
+    /// `env` (by name), `envFrom` (by `env_from_key`), `volumeMounts` (by mount path).
+    lists: [AppList<'p>; 3],
+}
+
+/// One keyed list of an app container and what the injection does to it.
+struct AppList<'p> {
+    field: &'static str,
+    /// Whether the container has the field (so additions append rather than create it).
+    present: bool,
+    /// Items the container has.
+    count: usize,
+    taken: Taken<'p>,
+    /// Indexes (ascending) of the items an earlier injection provably added.
+    removed: Vec<usize>,
+    added: Vec<Addition<'p>>,
+}
+
+impl<'p> AppList<'p> {
+    fn new(
+        container: &Value,
+        field: &'static str,
+        keys: Vec<&'p str>,
+        previous: Option<&Vec<String>>,
+        kept: Option<&'p Vec<String>>,
+    ) -> Self {
+        let removed = previous.map(|p| indexes_named(&keys, p)).unwrap_or_default();
+        let mut taken = Taken::by_pod(&keys, &removed);
+        if let Some(kept) = kept {
+            taken.keep(kept);
+        }
+        AppList {
+            field,
+            present: container.get(field).is_some_and(|v| !v.is_null()),
+            count: keys.len(),
+            taken,
+            removed,
+            added: Vec::new(),
+        }
+    }
 }
 
 /// An env var or mount a template gives an app container: new, or already there from an earlier
@@ -571,6 +636,27 @@ impl<'a> Taken<'a> {
 fn rendered_name(item: &Value) -> &str {
     // Rendered items were checked to carry a string name (render::check_rendered).
     item.get("name").and_then(Value::as_str).unwrap_or_default()
+}
+
+/// What identifies an `envFrom` source: `configMap/<name>` or `secret/<name>`, with `+<prefix>`
+/// when it has one; `None` unless exactly one of the two references names something.
+pub fn env_from_key(source: &Value) -> Option<String> {
+    let name = |field: &str| source.get(field)?.get("name")?.as_str().filter(|n| !n.is_empty());
+    let base = match (name("configMapRef"), name("secretRef")) {
+        (Some(n), None) => format!("configMap/{n}"),
+        (None, Some(n)) => format!("secret/{n}"),
+        _ => return None,
+    };
+    match source.get("prefix").and_then(Value::as_str).filter(|p| !p.is_empty()) {
+        Some(prefix) => Some(format!("{base}+{prefix}")),
+        None => Some(base),
+    }
+}
+
+/// The key of a pod's own `envFrom` source; one `env_from_key` never yields (so it never matches
+/// a template's) when the source has no usable reference.
+fn pod_env_from_key(source: &Value) -> String {
+    env_from_key(source).unwrap_or_default()
 }
 
 fn mount_path(mount: &Value) -> &str {

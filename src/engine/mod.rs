@@ -179,7 +179,7 @@ impl Engine {
         selected: &[&Arc<Template>],
         choice: &Choice,
         render_one: &RenderFor<'_>,
-        native: &dyn Fn(&Template) -> bool,
+        native: &dyn Fn(&Template, &RenderedTemplate) -> bool,
         warnings: &mut Vec<String>,
     ) -> ClaimCheck {
         let base = Arc::new(validate::strip_injection(pod, claim));
@@ -203,7 +203,9 @@ impl Engine {
             let planned: Vec<PlannedTemplate> = renderings
                 .iter()
                 .zip(selected)
-                .filter_map(|(r, t)| r.clone().map(|rendered| PlannedTemplate { rendered, native_sidecars: native(t) }))
+                .filter_map(|(r, t)| {
+                    r.clone().map(|rendered| PlannedTemplate { native_sidecars: native(t, &rendered), rendered })
+                })
                 .collect();
             if planned.len() == selected.len() {
                 let reason = planned.is_empty().then(|| choice.summary_of_none());
@@ -229,6 +231,12 @@ impl Engine {
     }
 }
 
+/// The sidecar mode for this pod: the pod's choice where the template lets it choose, else the
+/// template's.
+fn sidecar_mode(template: &Template, rendered: &RenderedTemplate) -> template::SidecarMode {
+    rendered.sidecar_mode.unwrap_or(template.sidecar_mode)
+}
+
 /// What the user should know about how a template's sidecars run on this cluster and workload.
 fn sidecar_mode_warnings(
     template: &Template,
@@ -240,13 +248,14 @@ fn sidecar_mode_warnings(
     if rendered.sidecars.is_empty() {
         return warnings;
     }
-    if template.sidecar_mode == template::SidecarMode::Native && !cluster.native_sidecars {
+    let mode = sidecar_mode(template, rendered);
+    if mode == template::SidecarMode::Native && !cluster.native_sidecars {
         warnings.push(format!(
             "template {} asks for native sidecars (sidecarMode: native), which need Kubernetes 1.29 or newer: on this cluster they are added as classic containers",
             template.name
         ));
     }
-    if !template.sidecar_mode.is_native(cluster.native_sidecars) && matches!(owner.kind.as_str(), "Job" | "CronJob") {
+    if !mode.is_native(cluster.native_sidecars) && matches!(owner.kind.as_str(), "Job" | "CronJob") {
         warnings.push(format!(
             "template {} adds classic sidecar containers to a pod of {} {}: the Job does not complete while they run (native sidecars, Kubernetes 1.29+ with sidecarMode native or auto, stop by themselves)",
             template.name, owner.kind, owner.name
@@ -300,9 +309,11 @@ impl Engine {
         let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(&request.pod));
         for template in enforced {
             let subject = render::Subject::new(request.pod.clone(), &owner);
-            let native = template.sidecar_mode.is_native(request.cluster.native_sidecars);
             let conflicts = match render::render(template, &subject, &annotations, &request.namespace) {
-                Ok(rendered) => enforce::conflicts(&request.pod, status, &rendered, native),
+                Ok(rendered) => {
+                    let native = sidecar_mode(template, &rendered).is_native(request.cluster.native_sidecars);
+                    enforce::conflicts(&request.pod, status, &rendered, native)
+                }
                 Err(e) => vec![format!("the template does not render for the pod as it is: {e}")],
             };
             if !conflicts.is_empty() {
@@ -357,7 +368,9 @@ impl Engine {
                 false => render::render(template, &subject, annotations, &request.namespace),
             }
         };
-        let native = |template: &Template| template.sidecar_mode.is_native(request.cluster.native_sidecars);
+        let native = |template: &Template, rendered: &RenderedTemplate| {
+            sidecar_mode(template, rendered).is_native(request.cluster.native_sidecars)
+        };
 
         // The status annotation is a claim (see `ownership`): what it proves decides what may go.
         let (owned, base) = match &claim {
@@ -375,13 +388,24 @@ impl Engine {
             true => annotations,
             false => pod::string_map(&base, "annotations").unwrap_or_default(),
         };
+        let container_names: Vec<&str> = pod
+            .get("spec")
+            .and_then(|s| s.get("containers"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.get("name").and_then(Value::as_str))
+            .collect();
         let mut planned = Vec::with_capacity(selected.len());
         for template in selected {
+            if let Err(e) = render::check_chosen_containers(template, &base_annotations, &container_names) {
+                return decision(Some(choice), Outcome::Denied(Denial::Render(RenderError::Override(e))), warnings);
+            }
             match render_one(template, &base, &base_annotations) {
                 Ok(mut rendered) => {
                     warnings.append(&mut rendered.warnings);
                     warnings.extend(sidecar_mode_warnings(template, &rendered, request.cluster, &owner));
-                    planned.push(PlannedTemplate { rendered, native_sidecars: native(template) });
+                    planned.push(PlannedTemplate { native_sidecars: native(template, &rendered), rendered });
                 }
                 Err(e) => {
                     return decision(Some(choice), Outcome::Denied(Denial::Render(e)), warnings);

@@ -22,6 +22,7 @@
 
 use serde_json::Value;
 
+use super::inject::env_from_key;
 use super::names;
 use super::render::RenderedTemplate;
 use super::status::{AppContainerAdditions, InjectionStatus, ItemKind};
@@ -128,6 +129,12 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
         let found = judge(ItemKind::Volume, name, None, expected, find(spec_list("volumes"), "name", name));
         found.record(name, &mut present.volumes, &mut owned.volumes);
     }
+    for name in &claim.image_pull_secrets {
+        let expected = rendered_item(|r| &r.image_pull_secrets, "name", name);
+        let actual = find(spec_list("imagePullSecrets"), "name", name);
+        let found = judge(ItemKind::ImagePullSecret, name, None, expected, actual);
+        found.record(name, &mut present.image_pull_secrets, &mut owned.image_pull_secrets);
+    }
     let metadata = |section: &str| pod.get("metadata").and_then(|m| m.get(section)).and_then(Value::as_object);
     for (kind, section, claimed, present_keys, owned_keys) in [
         (ItemKind::Label, "labels", &claim.labels, &mut present.labels, &mut owned.labels),
@@ -161,8 +168,17 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             let found = judge(ItemKind::VolumeMount, path, Some(container), expected, actual);
             found.record(path, &mut here.volume_mounts, &mut mine.volume_mounts);
         }
+        let source =
+            |items: &[Value], key: &str| items.iter().find(|i| env_from_key(i).as_deref() == Some(key)).cloned();
+        for key in &additions.env_from {
+            let expected = renderings.iter().flatten().find_map(|r| source(&r.env_from, key));
+            let actual =
+                list("envFrom").and_then(|l| l.iter().find(|i| env_from_key(i).as_deref() == Some(key.as_str())));
+            let found = judge(ItemKind::EnvFrom, key, Some(container), expected, actual);
+            found.record(key, &mut here.env_from, &mut mine.env_from);
+        }
         for (status, additions) in [(&mut present, here), (&mut owned, mine)] {
-            if !additions.env.is_empty() || !additions.volume_mounts.is_empty() {
+            if !additions.is_empty() {
                 status.app_containers.insert(container.clone(), additions);
             }
         }
@@ -206,9 +222,10 @@ pub fn owns_everything(ownership: &Ownership, claim: &InjectionStatus) -> bool {
         s.containers.len()
             + s.init_containers.len()
             + s.volumes.len()
+            + s.image_pull_secrets.len()
             + s.labels.iter().filter(|k| *k != names::INJECTED_LABEL).count()
             + s.annotations.iter().filter(|k| *k != names::STATUS_ANNOTATION).count()
-            + s.app_containers.values().map(|a| a.env.len() + a.volume_mounts.len()).sum::<usize>()
+            + s.app_containers.values().map(AppContainerAdditions::len).sum::<usize>()
     };
     count(&ownership.owned) == count(claim)
 }

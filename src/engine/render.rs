@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use super::facts::NamespaceFacts;
 use super::names;
-use super::template::{Piece, SeqItem, Template, TemplateError};
+use super::template::{AppTargets, Piece, SeqItem, SidecarMode, Template, TemplateError};
 use super::workload::Workload;
 
 /// Instructions one expression may execute.
@@ -123,7 +123,7 @@ pub(crate) fn expression_sources(spec: &super::template::InjectSpec) -> Vec<(u64
     }
     let mut out = Vec::new();
     spec.labels.iter().chain(&spec.annotations).for_each(|(_, p)| walk(p, &mut out));
-    for list in [&spec.init_containers, &spec.sidecars, &spec.volumes, &spec.env, &spec.volume_mounts] {
+    for list in spec.lists() {
         list.iter().for_each(|i| walk_item(i, &mut out));
     }
     out
@@ -257,10 +257,18 @@ pub struct RenderedTemplate {
     pub sidecars: Vec<Value>,
     /// Pod volumes.
     pub volumes: Vec<Value>,
-    /// Env vars for every app container.
+    /// Env vars for the targeted app containers.
     pub env: Vec<Value>,
-    /// Volume mounts for every app container.
+    /// `envFrom` sources for the targeted app containers.
+    pub env_from: Vec<Value>,
+    /// Volume mounts for the targeted app containers.
     pub volume_mounts: Vec<Value>,
+    /// Pod `imagePullSecrets` to add.
+    pub image_pull_secrets: Vec<Value>,
+    /// Which app containers get `env`, `envFrom` and `volumeMounts` (the pod's choice applied).
+    pub targets: AppTargets,
+    /// The pod's choice of sidecar mode, when the template lets it choose.
+    pub sidecar_mode: Option<SidecarMode>,
     /// Override annotations that were ignored, with the reason.
     pub warnings: Vec<String>,
 }
@@ -343,6 +351,8 @@ fn render_with(
 ) -> Result<RenderedTemplate, RenderError> {
     let mut warnings = Vec::new();
     let values = effective_values(template, pod_annotations, &mut warnings).map_err(RenderError::Override)?;
+    let (targets, sidecar_mode) =
+        pod_choices(template, pod_annotations, &mut warnings).map_err(RenderError::Override)?;
     let overridden = values != template.values;
     let context = JinjaValue::from_pairs([
         ("pod", subject.pod.clone()),
@@ -384,9 +394,95 @@ fn render_with(
         sidecars: renderer.items(&spec.sidecars).map_err(err)?,
         volumes: renderer.items(&spec.volumes).map_err(err)?,
         env: renderer.items(&spec.env).map_err(err)?,
+        env_from: renderer.items(&spec.env_from).map_err(err)?,
         volume_mounts: renderer.items(&spec.volume_mounts).map_err(err)?,
+        image_pull_secrets: renderer.items(&spec.image_pull_secrets).map_err(err)?,
+        targets,
+        sidecar_mode,
         warnings,
     })
+}
+
+/// Annotation suffix (`sidecar-injector.io/<template>.app-containers`) of the pod's choice of app
+/// containers.
+pub const APP_CONTAINERS_CHOICE: &str = "app-containers";
+/// Annotation suffix of the pod's choice of sidecar mode.
+pub const SIDECAR_MODE_CHOICE: &str = "sidecar-mode";
+
+/// The pod's choices (see `PodChoices`) where the template allows them; ignored with a warning
+/// where it does not, refused when invalid.
+fn pod_choices(
+    template: &Template,
+    annotations: &BTreeMap<String, String>,
+    warnings: &mut Vec<String>,
+) -> Result<(AppTargets, Option<SidecarMode>), InvalidOverride> {
+    let key = |suffix: &str| format!("{}{}.{suffix}", names::PREFIX, template.name);
+    let mut targets = template.inject.targets.clone();
+    let mut mode = None;
+    let not_allowed = |annotation: &str, choice: &str| {
+        format!(
+            "annotation {annotation} ignored: template {:?} does not let pods choose {choice} (podChoices)",
+            template.name
+        )
+    };
+    let app_key = key(APP_CONTAINERS_CHOICE);
+    if let Some(text) = annotations.get(&app_key) {
+        if !template.pod_choices.app_containers {
+            warnings.push(not_allowed(&app_key, "appContainers"));
+        } else {
+            let invalid = |message: String| InvalidOverride { annotation: app_key.clone(), message };
+            let chosen: Vec<String> =
+                text.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect();
+            if let Some(bad) = chosen.iter().find(|n| !super::template::is_dns_label(n)) {
+                return Err(invalid(format!("{bad:?} is not a container name")));
+            }
+            if let Some(excluded) = chosen.iter().find(|n| targets.except.contains(n)) {
+                return Err(invalid(format!(
+                    "template {:?} never adds to container {excluded:?} (excludeContainers)",
+                    template.name
+                )));
+            }
+            targets.only = Some(chosen);
+        }
+    }
+    let mode_key = key(SIDECAR_MODE_CHOICE);
+    if let Some(text) = annotations.get(&mode_key) {
+        if !template.pod_choices.sidecar_mode {
+            warnings.push(not_allowed(&mode_key, "sidecarMode"));
+        } else {
+            mode = Some(match text.as_str() {
+                "native" => SidecarMode::Native,
+                "container" => SidecarMode::Container,
+                other => {
+                    return Err(InvalidOverride {
+                        annotation: mode_key,
+                        message: format!("{other:?} is not a sidecar mode (native or container)"),
+                    });
+                }
+            });
+        }
+    }
+    Ok((targets, mode))
+}
+
+/// Refuses a pod whose `app-containers` choice names a container it does not have (a typo would
+/// otherwise silently leave every container without the additions).
+pub(crate) fn check_chosen_containers(
+    template: &Template,
+    annotations: &BTreeMap<String, String>,
+    containers: &[&str],
+) -> Result<(), InvalidOverride> {
+    let annotation = format!("{}{}.{APP_CONTAINERS_CHOICE}", names::PREFIX, template.name);
+    let Some(text) = annotations.get(&annotation).filter(|_| template.pod_choices.app_containers) else {
+        return Ok(());
+    };
+    match text.split(',').map(str::trim).find(|n| !n.is_empty() && !containers.contains(n)) {
+        None => Ok(()),
+        Some(missing) => Err(InvalidOverride {
+            annotation,
+            message: format!("the pod has no container {missing:?} (containers: {})", containers.join(", ")),
+        }),
+    }
 }
 
 /// Defaults with the pod's overrides applied.
@@ -401,6 +497,9 @@ fn effective_values(
         let Some(value_name) = key.strip_prefix(&prefix) else {
             break;
         };
+        if value_name == APP_CONTAINERS_CHOICE || value_name == SIDECAR_MODE_CHOICE {
+            continue;
+        }
         let Some(overridable) = template.overridable.iter().find(|o| o.name == value_name) else {
             warnings.push(format!(
                 "annotation {key} ignored: value {value_name:?} of template {:?} is not overridable{}",
@@ -622,9 +721,7 @@ pub(crate) fn prerender(template: &mut Template) {
     }
     let spec = &mut template.inject;
     spec.labels.iter_mut().chain(spec.annotations.iter_mut()).for_each(|(_, p)| walk(p, &render));
-    for list in
-        [&mut spec.init_containers, &mut spec.sidecars, &mut spec.volumes, &mut spec.env, &mut spec.volume_mounts]
-    {
+    for list in spec.lists_mut() {
         list.iter_mut().for_each(|i| walk_item(i, &render));
     }
 }
@@ -724,7 +821,7 @@ impl SampleShape {
 /// Checks that rendered items are what Kubernetes accepts in their place (a `Container`, a `Volume`,
 /// an `EnvVar`, a `VolumeMount`), with the field path of the first mismatch, and carry a name.
 pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -> Result<(), TemplateError> {
-    use k8s_openapi::api::core::v1::{Container, EnvVar, Volume, VolumeMount};
+    use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, LocalObjectReference, Volume, VolumeMount};
 
     fn conforms<T: serde::de::DeserializeOwned>(item: &Value) -> Result<(), String> {
         serde_path_to_error::deserialize::<_, T>(item).map(drop).map_err(|e| {
@@ -734,20 +831,29 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
         })
     }
     type Check = fn(&Value) -> Result<(), String>;
-    let sections: [(&str, &[Value], Check); 5] = [
-        ("inject.initContainers", &rendered.init_containers, conforms::<Container>),
-        ("inject.sidecars", &rendered.sidecars, conforms::<Container>),
-        ("inject.volumes", &rendered.volumes, conforms::<Volume>),
-        ("inject.appContainers.env", &rendered.env, conforms::<EnvVar>),
-        ("inject.appContainers.volumeMounts", &rendered.volume_mounts, conforms::<VolumeMount>),
+    // (section, items, their type, whether they are identified by `name`)
+    let sections: [(&str, &[Value], Check, bool); 7] = [
+        ("inject.initContainers", &rendered.init_containers, conforms::<Container>, true),
+        ("inject.sidecars", &rendered.sidecars, conforms::<Container>, true),
+        ("inject.volumes", &rendered.volumes, conforms::<Volume>, true),
+        ("inject.imagePullSecrets", &rendered.image_pull_secrets, conforms::<LocalObjectReference>, true),
+        ("inject.appContainers.env", &rendered.env, conforms::<EnvVar>, true),
+        ("inject.appContainers.envFrom", &rendered.env_from, conforms::<EnvFromSource>, false),
+        ("inject.appContainers.volumeMounts", &rendered.volume_mounts, conforms::<VolumeMount>, true),
     ];
-    for (section, items, conforms) in sections {
+    for (section, items, conforms, named) in sections {
         for (index, item) in items.iter().enumerate() {
             let fail = |message: String| TemplateError::at(&template.name, 0, format!("{section}[{index}]{message}"));
             conforms(item).map_err(|e| fail(format!(" is not valid: {e}")))?;
-            match item.get("name") {
-                Some(Value::String(s)) if !s.is_empty() => {}
-                _ => return Err(fail(".name must render to a non-empty string".to_owned())),
+            let identified = match named {
+                true => matches!(item.get("name"), Some(Value::String(s)) if !s.is_empty()),
+                false => super::inject::env_from_key(item).is_some(),
+            };
+            if !identified {
+                return Err(fail(match named {
+                    true => ".name must render to a non-empty string".to_owned(),
+                    false => " needs exactly one of configMapRef or secretRef, with a non-empty name".to_owned(),
+                }));
             }
         }
     }

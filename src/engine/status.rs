@@ -30,6 +30,9 @@ pub struct InjectionStatus {
     /// Volumes added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
+    /// Names of the pod `imagePullSecrets` added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<String>,
     /// Label keys added (besides `sidecar-injector.io/injected`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub labels: Vec<String>,
@@ -63,6 +66,10 @@ pub struct AppContainerAdditions {
     /// Env var names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<String>,
+    /// `envFrom` sources, as `configMap/<name>` or `secret/<name>` (`+<prefix>` when they have
+    /// one; see `inject::env_from_key`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_from: Vec<String>,
     /// Mount paths.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_mounts: Vec<String>,
@@ -86,6 +93,10 @@ pub enum ItemKind {
     Env,
     /// A volume mount of an app container (identified by mount path).
     VolumeMount,
+    /// An `envFrom` source of an app container (identified by `inject::env_from_key`).
+    EnvFrom,
+    /// A pod `imagePullSecrets` entry.
+    ImagePullSecret,
 }
 
 impl ItemKind {
@@ -99,6 +110,8 @@ impl ItemKind {
             ItemKind::Volume => "volume",
             ItemKind::Env => "env var",
             ItemKind::VolumeMount => "volume mount",
+            ItemKind::EnvFrom => "envFrom source",
+            ItemKind::ImagePullSecret => "image pull secret",
         }
     }
 }
@@ -117,6 +130,18 @@ pub struct Skipped {
     pub container: Option<String>,
     /// Who had it first: `pod` or `template:<name>`.
     pub owner: String,
+}
+
+impl AppContainerAdditions {
+    /// Whether nothing was added.
+    pub fn is_empty(&self) -> bool {
+        self.env.is_empty() && self.env_from.is_empty() && self.volume_mounts.is_empty()
+    }
+
+    /// How many items were added.
+    pub fn len(&self) -> usize {
+        self.env.len() + self.env_from.len() + self.volume_mounts.len()
+    }
 }
 
 impl InjectionStatus {
@@ -138,12 +163,15 @@ impl InjectionStatus {
             && all(&self.init_containers, &other.init_containers)
             && all(&self.native_sidecars, &other.native_sidecars)
             && all(&self.volumes, &other.volumes)
+            && all(&self.image_pull_secrets, &other.image_pull_secrets)
             && all(&self.labels, &other.labels)
             && all(&self.annotations, &other.annotations)
             && other.app_containers.iter().all(|(name, theirs)| {
-                self.app_containers
-                    .get(name)
-                    .is_some_and(|mine| all(&mine.env, &theirs.env) && all(&mine.volume_mounts, &theirs.volume_mounts))
+                self.app_containers.get(name).is_some_and(|mine| {
+                    all(&mine.env, &theirs.env)
+                        && all(&mine.env_from, &theirs.env_from)
+                        && all(&mine.volume_mounts, &theirs.volume_mounts)
+                })
             })
             && other.skipped.iter().all(|s| self.skipped.contains(s))
             && self.templates == other.templates
@@ -190,11 +218,8 @@ mod tests {
             containers: vec!["a".into(), "b".into()],
             init_containers: vec!["proxy".into()],
             native_sidecars: vec!["proxy".into()],
-            app_containers: [(
-                "web".to_owned(),
-                AppContainerAdditions { env: vec!["X".into()], volume_mounts: vec![] },
-            )]
-            .into(),
+            app_containers: [("web".to_owned(), AppContainerAdditions { env: vec!["X".into()], ..Default::default() })]
+                .into(),
             ..Default::default()
         };
         let text = status.to_annotation();

@@ -203,7 +203,65 @@ pub(crate) struct InjectSpec {
     pub(crate) sidecars: Vec<SeqItem>,
     pub(crate) volumes: Vec<SeqItem>,
     pub(crate) env: Vec<SeqItem>,
+    pub(crate) env_from: Vec<SeqItem>,
     pub(crate) volume_mounts: Vec<SeqItem>,
+    pub(crate) image_pull_secrets: Vec<SeqItem>,
+    /// Which app containers get `env`, `envFrom` and `volumeMounts`.
+    pub(crate) targets: AppTargets,
+}
+
+impl InjectSpec {
+    /// Every list of items, in a fixed order.
+    pub(crate) fn lists(&self) -> [&Vec<SeqItem>; 7] {
+        [
+            &self.init_containers,
+            &self.sidecars,
+            &self.volumes,
+            &self.env,
+            &self.env_from,
+            &self.volume_mounts,
+            &self.image_pull_secrets,
+        ]
+    }
+
+    /// Every list of items, to change them in place.
+    pub(crate) fn lists_mut(&mut self) -> [&mut Vec<SeqItem>; 7] {
+        [
+            &mut self.init_containers,
+            &mut self.sidecars,
+            &mut self.volumes,
+            &mut self.env,
+            &mut self.env_from,
+            &mut self.volume_mounts,
+            &mut self.image_pull_secrets,
+        ]
+    }
+}
+
+/// Which of a pod's app containers a template's `appContainers` additions go into.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AppTargets {
+    /// Only these (by name); `None`: every app container.
+    pub only: Option<Vec<String>>,
+    /// Never these.
+    pub except: Vec<String>,
+}
+
+impl AppTargets {
+    /// Whether the app container `name` gets the additions.
+    pub fn includes(&self, name: &str) -> bool {
+        self.only.as_ref().is_none_or(|only| only.iter().any(|n| n == name)) && !self.except.iter().any(|n| n == name)
+    }
+}
+
+/// What a pod may choose for a template by annotation, besides overridable values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodChoices {
+    /// `sidecar-injector.io/<template>.app-containers: "a,b"`: which app containers get the
+    /// additions (never one the template excludes).
+    pub app_containers: bool,
+    /// `sidecar-injector.io/<template>.sidecar-mode: native|container`.
+    pub sidecar_mode: bool,
 }
 
 /// A parsed, compiled and checked template.
@@ -230,6 +288,8 @@ pub struct Template {
     pub values: serde_json::Map<String, Value>,
     /// Values a pod may override by annotation, with what an override must look like.
     pub overridable: Vec<Overridable>,
+    /// What else a pod may choose by annotation (`podChoices`).
+    pub pod_choices: PodChoices,
     /// Things the operator should know that do not stop the template (see `check-templates`).
     pub warnings: Vec<String>,
     /// Content hash of the template (canonical JSON of the parsed document, so comments and
@@ -315,6 +375,7 @@ impl<'a> Compiler<'a> {
             sidecar_mode: SidecarMode::Auto,
             values: serde_json::Map::new(),
             overridable: Vec::new(),
+            pod_choices: PodChoices::default(),
             warnings: Vec::new(),
             hash: content_hash(root),
             inject: InjectSpec::default(),
@@ -363,12 +424,13 @@ impl<'a> Compiler<'a> {
                     }
                 }
                 "overridable" => overridable_node = Some(node),
+                "podChoices" => template.pod_choices = self.pod_choices(node)?,
                 "inject" => template.inject = self.inject(node)?,
                 other => {
                     return Err(self.err(
                         *key_line,
                         format!(
-                            "unknown key {other:?} (expected description, default, enforced, podSelector, namespaceSelector, sidecarMode, values, overridable, inject)"
+                            "unknown key {other:?} (expected description, default, enforced, podSelector, namespaceSelector, sidecarMode, values, overridable, podChoices, inject)"
                         ),
                     ));
                 }
@@ -599,19 +661,30 @@ impl<'a> Compiler<'a> {
                 "initContainers" => spec.init_containers = self.items(child, "inject.initContainers", &["name"])?,
                 "sidecars" => spec.sidecars = self.items(child, "inject.sidecars", &["name"])?,
                 "volumes" => spec.volumes = self.items(child, "inject.volumes", &["name"])?,
+                "imagePullSecrets" => {
+                    spec.image_pull_secrets = self.items(child, "inject.imagePullSecrets", &["name"])?
+                }
                 "appContainers" => {
                     for MapEntry { key, key_line, value: grandchild } in self.mapping(child, "inject.appContainers")? {
                         match key.as_str() {
                             "env" => spec.env = self.items(grandchild, "inject.appContainers.env", &["name"])?,
+                            "envFrom" => spec.env_from = self.items(grandchild, "inject.appContainers.envFrom", &[])?,
                             "volumeMounts" => {
                                 spec.volume_mounts =
                                     self.items(grandchild, "inject.appContainers.volumeMounts", &["name", "mountPath"])?
+                            }
+                            "containers" => {
+                                spec.targets.only = Some(self.names(grandchild, "inject.appContainers.containers")?)
+                            }
+                            "excludeContainers" => {
+                                spec.targets.except =
+                                    self.names(grandchild, "inject.appContainers.excludeContainers")?
                             }
                             other => {
                                 return Err(self.err(
                                     *key_line,
                                     format!(
-                                        "unknown key {other:?} in inject.appContainers (expected env, volumeMounts)"
+                                        "unknown key {other:?} in inject.appContainers (expected containers, excludeContainers, env, envFrom, volumeMounts)"
                                     ),
                                 ));
                             }
@@ -622,13 +695,55 @@ impl<'a> Compiler<'a> {
                     return Err(self.err(
                         *key_line,
                         format!(
-                            "unknown key {other:?} in inject (expected labels, annotations, initContainers, sidecars, volumes, appContainers)"
+                            "unknown key {other:?} in inject (expected labels, annotations, initContainers, sidecars, volumes, imagePullSecrets, appContainers)"
                         ),
                     ));
                 }
             }
         }
         Ok(spec)
+    }
+
+    /// A list of container names, written literally (they select containers, so they are never
+    /// rendered).
+    fn names(&self, node: &SourceNode, what: &str) -> Result<Vec<String>, TemplateError> {
+        let SourceValue::Seq(items) = &node.value else {
+            return Err(
+                self.err(node.line, format!("{what} must be a list of container names, not {}", node.type_name()))
+            );
+        };
+        items
+            .iter()
+            .map(|item| match &item.value {
+                SourceValue::String(name) if is_dns_label(name) => Ok(name.clone()),
+                SourceValue::String(name) => Err(self
+                    .err(item.line, format!("{what}: {name:?} is not a container name (a DNS label, no expressions)"))),
+                _ => Err(self.err(item.line, format!("{what} must list container names, not {}", item.type_name()))),
+            })
+            .collect()
+    }
+
+    fn pod_choices(&self, node: &SourceNode) -> Result<PodChoices, TemplateError> {
+        let SourceValue::Seq(items) = &node.value else {
+            return Err(self.err(node.line, format!("podChoices must be a list, not {}", node.type_name())));
+        };
+        let mut choices = PodChoices::default();
+        for item in items {
+            match &item.value {
+                SourceValue::String(s) if s == "appContainers" => choices.app_containers = true,
+                SourceValue::String(s) if s == "sidecarMode" => choices.sidecar_mode = true,
+                _ => {
+                    return Err(self.err(
+                        item.line,
+                        format!(
+                            "podChoices lists what a pod may choose: appContainers, sidecarMode (not {})",
+                            item.to_json()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(choices)
     }
 
     fn string_map(&mut self, node: &SourceNode, what: &str) -> Result<Vec<(String, Piece)>, TemplateError> {
@@ -768,14 +883,22 @@ impl<'a> Compiler<'a> {
             }
         }
         let mut refs = Vec::new();
-        let items = [&spec.init_containers, &spec.sidecars, &spec.volumes, &spec.env, &spec.volume_mounts];
         spec.labels.iter().chain(&spec.annotations).for_each(|(_, p)| collect(p, &mut refs));
-        items.iter().flat_map(|list| list.iter()).for_each(|i| collect(&i.piece, &mut refs));
+        spec.lists().iter().flat_map(|list| list.iter()).for_each(|i| collect(&i.piece, &mut refs));
         match refs.into_iter().find(|(_, path)| render::lookup_path(values, path).is_none()) {
             Some((line, path)) => Err(self.err(line, format!("values.{} is not defined in values", path.join(".")))),
             None => Ok(()),
         }
     }
+}
+
+/// Whether `name` is a DNS label (RFC 1123), as container names are.
+pub(crate) fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
 }
 
 fn content_hash(root: &SourceNode) -> String {
@@ -1033,9 +1156,27 @@ mod tests {
             ("unknown inject key", "inject:\n  containers: []\n", Some(2), "unknown key \"containers\" in inject"),
             (
                 "unknown appContainers key",
-                "inject:\n  appContainers:\n    envFrom: []\n",
+                "inject:\n  appContainers:\n    envFrm: []\n",
                 Some(3),
-                "unknown key \"envFrom\" in inject.appContainers",
+                "unknown key \"envFrm\" in inject.appContainers",
+            ),
+            (
+                "container names are literal",
+                "inject:\n  appContainers:\n    containers: [\"{{ pod.metadata.name }}\"]\n",
+                Some(3),
+                "is not a container name (a DNS label, no expressions)",
+            ),
+            (
+                "unknown pod choice",
+                "podChoices: [image]\ninject: {}\n",
+                Some(1),
+                "podChoices lists what a pod may choose: appContainers, sidecarMode",
+            ),
+            (
+                "envFrom without a reference",
+                "inject:\n  appContainers:\n    envFrom:\n      - prefix: X_\n",
+                None,
+                "inject.appContainers.envFrom[0] needs exactly one of configMapRef or secretRef",
             ),
             (
                 "sidecar without name",

@@ -746,3 +746,166 @@ fn constrained_overrides_are_refused_with_the_annotation_that_breaks_them() {
         }
     }
 }
+
+/// A template using every `appContainers` and pod-level key added for users' requests.
+const REGISTRY: &str = r#"
+default: true
+sidecarMode: container
+podChoices: [appContainers, sidecarMode]
+inject:
+  imagePullSecrets:
+    - name: private-registry
+  sidecars:
+    - {name: agent, image: registry.example/agent:1}
+  appContainers:
+    excludeContainers: [worker]
+    env:
+      - {name: AGENT_ADDR, value: "127.0.0.1:4317"}
+    envFrom:
+      - configMapRef: {name: agent-config}
+      - secretRef: {name: agent-token}
+        prefix: AGENT_
+"#;
+
+fn registry_engine() -> Engine {
+    engine(&[("registry", REGISTRY)])
+}
+
+fn env_from_keys(container: &Value) -> Vec<String> {
+    container["envFrom"].as_array().into_iter().flatten().filter_map(inject::env_from_key).collect()
+}
+
+#[test]
+fn image_pull_secrets_and_env_from_are_added_once_and_recorded() {
+    let engine = registry_engine();
+    let mut pod = web_pod();
+    pod["spec"]["imagePullSecrets"] = json!([{"name": "team-registry"}]);
+    let injection = inject(&engine, &pod);
+    let injected = apply(&pod, &injection.patch);
+    assert_eq!(names(&injected["spec"]["imagePullSecrets"]), vec!["team-registry", "private-registry"]);
+    assert_eq!(injection.status.image_pull_secrets, vec!["private-registry"]);
+    let web = &injected["spec"]["containers"][0];
+    assert_eq!(env_from_keys(web), vec!["configMap/agent-config", "secret/agent-token+AGENT_"]);
+    assert_eq!(injection.status.app_containers["web"].env_from, env_from_keys(web));
+    // excludeContainers: the worker gets nothing.
+    assert!(injected["spec"]["containers"][1].get("envFrom").is_none());
+    assert!(!injection.status.app_containers.contains_key("worker"));
+    assert!(only_adds(&injection.patch));
+    // A pull secret the pod already names is neither duplicated nor reported as injected.
+    pod["spec"]["imagePullSecrets"] = json!([{"name": "private-registry"}]);
+    let injection = inject(&engine, &pod);
+    let injected = apply(&pod, &injection.patch);
+    assert_eq!(names(&injected["spec"]["imagePullSecrets"]), vec!["private-registry"]);
+    assert!(injection.status.image_pull_secrets.is_empty());
+    assert!(injection.status.skipped.is_empty(), "not a conflict: {:?}", injection.status.skipped);
+    // Idempotent.
+    assert!(matches!(engine.evaluate(&request(injected.clone(), opted_in("shop", &[]))).outcome, Outcome::UpToDate(_)));
+}
+
+#[test]
+fn an_env_from_source_the_pod_has_wins_and_is_recorded() {
+    let engine = registry_engine();
+    let mut pod = web_pod();
+    pod["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "agent-config", "optional": true}}]);
+    let injection = inject(&engine, &pod);
+    let injected = apply(&pod, &injection.patch);
+    let web = &injected["spec"]["containers"][0];
+    assert_eq!(env_from_keys(web), vec!["configMap/agent-config", "secret/agent-token+AGENT_"]);
+    assert_eq!(web["envFrom"][0]["configMapRef"]["optional"], true, "the pod's own stands");
+    let skip = &injection.status.skipped[0];
+    assert_eq!(
+        (skip.kind, skip.name.as_str(), skip.container.as_deref()),
+        (status::ItemKind::EnvFrom, "configMap/agent-config", Some("web"))
+    );
+    assert_eq!(injected["metadata"]["labels"][names::INJECTED_LABEL], names::INJECTED_PARTIAL);
+}
+
+#[test]
+fn re_injection_removes_exactly_the_pull_secrets_and_sources_it_added() {
+    let engine = registry_engine();
+    let pod = web_pod();
+    let injected = apply(&pod, &inject(&engine, &pod).patch);
+    // The template changes: everything it added goes, the new version comes.
+    let edited = engine_with_edit(REGISTRY.replace("agent-token", "agent-token-v2"));
+    let again = inject(&edited, &injected);
+    let reinjected = apply(&injected, &again.patch);
+    let fresh = apply(&pod, &inject(&edited, &pod).patch);
+    assert_eq!(reinjected["spec"], fresh["spec"], "re-injection equals a fresh injection");
+    assert_eq!(again.removed.image_pull_secrets, vec!["private-registry"]);
+    assert_eq!(
+        again.removed.app_containers["web"].env_from,
+        vec!["configMap/agent-config", "secret/agent-token+AGENT_"]
+    );
+}
+
+fn engine_with_edit(text: String) -> Engine {
+    let mut engine = registry_engine();
+    let (set, errors) =
+        engine.templates.update(vec![TemplateSource { name: "registry".into(), text }], &template::InProcess);
+    assert!(errors.is_empty(), "{errors:?}");
+    engine.templates = set;
+    engine
+}
+
+#[test]
+fn a_pod_chooses_its_app_containers_and_sidecar_mode_only_where_the_template_lets_it() {
+    let engine = registry_engine();
+    let with = |annotations: Value| {
+        let mut pod = web_pod();
+        pod["metadata"]["annotations"] = annotations;
+        pod
+    };
+    // Only "worker" is excluded by the template; the pod narrows to "web" and asks for native.
+    let pod = with(
+        json!({"sidecar-injector.io/registry.app-containers": "web", "sidecar-injector.io/registry.sidecar-mode": "native"}),
+    );
+    let injection = inject(&engine, &pod);
+    assert_eq!(injection.status.app_containers.keys().collect::<Vec<_>>(), vec!["web"]);
+    assert_eq!(injection.status.native_sidecars, vec!["agent"], "the pod chose native sidecars");
+    // Refused, with the annotation's name: an excluded container, an unknown one, a bad mode.
+    let refused = |annotations: Value, part: &str| match engine
+        .evaluate(&request(with(annotations), opted_in("shop", &[])))
+        .outcome
+    {
+        Outcome::Denied(denial) => {
+            let message = denial.to_string();
+            assert!(message.contains(part), "{part:?} not in {message}");
+        }
+        other => panic!("not refused: {other:?}"),
+    };
+    refused(
+        json!({"sidecar-injector.io/registry.app-containers": "worker"}),
+        "never adds to container \"worker\" (excludeContainers)",
+    );
+    refused(
+        json!({"sidecar-injector.io/registry.app-containers": "wbe"}),
+        "annotation sidecar-injector.io/registry.app-containers: the pod has no container \"wbe\"",
+    );
+    refused(json!({"sidecar-injector.io/registry.sidecar-mode": "sometimes"}), "\"sometimes\" is not a sidecar mode");
+    // A template without podChoices ignores the annotations, with a warning.
+    let strict = super::test_support::engine(&[(
+        "registry",
+        &REGISTRY.replace("podChoices: [appContainers, sidecarMode]\n", ""),
+    )]);
+    let decision = strict.evaluate(&request(
+        with(json!({"sidecar-injector.io/registry.sidecar-mode": "native"})),
+        opted_in("shop", &[]),
+    ));
+    let Outcome::Inject(injection) = decision.outcome else { panic!("not injected") };
+    assert!(injection.status.native_sidecars.is_empty());
+    assert!(
+        decision.warnings.iter().any(|w| w.contains("does not let pods choose sidecarMode")),
+        "{:?}",
+        decision.warnings
+    );
+}
+
+#[test]
+fn template_container_targets_select_the_app_containers() {
+    let only_worker = engine(&[(
+        "t",
+        "default: true\ninject:\n  appContainers:\n    containers: [worker]\n    env:\n      - {name: X, value: \"1\"}\n",
+    )]);
+    let injection = inject(&only_worker, &web_pod());
+    assert_eq!(injection.status.app_containers.keys().collect::<Vec<_>>(), vec!["worker"]);
+}

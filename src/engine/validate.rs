@@ -192,6 +192,7 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
         ("init container", "initContainers", &injection.status.init_containers),
         ("sidecar container", "containers", &injection.status.containers),
         ("volume", "volumes", &injection.status.volumes),
+        ("image pull secret", "imagePullSecrets", &injection.status.image_pull_secrets),
     ];
     for (kind, list, names) in lists {
         let (expected_items, actual_items) =
@@ -221,6 +222,13 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
             let what = || format!("volume mount {path:?} injected into container {container:?}");
             let (want, have) = (list_of(want, "volumeMounts"), list_of(have, "volumeMounts"));
             compare(what, find_by(want, "mountPath", path), find_by(have, "mountPath", path))?;
+        }
+        for key in &additions.env_from {
+            let what = || format!("envFrom source {key:?} injected into container {container:?}");
+            let source = |list: Option<&'_ Vec<Value>>| {
+                list?.iter().find(|i| super::inject::env_from_key(i).as_deref() == Some(key.as_str())).cloned()
+            };
+            compare(what, source(list_of(want, "envFrom")).as_ref(), source(list_of(have, "envFrom")).as_ref())?;
         }
     }
     Ok(())
@@ -261,6 +269,10 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
         retain_unnamed(spec.get_mut("containers"), &status.containers);
         retain_unnamed(spec.get_mut("initContainers"), &status.init_containers);
         retain_unnamed(spec.get_mut("volumes"), &status.volumes);
+        retain_unnamed(spec.get_mut("imagePullSecrets"), &status.image_pull_secrets);
+        if spec.get("imagePullSecrets").and_then(Value::as_array).is_some_and(Vec::is_empty) {
+            spec.as_object_mut().map(|s| s.remove("imagePullSecrets"));
+        }
         if spec.get("initContainers").and_then(Value::as_array).is_some_and(Vec::is_empty) {
             spec.as_object_mut().map(|s| s.remove("initContainers"));
         }
@@ -277,6 +289,10 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
                     env.retain(|e| {
                         !e.get("name").and_then(Value::as_str).is_some_and(|n| additions.env.iter().any(|x| x == n))
                     });
+                }
+                if let Some(Value::Array(sources)) = container.get_mut("envFrom") {
+                    sources
+                        .retain(|e| !super::inject::env_from_key(e).is_some_and(|k| additions.env_from.contains(&k)));
                 }
                 if let Some(Value::Array(mounts)) = container.get_mut("volumeMounts") {
                     mounts.retain(|m| {

@@ -217,7 +217,7 @@ pub async fn scale(ctx: &mut Ctx) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     println!(
-        "      drift gauge: {gauge_sum:.0} stale pods in scale-* (recount from the API: {recount}) {:.1} s after the edit",
+        "      drift gauge: {gauge_sum:.0} stale pods in scale-* (recount from the API: {recount}), {:.1} s after the recount",
         start.elapsed().as_secs_f64()
     );
     ensure!(gauge_sum as usize == recount, "drift gauge {gauge_sum} != recount {recount}");
