@@ -44,7 +44,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let template = |overridable: &str| {
             format!(
-                "values: {{endpoint: \"gw:4317\"}}\noverridable: {overridable}\ninject:\n  sidecars:\n    - name: agent\n      image: agent\n      args: [\"--config=yaml:exporters::otlp::endpoint: {{{{ values.endpoint }}}}\"]\n"
+                "values: {{endpoint: \"gw:4317\"}}\noverridable: {overridable}\ninject:\n  sidecars:\n    - name: agent\n      image: agent\n      args: [\"--config=yaml:exporters::otlp::endpoint: {{{{ values.endpoint }}}}\"]\n      resources: {{requests: {{cpu: 1m, memory: 1Mi}}, limits: {{cpu: 1m, memory: 1Mi}}}}\n"
             )
         };
         std::fs::write(dir.path().join("agent.yaml"), template("[endpoint]")).unwrap();

@@ -312,6 +312,7 @@ impl Template {
         let mut template = Compiler::new(name).template(&root)?;
         render::check(&template)?;
         render::prerender(&mut template);
+        template.warnings.extend(resource_warnings(&template.inject));
         if template.enforced {
             // Native or classic does not change what can be checked.
             let unchecked = super::enforce::Requirements::of(&template, true).unchecked;
@@ -890,6 +891,51 @@ impl<'a> Compiler<'a> {
             None => Ok(()),
         }
     }
+}
+
+/// A warning for each injected container that does not set cpu and memory requests and limits: a
+/// namespace whose ResourceQuota counts one of them refuses pods with a container that lacks it,
+/// unless the namespace's LimitRange gives a default.
+fn resource_warnings(spec: &InjectSpec) -> Vec<String> {
+    /// Whether the compiled item sets a field at `path` (whatever its value renders to).
+    fn sets(piece: &Piece, path: &[&str]) -> bool {
+        match (piece, path.split_first()) {
+            (_, None) => true,
+            (Piece::Literal(value), Some(_)) => path.iter().try_fold(value, |v, key| v.get(*key)).is_some(),
+            (Piece::Map(entries), Some((first, rest))) => {
+                entries.iter().find(|(key, _)| key == first).is_some_and(|(_, piece)| sets(piece, rest))
+            }
+            _ => false,
+        }
+    }
+    let mut warnings = Vec::new();
+    for (kind, items) in [("init container", &spec.init_containers), ("sidecar", &spec.sidecars)] {
+        for (index, item) in items.iter().enumerate() {
+            let missing: Vec<String> =
+                [["requests", "cpu"], ["requests", "memory"], ["limits", "cpu"], ["limits", "memory"]]
+                    .into_iter()
+                    .filter(|[section, resource]| !sets(&item.piece, &["resources", section, resource]))
+                    .map(|path| path.join("."))
+                    .collect();
+            if missing.is_empty() {
+                continue;
+            }
+            let name = match &item.piece {
+                Piece::Map(entries) => entries.iter().find(|(k, _)| k == "name").map(|(_, p)| p),
+                _ => None,
+            };
+            let name = match name {
+                Some(Piece::Literal(Value::String(n))) => format!("{n:?}"),
+                _ => format!("#{}", index + 1),
+            };
+            warnings.push(format!(
+                "{kind} {name} sets no {}: a namespace whose ResourceQuota counts them refuses its pods (\"must specify {}\") unless the namespace's LimitRange gives defaults, which Kubernetes applies to injected containers too",
+                missing.join(", "),
+                missing[0]
+            ));
+        }
+    }
+    warnings
 }
 
 /// Whether `name` is a DNS label (RFC 1123), as container names are.

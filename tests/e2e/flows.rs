@@ -370,3 +370,71 @@ pub async fn s21_restart_during_rollout(ctx: &mut Ctx) -> Result<()> {
     }
     Ok(())
 }
+
+/// Scenario 22: a namespace whose LimitRange sets default requests and limits and whose
+/// ResourceQuota counts cpu and memory: the pods are admitted with the injected sidecar, and the
+/// injected containers carry requests and limits for everything the quota counts (Kubernetes
+/// applies the LimitRange's defaults to injected containers too). Then a namespace with the quota
+/// and no LimitRange: a pod whose own container sets its resources is admitted, because the
+/// shipped templates set all four on every injected container.
+pub async fn s22_limit_range_and_quota(ctx: &mut Ctx) -> Result<()> {
+    let namespace = "e2e-quota";
+    ctx.namespace(namespace, &[("sidecar-injector.io/inject", "enabled")]).await?;
+    kubectl_apply(
+        ctx,
+        namespace,
+        r#"
+apiVersion: v1
+kind: LimitRange
+metadata: {name: defaults}
+spec:
+  limits:
+    - type: Container
+      default: {cpu: 500m, memory: 256Mi}
+      defaultRequest: {cpu: 50m, memory: 64Mi}
+---
+apiVersion: v1
+kind: ResourceQuota
+metadata: {name: quota}
+spec:
+  hard: {requests.cpu: "8", requests.memory: 8Gi, limits.cpu: "16", limits.memory: 16Gi}
+"#,
+    )?;
+    // The quota admission plugin needs its informer to have seen the quota.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stored = ctx.create_pod(namespace, crate::scenarios::pod("app", json!({"app": "web"}), json!({}))).await;
+    let stored = stored.map_err(|e| anyhow::anyhow!("refused: {}", crate::scenarios::api_message(&e)))?;
+    every_container_has_requests_and_limits(&stored)?;
+
+    let namespace = "e2e-quota-only";
+    ctx.namespace(namespace, &[("sidecar-injector.io/inject", "enabled")]).await?;
+    kubectl_apply(
+        ctx,
+        namespace,
+        "apiVersion: v1\nkind: ResourceQuota\nmetadata: {name: quota}\nspec:\n  hard: {requests.cpu: \"8\", requests.memory: 8Gi, limits.cpu: \"16\", limits.memory: 16Gi}\n",
+    )?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut app = crate::scenarios::pod("app", json!({"app": "web"}), json!({}));
+    app["spec"]["containers"][0]["resources"] =
+        json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}});
+    let stored = ctx.create_pod(namespace, app).await;
+    let stored = stored.map_err(|e| anyhow::anyhow!("refused: {}", crate::scenarios::api_message(&e)))?;
+    every_container_has_requests_and_limits(&stored)
+}
+
+fn every_container_has_requests_and_limits(pod: &Pod) -> Result<()> {
+    ensure!(shipper_hash(pod).is_some(), "not injected");
+    let spec = pod.spec.clone().context("no spec")?;
+    for container in spec.init_containers.iter().flatten().chain(&spec.containers) {
+        let resources = container.resources.clone().unwrap_or_default();
+        let (requests, limits) = (resources.requests.unwrap_or_default(), resources.limits.unwrap_or_default());
+        for resource in ["cpu", "memory"] {
+            ensure!(
+                requests.contains_key(resource) && limits.contains_key(resource),
+                "container {} lacks {resource} requests or limits: {requests:?} {limits:?}",
+                container.name
+            );
+        }
+    }
+    Ok(())
+}

@@ -115,6 +115,7 @@ async fn run(root: &Path) -> Result<bool> {
         s19_namespace_reborn,
         s20_two_injectors_race,
         s21_restart_during_rollout,
+        s22_limit_range_and_quota,
         s12_api_server_outage,
     ];
     // `make scale` (SIDECAR_INJECTOR_E2E_SCALE=1): the scale run alone, with a budget of its own.
