@@ -339,7 +339,7 @@ async fn on_a_cluster(
     let status = Command::new("bash").arg("e2e/controlplane/build.sh").status()?;
     ensure!(status.success(), "building the control plane failed");
     let dir = tempfile::Builder::new().prefix("sidecar-injector-bench-").tempdir()?;
-    let plane = ControlPlane::start(&root.join("e2e/bin"), dir.path())?;
+    let plane = ControlPlane::start_api_only(&root.join("e2e/bin"), dir.path())?;
     plane.kubectl(&["apply", "-k", "deploy/overlays/e2e"])?;
     let kubeconfig = kube::config::Kubeconfig::read_from(&plane.admin_kubeconfig)?;
     let client = kube::Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?)?;

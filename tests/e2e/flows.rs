@@ -336,38 +336,40 @@ pub async fn s20_two_injectors_race(ctx: &mut Ctx) -> Result<()> {
 }
 
 /// Scenario 21: the API server restarts in the middle of a rollout: no pod of the rollout escapes
-/// injection (the controllers retry while the webhook, failing open, is unreachable only while the
-/// API server itself is down).
+/// injection. The rollout surges all 12 new pods at once (`maxSurge: 100%`), so the pods are created
+/// around the restart whatever the simulated nodes do; the controllers retry while the API server is
+/// away, and the webhook, failing open, is unreachable only while the API server itself is down.
 pub async fn s21_restart_during_rollout(ctx: &mut Ctx) -> Result<()> {
     let namespace = "e2e-restart";
     ctx.namespace(namespace, &[("sidecar-injector.io/inject", "enabled")]).await?;
-    let deployment = WORKLOADS.split("---").next().unwrap_or_default().replace("replicas: 2", "replicas: 12");
+    let deployment = WORKLOADS.split("---").next().unwrap_or_default().replace(
+        "  replicas: 2\n",
+        "  replicas: 12\n  strategy: {rollingUpdate: {maxSurge: 100%, maxUnavailable: 0}}\n",
+    );
     kubectl_apply(ctx, namespace, &deployment)?;
-    eventually("12 pods", Duration::from_secs(60), || async {
-        Ok((live_pods(ctx, namespace, "app=web").await?.len() == 12).then_some(()))
+    let before: Vec<String> = eventually("12 pods", Duration::from_secs(60), || async {
+        let pods = live_pods(ctx, namespace, "app=web").await?;
+        Ok((pods.len() == 12).then(|| pods.iter().map(name).collect()))
     })
-    .await?;
+    .await?
+    .0;
     ctx.plane.kubectl(&["-n", namespace, "rollout", "restart", "deployment/web"])?;
     ctx.plane.stop_apiserver();
     tokio::time::sleep(Duration::from_secs(3)).await;
     ctx.plane.start_apiserver()?;
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
-    let (_, took) = eventually("the rollout to finish", Duration::from_secs(120), || async {
-        let d = deployments.get("web").await?;
-        let (spec, status) = (d.spec.unwrap_or_default(), d.status.unwrap_or_default());
-        let done = status.observed_generation == d.metadata.generation
-            && status.updated_replicas == spec.replicas
-            && status.replicas == spec.replicas
-            && status.available_replicas == spec.replicas;
-        Ok(done.then_some(()))
+    let (rolled, took) = eventually("the rollout's 12 new pods", Duration::from_secs(120), || async {
+        let pods = live_pods(ctx, namespace, "app=web").await?;
+        let new: Vec<Pod> = pods.into_iter().filter(|p| !before.contains(&name(p))).collect();
+        Ok((new.len() == 12).then_some(new))
     })
     .await?;
-    println!("      rollout with an API server restart finished in {took:?}");
-    let pods = live_pods(ctx, namespace, "app=web").await?;
-    ensure!(pods.len() == 12, "{} pods", pods.len());
-    for pod in &pods {
+    println!("      the rollout created its 12 pods {took:?} after the API server came back");
+    for pod in &rolled {
         ensure!(shipper_hash(pod).is_some(), "pod {} of the rollout escaped injection", name(pod));
     }
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
+    let generation = deployments.get("web").await?.metadata.generation;
+    ensure!(generation == Some(2), "one rollout: generation {generation:?}");
     Ok(())
 }
 
