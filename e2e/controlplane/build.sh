@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the whole-cluster control plane from the Go module proxy into e2e/bin/: kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl (with its built-in kustomize), etcd, KWOK (simulated
-# nodes) and yamlread (kubectl's YAML reader, for the manifest differential test). Does nothing when
+# nodes), yamlread (kubectl's YAML reader, for the manifest differential test) and nullwebhook (the
+# benchmark's floor: a webhook that does nothing). Does nothing when
 # the binaries there were built from the same pinned versions (the stamp records the Kubernetes and
 # KWOK versions, the go.sum hash and the Go version).
 set -euo pipefail
@@ -19,7 +20,7 @@ stamp="k8s=$KUBERNETES_VERSION kwok=$KWOK_VERSION gosum=$(sha256sum "$here/go.su
 if [ -f "$bin/.stamp" ] && [ "$(cat "$bin/.stamp")" = "$stamp" ] \
    && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kubectl" ] && [ -x "$bin/etcd" ] && [ -x "$bin/yamlread" ] \
    && [ -x "$bin/kube-controller-manager" ] && [ -x "$bin/kube-scheduler" ] && [ -x "$bin/kwok" ] \
-   && [ -s "$bin/kwok-stages.yaml" ]; then
+   && [ -s "$bin/kwok-stages.yaml" ] && [ -x "$bin/nullwebhook" ]; then
   echo "e2e: control plane binaries are current ($stamp)"
   exit 0
 fi
@@ -33,7 +34,7 @@ mkdir -p "$bin"
 rm -f "$bin/.stamp"
 cd "$here"
 start=$SECONDS
-for target in ./cmd/yamlread k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd \
+for target in ./cmd/yamlread ./cmd/nullwebhook k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd \
   k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler; do
   echo "e2e: building $(basename "$target") ..."
   CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/$(basename "$target")" "$target"

@@ -135,6 +135,14 @@ pub async fn s01_overlay_accepted(ctx: &mut Ctx) -> Result<()> {
         ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["get", "-f", "-", "-o", "name"], Some(&rendered))?;
     ensure!(listed.lines().count() == objects, "not every object reads back:\n{listed}");
     ctx.plane.kubectl(&["apply", "--dry-run=server", "-k", "deploy"])?;
+    let lean = ctx.plane.kubectl(&["apply", "--dry-run=server", "-k", "deploy/overlays/lean"])?;
+    ensure!(lean.contains("validatingwebhookconfiguration"), "{lean}");
+    let lean_config = ctx.plane.kubectl(&["kustomize", "deploy/overlays/lean"])?;
+    ensure!(
+        !lean_config.contains("validate-pods.sidecar-injector.io")
+            && lean_config.contains("validate-templates.sidecar-injector.io"),
+        "the lean overlay drops the pod validating webhook only"
+    );
     // cert-manager's own kinds need its CRDs; everything the overlay patches is standard.
     let cert_manager = ctx.plane.kubectl(&["kustomize", "deploy/overlays/cert-manager"])?;
     let standard: Vec<&str> =
