@@ -52,10 +52,21 @@ impl Load {
     }
 }
 
-fn oha(url: &str, body: &Path, ca: &Path, duration: &str, connections: u32, rate: Option<u32>) -> Result<Load> {
+/// What oha needs to reach a server: the CA to trust and, where the server requires one (the
+/// injector on the e2e control plane only lets the API server's client certificate in), a client
+/// certificate and key.
+struct TlsFiles {
+    ca: PathBuf,
+    client: Option<(PathBuf, PathBuf)>,
+}
+
+fn oha(url: &str, body: &Path, tls: &TlsFiles, duration: &str, connections: u32, rate: Option<u32>) -> Result<Load> {
     let mut command = Command::new("oha");
     command.args(["--no-tui", "--output-format", "json", "-m", "POST", "-T", "application/json", "-z", duration]);
-    command.args(["-c", &connections.to_string()]).arg("-D").arg(body).arg("--cacert").arg(ca);
+    command.args(["-c", &connections.to_string()]).arg("-D").arg(body).arg("--cacert").arg(&tls.ca);
+    if let Some((cert, key)) = &tls.client {
+        command.arg("--cert").arg(cert).arg("--key").arg(key);
+    }
     if let Some(rate) = rate {
         command.args(["-q", &rate.to_string(), "--latency-correction"]);
     }
@@ -148,6 +159,7 @@ fn standalone(
 ) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let ca = dir.path().join("ca.pem");
+    let tls = TlsFiles { ca: ca.clone(), client: None };
     let (https, http) = (free_port(), free_port());
     let mut command = Command::new(binary);
     command
@@ -168,8 +180,8 @@ fn standalone(
     let mut saturation = BTreeMap::new();
     for name in ["noop", "injected", "huge"] {
         // Warm up connections and caches.
-        oha(&url, &fixtures[name].0, &ca, "2s", 16, None)?;
-        let load = oha(&url, &fixtures[name].0, &ca, durations.saturation, 16, None)?;
+        oha(&url, &fixtures[name].0, &tls, "2s", 16, None)?;
+        let load = oha(&url, &fixtures[name].0, &tls, durations.saturation, 16, None)?;
         ensure!(load.failed == 0, "{name}: {} failed requests at saturation", load.failed);
         saturation.insert(name, load);
     }
@@ -177,7 +189,7 @@ fn standalone(
     let rate = ((saturation["huge"].rps * 0.5) as u32).clamp(50, 1000);
     let mut fixed = BTreeMap::new();
     for name in ["noop", "injected", "huge"] {
-        let load = oha(&url, &fixtures[name].0, &ca, durations.fixed, 16, Some(rate))?;
+        let load = oha(&url, &fixtures[name].0, &tls, durations.fixed, 16, Some(rate))?;
         ensure!(load.failed == 0, "{name}: {} failed requests at {rate}/s", load.failed);
         fixed.insert(name, load);
     }
@@ -352,6 +364,9 @@ async fn on_a_cluster(
     let ca = dir.path().join("webhook-ca.pem");
     std::fs::write(&ca, &secret.data.context("no Secret data")?["ca-bundle.crt"].0)?;
     let url = format!("https://127.0.0.1:{INJECTOR_HTTPS_PORT}/mutate");
+    // The injector only lets the API server's client certificate in; the load generator presents it.
+    let identity = (dir.path().join("webhook-client.crt"), dir.path().join("webhook-client.key"));
+    let tls = TlsFiles { ca: ca.clone(), client: Some(identity) };
 
     // Ten namespaces in all: the system ones, the injector's, and these.
     create_namespaces(&client, vec!["shop".into()], json!({"sidecar-injector.io/inject": "enabled"})).await?;
@@ -365,10 +380,10 @@ async fn on_a_cluster(
         }
     };
     let measure = |label: &str, runs: usize| -> Result<(Load, f64)> {
-        oha(&url, injected, &ca, "2s", 16, None)?;
+        oha(&url, injected, &tls, "2s", 16, None)?;
         let mut best = None;
         for _ in 0..runs {
-            let load = oha(&url, injected, &ca, durations.saturation, 16, None)?;
+            let load = oha(&url, injected, &tls, durations.saturation, 16, None)?;
             ensure!(load.failed == 0, "{label}: {} failed requests", load.failed);
             keep_faster(&mut best, (load, memory(pid).1));
         }
