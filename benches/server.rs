@@ -590,13 +590,13 @@ async fn null_webhooks(plane: &ControlPlane, injector_ca: &Path, dir: &Path, cli
                "namespaceSelector": {"matchExpressions": [{"key": "bench", "operator": "In", "values": namespaces}]},
                "matchConditions": [not_mirror]})
     };
-    let mut mutating = webhook("null-mutate.bench", "/mutate", json!(["null-m", "null-mv"]));
+    let mut mutating = webhook("null-mutate.bench.example.com", "/mutate", json!(["null-m", "null-mv"]));
     mutating["reinvocationPolicy"] = json!("IfNeeded");
     let list = json!({"apiVersion": "v1", "kind": "List", "items": [
         {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
          "metadata": {"name": "bench-null"}, "webhooks": [mutating]},
         {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-         "metadata": {"name": "bench-null"}, "webhooks": [webhook("null-validate.bench", "/validate", json!(["null-mv"]))]},
+         "metadata": {"name": "bench-null"}, "webhooks": [webhook("null-validate.bench.example.com", "/validate", json!(["null-mv"]))]},
     ]});
     plane.kubectl_as(&plane.admin_kubeconfig, &["apply", "-f", "-"], Some(&list.to_string()))?;
     // Webhook configurations take a moment to take effect: until the null patch shows.
