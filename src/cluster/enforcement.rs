@@ -8,8 +8,9 @@
 //! down. None of these objects is in `deploy/`, so GitOps tools never see them change.
 //!
 //! Every replica reconciles; server-side apply with one field manager makes that idempotent. It runs
-//! when the templates change (checked every [`INTERVAL`], as a fingerprint of what would be written)
-//! and again after a failure, and counts failures in `sidecar_injector_enforcement_sync_errors_total`.
+//! when the templates change (checked every [`INTERVAL`], as a fingerprint of what would be written),
+//! after a failure, and every [`RESYNC`] regardless (an object deleted by hand comes back), and counts
+//! failures in `sidecar_injector_enforcement_sync_errors_total`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,6 +27,9 @@ use crate::state::AppState;
 
 /// How often the templates in service are compared with what was last written.
 pub const INTERVAL: Duration = Duration::from_secs(2);
+/// How often everything is written again even when nothing changed here, so a binding or params
+/// ConfigMap deleted or edited by hand comes back.
+pub const RESYNC: Duration = Duration::from_secs(60);
 
 const FIELD_MANAGER: &str = "sidecar-injector";
 
@@ -45,11 +49,14 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>)
     tokio::spawn(async move {
         let bindings: Api<DynamicObject> = Api::all_with(client.clone(), &binding_resource());
         let params: Api<DynamicObject> = Api::namespaced_with(client, &own_namespace, &configmap_resource());
-        let mut written: Option<BTreeMap<String, (Value, Value)>> = None;
+        let mut written: Option<(BTreeMap<String, (Value, Value)>, tokio::time::Instant)> = None;
         let mut ticker = tokio::time::interval(INTERVAL);
+        // After a failure (say, a cluster without admissionregistration.k8s.io/v1 policies), the
+        // next attempt waits twice as long as the last, up to RESYNC, so the log is not flooded.
+        let (mut retry_at, mut backoff) = (tokio::time::Instant::now(), INTERVAL);
         loop {
             ticker.tick().await;
-            if !state.readiness.templates_synced.load(Ordering::Relaxed) {
+            if !state.readiness.templates_synced.load(Ordering::Relaxed) || tokio::time::Instant::now() < retry_at {
                 continue;
             }
             let engine = state.engine.load();
@@ -60,17 +67,22 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>)
                 .filter(|t| t.enforced)
                 .map(|t| (t.name.to_string(), enforce::policy_objects(t, native, &own_namespace)))
                 .collect();
-            if written.as_ref() == Some(&desired) {
+            if written.as_ref().is_some_and(|(last, at)| *last == desired && at.elapsed() < RESYNC) {
                 continue;
             }
             match sync(&bindings, &params, &desired).await {
                 Ok(()) => {
-                    tracing::info!(templates = ?desired.keys().collect::<Vec<_>>(), "enforcement policy bindings in place");
-                    written = Some(desired);
+                    if written.as_ref().is_none_or(|(last, _)| *last != desired) {
+                        tracing::info!(templates = ?desired.keys().collect::<Vec<_>>(), "enforcement policy bindings in place");
+                    }
+                    written = Some((desired, tokio::time::Instant::now()));
+                    backoff = INTERVAL;
                 }
                 Err(error) => {
                     state.metrics.enforcement_sync_errors.inc();
-                    tracing::error!(%error, "could not write the enforcement policy's bindings; retrying");
+                    tracing::error!(%error, retry_in = ?backoff, "could not write the enforcement policy's bindings");
+                    retry_at = tokio::time::Instant::now() + backoff;
+                    backoff = (backoff * 2).min(RESYNC);
                 }
             }
         }
