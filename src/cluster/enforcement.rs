@@ -33,6 +33,9 @@ pub const RESYNC: Duration = Duration::from_secs(60);
 
 const FIELD_MANAGER: &str = "sidecar-injector";
 
+/// Per enforced template: its params ConfigMap and its binding, as applied.
+type PolicyObjects = BTreeMap<String, (Value, Value)>;
+
 fn binding_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicyBinding"),
@@ -49,7 +52,7 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>)
     tokio::spawn(async move {
         let bindings: Api<DynamicObject> = Api::all_with(client.clone(), &binding_resource());
         let params: Api<DynamicObject> = Api::namespaced_with(client, &own_namespace, &configmap_resource());
-        let mut written: Option<(BTreeMap<String, (Value, Value)>, tokio::time::Instant)> = None;
+        let mut written: Option<(PolicyObjects, tokio::time::Instant)> = None;
         let mut ticker = tokio::time::interval(INTERVAL);
         // After a failure (say, a cluster without admissionregistration.k8s.io/v1 policies), the
         // next attempt waits twice as long as the last, up to RESYNC, so the log is not flooded.
@@ -61,7 +64,7 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>)
             }
             let engine = state.engine.load();
             let native = state.cluster.load().native_sidecars;
-            let desired: BTreeMap<String, (Value, Value)> = engine
+            let desired: PolicyObjects = engine
                 .templates
                 .iter()
                 .filter(|t| t.enforced)
@@ -90,11 +93,7 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>)
 }
 
 /// Applies every desired object, then deletes the labelled ones no template asks for.
-async fn sync(
-    bindings: &Api<DynamicObject>,
-    params: &Api<DynamicObject>,
-    desired: &BTreeMap<String, (Value, Value)>,
-) -> kube::Result<()> {
+async fn sync(bindings: &Api<DynamicObject>, params: &Api<DynamicObject>, desired: &PolicyObjects) -> kube::Result<()> {
     let apply = PatchParams::apply(FIELD_MANAGER).force();
     for (configmap, binding) in desired.values() {
         // Params first: a binding whose params are missing refuses every pod it matches.
