@@ -350,9 +350,9 @@ fn render_with(
     mask_pod_reads: bool,
 ) -> Result<RenderedTemplate, RenderError> {
     let mut warnings = Vec::new();
-    let values = effective_values(template, pod_annotations, &mut warnings).map_err(RenderError::Override)?;
-    let (targets, sidecar_mode) =
-        pod_choices(template, pod_annotations, &mut warnings).map_err(RenderError::Override)?;
+    let own = annotations_for(template, pod_annotations);
+    let values = effective_values(template, &own, &mut warnings).map_err(RenderError::Override)?;
+    let (targets, sidecar_mode) = pod_choices(template, &own, &mut warnings).map_err(RenderError::Override)?;
     let overridden = values != template.values;
     let context = JinjaValue::from_pairs([
         ("pod", subject.pod.clone()),
@@ -409,58 +409,61 @@ pub const APP_CONTAINERS_CHOICE: &str = "app-containers";
 /// Annotation suffix of the pod's choice of sidecar mode.
 pub const SIDECAR_MODE_CHOICE: &str = "sidecar-mode";
 
+/// The pod's annotations addressed to `template` (`sidecar-injector.io/<template>.<suffix>`), as
+/// (annotation, suffix, text): overrides of values and the pod's choices.
+fn annotations_for<'a>(
+    template: &Template,
+    annotations: &'a BTreeMap<String, String>,
+) -> Vec<(&'a String, &'a str, &'a String)> {
+    let prefix = format!("{}{}.", names::PREFIX, template.name);
+    annotations
+        .range(prefix.clone()..)
+        .map_while(|(key, text)| key.strip_prefix(&prefix).map(|suffix| (key, suffix, text)))
+        .collect()
+}
+
 /// The pod's choices (see `PodChoices`) where the template allows them; ignored with a warning
 /// where it does not, refused when invalid.
 fn pod_choices(
     template: &Template,
-    annotations: &BTreeMap<String, String>,
+    own: &[(&String, &str, &String)],
     warnings: &mut Vec<String>,
 ) -> Result<(AppTargets, Option<SidecarMode>), InvalidOverride> {
-    let key = |suffix: &str| format!("{}{}.{suffix}", names::PREFIX, template.name);
     let mut targets = template.inject.targets.clone();
     let mut mode = None;
-    let not_allowed = |annotation: &str, choice: &str| {
-        format!(
-            "annotation {annotation} ignored: template {:?} does not let pods choose {choice} (podChoices)",
-            template.name
-        )
-    };
-    let app_key = key(APP_CONTAINERS_CHOICE);
-    if let Some(text) = annotations.get(&app_key) {
-        if !template.pod_choices.app_containers {
-            warnings.push(not_allowed(&app_key, "appContainers"));
-        } else {
-            let invalid = |message: String| InvalidOverride { annotation: app_key.clone(), message };
-            let chosen: Vec<String> =
-                text.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect();
-            if let Some(bad) = chosen.iter().find(|n| !super::template::is_dns_label(n)) {
-                return Err(invalid(format!("{bad:?} is not a container name")));
-            }
-            if let Some(excluded) = chosen.iter().find(|n| targets.except.contains(n)) {
-                return Err(invalid(format!(
-                    "template {:?} never adds to container {excluded:?} (excludeContainers)",
-                    template.name
-                )));
-            }
-            targets.only = Some(chosen);
+    for &(annotation, suffix, text) in own {
+        let (allowed, choice) = match suffix {
+            APP_CONTAINERS_CHOICE => (template.pod_choices.app_containers, "appContainers"),
+            SIDECAR_MODE_CHOICE => (template.pod_choices.sidecar_mode, "sidecarMode"),
+            _ => continue,
+        };
+        if !allowed {
+            warnings.push(format!(
+                "annotation {annotation} ignored: template {:?} does not let pods choose {choice} (podChoices)",
+                template.name
+            ));
+            continue;
         }
-    }
-    let mode_key = key(SIDECAR_MODE_CHOICE);
-    if let Some(text) = annotations.get(&mode_key) {
-        if !template.pod_choices.sidecar_mode {
-            warnings.push(not_allowed(&mode_key, "sidecarMode"));
-        } else {
+        let invalid = |message: String| InvalidOverride { annotation: annotation.clone(), message };
+        if suffix == SIDECAR_MODE_CHOICE {
             mode = Some(match text.as_str() {
                 "native" => SidecarMode::Native,
                 "container" => SidecarMode::Container,
-                other => {
-                    return Err(InvalidOverride {
-                        annotation: mode_key,
-                        message: format!("{other:?} is not a sidecar mode (native or container)"),
-                    });
-                }
+                other => return Err(invalid(format!("{other:?} is not a sidecar mode (native or container)"))),
             });
+            continue;
         }
+        let chosen: Vec<String> = text.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect();
+        if let Some(bad) = chosen.iter().find(|n| !super::template::is_dns_label(n)) {
+            return Err(invalid(format!("{bad:?} is not a container name")));
+        }
+        if let Some(excluded) = chosen.iter().find(|n| targets.except.contains(n)) {
+            return Err(invalid(format!(
+                "template {:?} never adds to container {excluded:?} (excludeContainers)",
+                template.name
+            )));
+        }
+        targets.only = Some(chosen);
     }
     Ok((targets, mode))
 }
@@ -472,8 +475,11 @@ pub(crate) fn check_chosen_containers(
     annotations: &BTreeMap<String, String>,
     containers: &[&str],
 ) -> Result<(), InvalidOverride> {
+    if !template.pod_choices.app_containers {
+        return Ok(());
+    }
     let annotation = format!("{}{}.{APP_CONTAINERS_CHOICE}", names::PREFIX, template.name);
-    let Some(text) = annotations.get(&annotation).filter(|_| template.pod_choices.app_containers) else {
+    let Some(text) = annotations.get(&annotation) else {
         return Ok(());
     };
     match text.split(',').map(str::trim).find(|n| !n.is_empty() && !containers.contains(n)) {
@@ -488,15 +494,11 @@ pub(crate) fn check_chosen_containers(
 /// Defaults with the pod's overrides applied.
 fn effective_values(
     template: &Template,
-    annotations: &BTreeMap<String, String>,
+    own: &[(&String, &str, &String)],
     warnings: &mut Vec<String>,
 ) -> Result<serde_json::Map<String, Value>, InvalidOverride> {
-    let prefix = format!("{}{}.", names::PREFIX, template.name);
     let mut values = template.values.clone();
-    for (key, text) in annotations.range(prefix.clone()..) {
-        let Some(value_name) = key.strip_prefix(&prefix) else {
-            break;
-        };
+    for &(key, value_name, text) in own {
         if value_name == APP_CONTAINERS_CHOICE || value_name == SIDECAR_MODE_CHOICE {
             continue;
         }
