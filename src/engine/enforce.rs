@@ -106,6 +106,63 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
     found
 }
 
+/// The items of an enforced template that a status annotation claims as injected and that are in
+/// the pod with every field the template sets, but with more (`present`, not `owned`; see
+/// `ownership`). For other templates such an item counts as injected, since later mutating
+/// webhooks may add fields; for an enforced one it would let whoever writes the status add fields
+/// (an env var that turns the agent off) to the mandated sidecar, so it is a conflict.
+pub fn inexact_items(present: &InjectionStatus, owned: &InjectionStatus, rendered: &RenderedTemplate) -> Vec<String> {
+    let inexact = |name: &str, present: &[String], owned: &[String]| {
+        present.iter().any(|n| n == name) && !owned.iter().any(|n| n == name)
+    };
+    let name = |item: &Value| item.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let mut found = Vec::new();
+    let mut report = |kind: &str, item: String, container: Option<&str>| {
+        let of = container.map(|c| format!(" of container {c:?}")).unwrap_or_default();
+        found.push(format!(
+            "the pod's {kind} {item:?}{of} holds fields the template does not set (its status annotation claims it was injected)"
+        ));
+    };
+    let containers: Vec<String> = present.containers.iter().chain(&present.init_containers).cloned().collect();
+    let owned_containers: Vec<String> = owned.containers.iter().chain(&owned.init_containers).cloned().collect();
+    for (kind, items) in [("init container", &rendered.init_containers), ("sidecar", &rendered.sidecars)] {
+        for item in items.iter().map(name).filter(|n| inexact(n, &containers, &owned_containers)) {
+            report(kind, item, None);
+        }
+    }
+    for item in rendered.volumes.iter().map(name).filter(|n| inexact(n, &present.volumes, &owned.volumes)) {
+        report("volume", item, None);
+    }
+    for key in rendered.labels.keys().filter(|k| inexact(k, &present.labels, &owned.labels)) {
+        report("label", key.clone(), None);
+    }
+    for key in rendered.annotations.keys().filter(|k| inexact(k, &present.annotations, &owned.annotations)) {
+        report("annotation", key.clone(), None);
+    }
+    for (container, here) in &present.app_containers {
+        let mine = owned.app_containers.get(container).cloned().unwrap_or_default();
+        let env = rendered.env.iter().map(name).filter(|n| inexact(n, &here.env, &mine.env));
+        let mounts = rendered
+            .volume_mounts
+            .iter()
+            .filter_map(|m| m.get("mountPath").and_then(Value::as_str).map(str::to_owned))
+            .filter(|p| inexact(p, &here.volume_mounts, &mine.volume_mounts));
+        let sources = rendered
+            .env_from
+            .iter()
+            .filter_map(super::inject::env_from_key)
+            .filter(|k| inexact(k, &here.env_from, &mine.env_from));
+        for (kind, item) in env
+            .map(|e| ("env var", e))
+            .chain(mounts.map(|m| ("volume mount", m)))
+            .chain(sources.map(|k| ("envFrom source", k)))
+        {
+            report(kind, item, Some(container));
+        }
+    }
+    found
+}
+
 /// What the enforcement policy requires of a pod a template is enforced for, when the injector
 /// cannot be asked: the items whose presence does not depend on the pod, and the fields of its
 /// containers that are the same for every pod.
@@ -477,6 +534,25 @@ inject:
         assert_eq!(injected["metadata"]["labels"][names::INJECTED_LABEL], names::INJECTED_PARTIAL);
         // Admitted again: up to date, not refused, nothing added twice.
         assert!(matches!(evaluate(&engine, &injected), Outcome::UpToDate(_)));
+    }
+
+    #[test]
+    fn a_forged_status_cannot_add_fields_to_an_enforced_sidecar() {
+        let engine = audit_engine();
+        let pod = pod(json!({"app": "web"}), json!({}), json!([]));
+        let Outcome::Inject(injection) = evaluate(&engine, &pod) else { panic!("not injected") };
+        let injected = apply(&pod, &injection.patch);
+        assert!(matches!(evaluate(&engine, &injected), Outcome::UpToDate(_)), "re-admission of its own injection");
+        // The same pod, its status intact, the audit sidecar told to stand down.
+        let mut forged = injected.clone();
+        forged["spec"]["initContainers"][0]["env"] = json!([{"name": "AUDIT_DISABLED", "value": "true"}]);
+        let Outcome::Denied(denial) = evaluate(&engine, &forged) else { panic!("allowed") };
+        let message = denial.to_string();
+        assert!(
+            message.contains("template audit is enforced")
+                && message.contains("the pod's sidecar \"audit\" holds fields the template does not set"),
+            "{message}"
+        );
     }
 
     #[test]

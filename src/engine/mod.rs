@@ -146,7 +146,7 @@ impl fmt::Display for Denial {
             ),
             Denial::Enforced { template, conflicts } => write!(
                 f,
-                "sidecar-injector: template {template} is enforced for this pod, so the pod cannot replace or skip what it injects: {}. Remove these items from the pod and let the injector add them; only the cluster operator can exempt pods, through the template's podSelector and namespaceSelector",
+                "sidecar-injector: template {template} is enforced for this pod, so the pod cannot replace or skip what it injects: {}. Remove these items from the pod and let the injector add them (if another mutating webhook changes them, exclude the injector's containers there); only the cluster operator can exempt pods, through the template's podSelector and namespaceSelector",
                 conflicts.join("; ")
             ),
         }
@@ -196,6 +196,17 @@ impl Engine {
         let current = claim.is_current(selected.iter().map(|t| (&*t.name, t.hash.as_str())));
         if current && !assessed.altered.is_empty() {
             return ClaimCheck::Decided(Outcome::Denied(Denial::Altered(assessed.altered)));
+        }
+        if current {
+            // An enforced template's items count as injected only when exactly the template's.
+            let enforced = claim.templates.iter().zip(&renderings).find_map(|(claimed, rendered)| {
+                let template = self.templates.version(&claimed.name, &claimed.hash).filter(|t| t.enforced)?;
+                let conflicts = enforce::inexact_items(&assessed.present, &assessed.owned, rendered.as_ref()?);
+                (!conflicts.is_empty()).then(|| Denial::Enforced { template: template.name.to_string(), conflicts })
+            });
+            if let Some(denial) = enforced {
+                return ClaimCheck::Decided(Outcome::Denied(denial));
+            }
         }
         if current {
             // Same versions: the items that hold stay where they are, anything missing is added.
