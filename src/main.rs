@@ -32,6 +32,9 @@ fn main() -> ExitCode {
         }),
         Command::Explain { args, output, .. } => cli::explain(args, *output),
         Command::CheckTemplates { path } => cli::check_templates(path),
+        Command::CompilePolicies { templates, kube_version, injector_namespace } => {
+            cli::compile_policies(templates.as_deref(), kube_version.unwrap_or_default(), injector_namespace)
+        }
         Command::Serve { .. } | Command::SandboxCheck => unreachable!("handled above"),
     };
     match result {

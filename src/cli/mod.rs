@@ -5,6 +5,7 @@ mod check;
 pub mod cluster;
 mod explain;
 mod inject;
+mod policies;
 pub mod serve;
 
 use std::collections::BTreeMap;
@@ -21,6 +22,7 @@ use crate::engine::{ClusterFacts, NamespaceFacts, TemplateError, TemplateSet, Te
 pub use check::check_templates;
 pub use explain::explain;
 pub use inject::inject;
+pub use policies::compile_policies;
 
 /// sidecar-injector: injects sidecars into Kubernetes pods from templates.
 #[derive(Debug, Parser)]
@@ -71,6 +73,19 @@ pub enum Command {
     /// (internal) The template sandbox's child process: loads templates given on stdin.
     #[command(hide = true)]
     SandboxCheck,
+    /// Print the MutatingAdmissionPolicy and binding compiled from the templates (the policy
+    /// mode, for applying them yourself), with the templates left to the webhook and why.
+    CompilePolicies {
+        /// Directory of templates (`<name>.yaml`); the embedded defaults when absent.
+        #[arg(long, value_name = "DIR")]
+        templates: Option<PathBuf>,
+        /// Kubernetes version of the target cluster (decides native sidecars for `sidecarMode: auto`).
+        #[arg(long, value_name = "1.33", value_parser = parse_kube_version)]
+        kube_version: Option<ClusterFacts>,
+        /// The injector's namespace (never injected).
+        #[arg(long, value_name = "NAME", default_value = crate::engine::names::INJECTOR_NAMESPACE)]
+        injector_namespace: String,
+    },
     /// Parse and test-render templates; exit 1 naming the template, line and problem of each error.
     CheckTemplates {
         /// A directory of `<name>.yaml` templates, or one template file.

@@ -14,6 +14,7 @@ pub mod manifest;
 pub mod names;
 pub mod ownership;
 pub mod pod;
+pub mod policy;
 pub mod render;
 pub mod select;
 pub mod status;

@@ -50,3 +50,6 @@ pub const ENFORCEMENT_POLICY: &str = "sidecar-injector.io-enforced";
 pub const ENFORCED_TEMPLATE_LABEL: &str = "sidecar-injector.io/enforced-template";
 /// Prefix of the names of those bindings and ConfigMaps (followed by the template's name).
 pub const ENFORCED_OBJECT_PREFIX: &str = "sidecar-injector-enforced-";
+
+/// The MutatingAdmissionPolicy (and its binding) compiled from the templates (`engine::policy`).
+pub const INJECTION_POLICY: &str = "sidecar-injector.io-injection";

@@ -97,6 +97,11 @@ impl CompiledText {
         self.reads_values
     }
 
+    /// The expression as written in the template (`{{ ... }}` included).
+    pub(crate) fn source(&self) -> &str {
+        &self.source
+    }
+
     /// Its output with the default values when it reads neither `pod` nor `namespace` (and
     /// rendered without error when the template was loaded).
     pub(crate) fn constant_output(&self) -> Option<&str> {

@@ -1,0 +1,1074 @@
+//! Compiling templates into a MutatingAdmissionPolicy that the API server runs itself.
+//!
+//! The policy does what the webhook does on a pod's *first* admission, for the pods that need
+//! nothing the webhook alone can give: in an opted-in namespace, not opted out, with no
+//! `sidecar-injector.io/` annotation (no status, no templates list, no override, no choice), in a
+//! namespace that names no templates. Its selected templates are the `default: true` (and
+//! enforced) ones whose selectors match, in the engine's order. Every other pod — and every pod for
+//! which a selected template is *webhook-only* (an expression outside the subset below) or an
+//! enforced template meets a same-name item — is left untouched, so the webhook decides it exactly
+//! as before. The stored pod is the webhook's, item for item: the same positions, "the pod's own
+//! wins", the token mount of `inject`, the status annotation byte for byte (so the webhook, seeing
+//! it, has nothing to do) and the `injected` label.
+//!
+//! The expression subset (MiniJinja, compiled to CEL from the parser's AST): string literals,
+//! `values.*` (constants: a pod that overrides a value carries an annotation and goes to the
+//! webhook), `template.name`, `pod.metadata.name|generateName|namespace`, `pod.metadata.labels` /
+//! `annotations` and `namespace.labels` / `annotations` lookups, `namespace.name`, `default(...)`,
+//! `~`, and in `when:` conditions `is defined`, `not`, `and`, `or`. An expression that may be
+//! undefined must be given a `default` before it is printed or joined (the webhook refuses such
+//! pods; the policy cannot refuse). Names of items (containers, volumes, env vars, mount paths,
+//! label and annotation keys) must not depend on the pod.
+//!
+//! Pure: the output is the policy and binding as JSON.
+
+use std::collections::BTreeMap;
+
+use minijinja::machinery::ast::{self, Expr, Stmt};
+use serde_json::{Value, json};
+
+use super::inject::env_from_key;
+use super::names;
+use super::ownership::SERVICE_ACCOUNT_TOKEN_PATH;
+use super::render::CompiledText;
+use super::status::ItemKind;
+use super::template::{AppTargets, Piece, SeqItem, Template, TemplateSelector, TemplateSet};
+
+/// Why a template cannot be compiled: the expression (or item) and what keeps it out.
+pub type WebhookOnly = String;
+
+/// The policy, its binding, and the templates left to the webhook.
+#[derive(Debug, Clone)]
+pub struct CompiledPolicy {
+    /// The `MutatingAdmissionPolicy`.
+    pub policy: Value,
+    /// Its `MutatingAdmissionPolicyBinding`.
+    pub binding: Value,
+    /// Templates a pod may get that the policy leaves to the webhook, with the reason.
+    pub webhook_only: Vec<(String, WebhookOnly)>,
+    /// Templates the policy injects, in its order.
+    pub compiled: Vec<String>,
+}
+
+/// Why `template` is webhook-only, or `None` when it compiles.
+pub fn webhook_only_reason(template: &Template, native_sidecars: bool) -> Option<WebhookOnly> {
+    compile_template(template, native_sidecars, "true").err()
+}
+
+/// Compiles the templates a pod can get without annotations (`default: true` or enforced) into
+/// one policy and its binding. `native_sidecars`: whether the cluster runs native sidecars (the
+/// `auto` mode's choice); `excluded_namespaces`: the injector's own, besides the system ones.
+pub fn compile(templates: &TemplateSet, native_sidecars: bool, excluded_namespaces: &[String]) -> CompiledPolicy {
+    // The engine's order (`select::choose`): defaults in template order, then enforced
+    // templates that are not defaults.
+    let ordered = templates.iter().filter(|t| t.default).chain(templates.iter().filter(|t| t.enforced && !t.default));
+    let mut plans = Vec::new();
+    let mut webhook_only = Vec::new();
+    let mut leave_to_webhook = Vec::new();
+    for template in ordered {
+        let selected = selection(template);
+        match compile_template(template, native_sidecars, &selected) {
+            Ok(plan) => plans.push(plan),
+            Err(reason) => {
+                leave_to_webhook.push(selected);
+                webhook_only.push((template.name.to_string(), reason));
+            }
+        }
+    }
+    let compiled = plans.iter().map(|p| p.name.clone()).collect();
+    let program = Program::new(&plans, &leave_to_webhook);
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": names::INJECTION_POLICY, "labels": {"app.kubernetes.io/name": "sidecar-injector"}},
+        "spec": {
+            "matchConstraints": {
+                "resourceRules": [{
+                    "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+                }],
+                "matchPolicy": "Equivalent",
+            },
+            // Like the webhook: never block pod creation; the ValidatingAdmissionPolicy refuses
+            // pods that should have been injected and were not.
+            "failurePolicy": "Ignore",
+            "reinvocationPolicy": "IfNeeded",
+            "matchConditions": [
+                {"name": "not-a-mirror-pod", "expression": format!(
+                    "!has(object.metadata.annotations) || !({} in object.metadata.annotations)",
+                    lit(names::MIRROR_POD_ANNOTATION))},
+                // The status (reinvocation, re-admission), templates lists, overrides and choices
+                // are the webhook's to read.
+                {"name": "no-injector-annotations", "expression": format!(
+                    "!has(object.metadata.annotations) || !object.metadata.annotations.exists(k, k.startsWith({}))",
+                    lit(names::PREFIX))},
+            ],
+            "variables": program.variables,
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": program.patch}}],
+        },
+    });
+    let mut excluded: Vec<&str> = names::SYSTEM_NAMESPACES.to_vec();
+    excluded.extend(excluded_namespaces.iter().map(String::as_str));
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": names::INJECTION_POLICY, "labels": {"app.kubernetes.io/name": "sidecar-injector"}},
+        "spec": {
+            "policyName": names::INJECTION_POLICY,
+            "matchResources": {
+                "namespaceSelector": {"matchExpressions": [
+                    {"key": names::INJECT_LABEL, "operator": "In", "values": [names::INJECT_ENABLED]},
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded},
+                ]},
+                "objectSelector": {"matchExpressions": [
+                    {"key": names::INJECT_LABEL, "operator": "NotIn", "values": [names::INJECT_DISABLED]},
+                ]},
+            },
+        },
+    });
+    CompiledPolicy { policy, binding, webhook_only, compiled }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CEL text helpers.
+
+/// A CEL string literal (JSON's escapes are CEL's).
+fn lit(s: &str) -> String {
+    serde_json::to_string(s).expect("strings serialize")
+}
+
+/// A CEL literal of a JSON value; members of maps and lists are `dyn` so that mixed types pass
+/// the type checker.
+fn json_lit(value: &Value) -> String {
+    match value {
+        Value::String(s) => lit(s),
+        Value::Array(items) => {
+            format!("[{}]", items.iter().map(|i| format!("dyn({})", json_lit(i))).collect::<Vec<_>>().join(", "))
+        }
+        Value::Object(map) => format!(
+            "{{{}}}",
+            map.iter().map(|(k, v)| format!("{}: dyn({})", lit(k), json_lit(v))).collect::<Vec<_>>().join(", ")
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// `a || b || ...`, `false` when empty.
+fn any(terms: impl IntoIterator<Item = String>) -> String {
+    let terms: Vec<String> = terms.into_iter().collect();
+    if terms.is_empty() { "false".to_owned() } else { format!("({})", terms.join(" || ")) }
+}
+
+/// A JSON pointer segment.
+fn pointer(segment: &str) -> String {
+    segment.replace('~', "~0").replace('/', "~1")
+}
+
+/// The CEL condition of a label selector over the labels map `labels`.
+fn selector_cel(selector: &TemplateSelector, labels: &str) -> String {
+    let s = &selector.label_selector;
+    let mut terms = Vec::new();
+    for (k, v) in s.match_labels.iter().flatten() {
+        terms.push(format!("({k} in {labels} && {labels}[{k}] == {v})", k = lit(k), v = lit(v)));
+    }
+    for e in s.match_expressions.iter().flatten() {
+        let k = lit(&e.key);
+        let values = json_lit(&json!(e.values.clone().unwrap_or_default())).replace("dyn(", "(");
+        terms.push(match e.operator.as_str() {
+            "In" => format!("({k} in {labels} && {labels}[{k}] in {values})"),
+            "NotIn" => format!("(!({k} in {labels}) || !({labels}[{k}] in {values}))"),
+            "Exists" => format!("({k} in {labels})"),
+            // DoesNotExist (the selector was checked when the template loaded).
+            _ => format!("!({k} in {labels})"),
+        });
+    }
+    if terms.is_empty() { "true".to_owned() } else { format!("({})", terms.join(" && ")) }
+}
+
+/// When a template is selected for a pod the policy sees.
+fn selection(template: &Template) -> String {
+    let pod = template.pod_selector.as_ref().map(|s| selector_cel(s, "variables.podLabels"));
+    let ns = template.namespace_selector.as_ref().map(|s| selector_cel(s, "variables.namespaceLabels"));
+    let terms: Vec<String> = pod.into_iter().chain(ns).collect();
+    if terms.is_empty() { "true".to_owned() } else { terms.join(" && ") }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expressions: MiniJinja AST to CEL.
+
+/// What a (sub)expression is, as far as the subset knows.
+#[derive(Debug, Clone)]
+enum Ex {
+    /// Known when the policy is compiled.
+    Const(Value),
+    /// A CEL string.
+    Str(String),
+    /// A CEL `optional(string)`: may be undefined.
+    Opt(String),
+    /// A CEL map of strings.
+    Map(String),
+    /// A CEL `optional(map)`.
+    OptMap(String),
+    /// A CEL bool.
+    Bool(String),
+    /// `pod`, `pod.metadata`, `namespace`.
+    Pod,
+    PodMetadata,
+    Namespace,
+}
+
+struct ExprCompiler<'t> {
+    template: &'t Template,
+    source: &'t str,
+}
+
+impl ExprCompiler<'_> {
+    fn outside(&self, what: impl std::fmt::Display) -> String {
+        format!("{:?}: {what}", self.source)
+    }
+
+    fn expr(&self, expr: &Expr<'_>) -> Result<Ex, String> {
+        Ok(match expr {
+            Expr::Var(var) => match var.id {
+                "pod" => Ex::Pod,
+                "namespace" => Ex::Namespace,
+                "values" => Ex::Const(Value::Object(self.template.values.clone())),
+                "template" => Ex::Const(json!({"name": &*self.template.name})),
+                other => return Err(self.outside(format!("`{other}` is not in the policy subset"))),
+            },
+            Expr::Const(c) => Ex::Const(serde_json::to_value(&c.value).map_err(|e| self.outside(e))?),
+            Expr::Map(map) if map.keys.is_empty() => Ex::Const(json!({})),
+            Expr::GetAttr(get) => self.member(self.expr(&get.expr)?, get.name)?,
+            Expr::GetItem(get) => match self.expr(&get.subscript_expr)? {
+                Ex::Const(Value::String(key)) => self.member(self.expr(&get.expr)?, &key)?,
+                _ => return Err(self.outside("only constant string subscripts are in the policy subset")),
+            },
+            Expr::Filter(filter) if filter.name == "default" => {
+                let base = self.expr(filter.expr.as_ref().ok_or_else(|| self.outside("default without a value"))?)?;
+                let [ast::CallArg::Pos(arg)] = filter.args.as_slice() else {
+                    return Err(self.outside("default(...) takes one argument in the policy subset"));
+                };
+                let arg = self.expr(arg)?;
+                match (base, arg) {
+                    (Ex::Opt(a), Ex::Opt(b)) => Ex::Opt(format!("{a}.or({b})")),
+                    (Ex::Opt(a), b) => Ex::Str(format!("{a}.orValue({})", self.string(b)?)),
+                    (Ex::OptMap(a), Ex::Const(Value::Object(m))) if m.is_empty() => {
+                        Ex::Map(format!("{a}.orValue({{}})"))
+                    }
+                    (Ex::OptMap(a), Ex::Map(b)) => Ex::Map(format!("{a}.orValue({b})")),
+                    (defined @ (Ex::Str(_) | Ex::Map(_) | Ex::Const(_) | Ex::Bool(_)), _) => defined,
+                    _ => return Err(self.outside("this default(...) is not in the policy subset")),
+                }
+            }
+            Expr::Filter(filter) => {
+                return Err(self.outside(format!("filter `{}` is not in the policy subset", filter.name)));
+            }
+            Expr::Test(test) if matches!(test.name, "defined" | "undefined") && test.args.is_empty() => {
+                let defined = match self.expr(&test.expr)? {
+                    Ex::Opt(a) | Ex::OptMap(a) => format!("{a}.hasValue()"),
+                    _ => "true".to_owned(),
+                };
+                Ex::Bool(if test.name == "defined" { defined } else { format!("!{defined}") })
+            }
+            Expr::UnaryOp(op) if matches!(op.op, ast::UnaryOpKind::Not) => {
+                Ex::Bool(format!("!({})", self.truthy(self.expr(&op.expr)?)))
+            }
+            Expr::BinOp(op) => match op.op {
+                ast::BinOpKind::Concat => {
+                    let (l, r) = (self.expr(&op.left)?, self.expr(&op.right)?);
+                    Ex::Str(format!("{} + {}", self.string(l)?, self.string(r)?))
+                }
+                ast::BinOpKind::ScAnd | ast::BinOpKind::ScOr => {
+                    let (l, r) = (self.truthy(self.expr(&op.left)?), self.truthy(self.expr(&op.right)?));
+                    let cel_op = if matches!(op.op, ast::BinOpKind::ScAnd) { "&&" } else { "||" };
+                    Ex::Bool(format!("({l} {cel_op} {r})"))
+                }
+                _ => return Err(self.outside("this operator is not in the policy subset")),
+            },
+            _ => return Err(self.outside("this kind of expression is not in the policy subset")),
+        })
+    }
+
+    /// `base.name` / `base["name"]`.
+    fn member(&self, base: Ex, name: &str) -> Result<Ex, String> {
+        Ok(match (base, name) {
+            (Ex::Const(value), _) => {
+                Ex::Const(value.get(name).cloned().ok_or_else(|| self.outside(format!("`{name}` is not defined")))?)
+            }
+            (Ex::Pod, "metadata") => Ex::PodMetadata,
+            (Ex::PodMetadata, "name" | "generateName" | "namespace") => Ex::Opt(format!("object.metadata.?{name}")),
+            (Ex::PodMetadata, "labels" | "annotations") => Ex::OptMap(format!("object.metadata.?{name}")),
+            (Ex::Namespace, "name") => Ex::Str("request.namespace".to_owned()),
+            (Ex::Namespace, "labels") => Ex::Map("variables.namespaceLabels".to_owned()),
+            (Ex::Namespace, "annotations") => Ex::Map("variables.namespaceAnnotations".to_owned()),
+            (Ex::Map(m) | Ex::OptMap(m), key) => Ex::Opt(format!("{m}[?{}]", lit(key))),
+            (Ex::Pod | Ex::PodMetadata, other) => {
+                return Err(self.outside(format!("the pod's `{other}` is not in the policy subset")));
+            }
+            (_, other) => return Err(self.outside(format!("`.{other}` is not in the policy subset"))),
+        })
+    }
+
+    /// As MiniJinja prints it.
+    fn string(&self, ex: Ex) -> Result<String, String> {
+        match ex {
+            Ex::Str(s) => Ok(s),
+            Ex::Const(Value::String(s)) => Ok(lit(&s)),
+            Ex::Const(v @ (Value::Bool(_) | Value::Number(_))) if !v.is_f64() => Ok(lit(&v.to_string())),
+            Ex::Opt(_) | Ex::OptMap(_) => {
+                Err(self.outside("a value that may be undefined needs `| default(...)` in the policy subset"))
+            }
+            _ => Err(self.outside("only strings, integers and booleans print in the policy subset")),
+        }
+    }
+
+    /// MiniJinja's truthiness, for `when:` (an undefined value is false).
+    fn truthy(&self, ex: Ex) -> String {
+        match ex {
+            Ex::Bool(b) => b,
+            Ex::Str(s) => format!("({s} != \"\")"),
+            Ex::Opt(o) => format!("({o}.orValue(\"\") != \"\")"),
+            Ex::Map(m) => format!("(size({m}) > 0)"),
+            Ex::OptMap(m) => format!("(size({m}.orValue({{}})) > 0)"),
+            Ex::Const(v) => {
+                let truthy = match &v {
+                    Value::Null => false,
+                    Value::Bool(b) => *b,
+                    Value::Number(n) => n.as_f64() != Some(0.0),
+                    Value::String(s) => !s.is_empty(),
+                    Value::Array(a) => !a.is_empty(),
+                    Value::Object(o) => !o.is_empty(),
+                };
+                truthy.to_string()
+            }
+            Ex::Pod | Ex::PodMetadata | Ex::Namespace => "true".to_owned(),
+        }
+    }
+}
+
+fn parse(source: &str) -> Result<ast::Stmt<'_>, String> {
+    minijinja::machinery::parse(source, "<template>", Default::default()).map_err(|e| format!("{source:?}: {e}"))
+}
+
+/// A string scalar with expressions, as a CEL string.
+fn text_cel(template: &Template, text: &CompiledText) -> Result<String, String> {
+    if let Some(constant) = text.constant_output() {
+        return Ok(lit(constant));
+    }
+    let compiler = ExprCompiler { template, source: text.source() };
+    let Stmt::Template(root) = parse(text.source())? else { unreachable!("parse returns a template") };
+    let mut parts = Vec::new();
+    for child in &root.children {
+        parts.push(match child {
+            Stmt::EmitRaw(raw) => lit(raw.raw),
+            Stmt::EmitExpr(emit) => compiler.string(compiler.expr(&emit.expr)?)?,
+            _ => return Err(compiler.outside("statements ({% ... %}) are not in the policy subset")),
+        });
+    }
+    Ok(if parts.is_empty() { lit("") } else { parts.join(" + ") })
+}
+
+/// A `when:` condition: `None` when always true, the CEL bool otherwise; `Err` for an item that
+/// is never there (a constant false) is not needed: it is `Some("false")`.
+fn when_cel(template: &Template, when: Option<&CompiledText>) -> Result<Option<String>, String> {
+    let Some(when) = when else { return Ok(None) };
+    if let Some(constant) = when.constant_output() {
+        return Ok((constant != "true").then(|| "false".to_owned()));
+    }
+    let compiler = ExprCompiler { template, source: when.source() };
+    let Stmt::Template(root) = parse(when.source())? else { unreachable!("parse returns a template") };
+    match root.children.as_slice() {
+        [Stmt::EmitExpr(emit)] => Ok(Some(compiler.truthy(compiler.expr(&emit.expr)?))),
+        _ => Err(compiler.outside("a when: condition must be one expression")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pieces: the template's compiled tree to CEL values.
+
+/// A value known when compiling, or CEL text.
+#[derive(Debug, Clone)]
+enum Val {
+    Const(Value),
+    Cel(String),
+}
+
+impl Val {
+    fn cel(&self) -> String {
+        match self {
+            Val::Const(v) => json_lit(v),
+            Val::Cel(c) => c.clone(),
+        }
+    }
+}
+
+fn piece_val(template: &Template, piece: &Piece) -> Result<Val, String> {
+    Ok(match piece {
+        Piece::Literal(v) => Val::Const(v.clone()),
+        Piece::Text(text) => match text.constant_output() {
+            Some(c) => Val::Const(Value::String(c.to_owned())),
+            None => Val::Cel(text_cel(template, text)?),
+        },
+        Piece::ValueRef { path, .. } => Val::Const(
+            super::render::lookup_path(&template.values, path)
+                .cloned()
+                .ok_or_else(|| format!("values.{} is not defined", path.join(".")))?,
+        ),
+        Piece::Seq(items) => seq_val(template, items)?,
+        Piece::Map(entries) => map_val(
+            entries.iter().map(|(k, p)| Ok((k.clone(), piece_val(template, p)?))).collect::<Result<_, String>>()?,
+        ),
+    })
+}
+
+fn seq_val(template: &Template, items: &[SeqItem]) -> Result<Val, String> {
+    let mut constant = Vec::new();
+    let mut parts: Vec<String> = Vec::new();
+    let mut all_constant = true;
+    for item in items {
+        let when = when_cel(template, item.when.as_ref())?;
+        if when.as_deref() == Some("false") {
+            continue;
+        }
+        let value = piece_val(template, &item.piece)?;
+        match (&when, &value) {
+            (None, Val::Const(v)) if all_constant => constant.push(v.clone()),
+            _ => {
+                if all_constant {
+                    parts.extend(constant.drain(..).map(|v| format!("[dyn({})]", json_lit(&v))));
+                    all_constant = false;
+                }
+                let one = format!("[dyn({})]", value.cel());
+                parts.push(match when {
+                    None => one,
+                    Some(cond) => format!("({cond} ? {one} : [])"),
+                });
+            }
+        }
+    }
+    Ok(if all_constant { Val::Const(Value::Array(constant)) } else { Val::Cel(format!("({})", parts.join(" + "))) })
+}
+
+fn map_val(entries: Vec<(String, Val)>) -> Val {
+    if entries.iter().all(|(_, v)| matches!(v, Val::Const(_))) {
+        return Val::Const(Value::Object(
+            entries.into_iter().map(|(k, v)| (k, if let Val::Const(v) = v { v } else { unreachable!() })).collect(),
+        ));
+    }
+    Val::Cel(format!(
+        "{{{}}}",
+        entries.iter().map(|(k, v)| format!("{}: dyn({})", lit(k), v.cel())).collect::<Vec<_>>().join(", ")
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Templates to plans.
+
+/// One item a template adds, with what identifies it.
+#[derive(Debug, Clone)]
+struct Item {
+    kind: ItemKind,
+    key: String,
+    when: Option<String>,
+    value: String,
+}
+
+#[derive(Debug, Clone)]
+struct Plan {
+    name: String,
+    hash: String,
+    selected: String,
+    enforced: bool,
+    native: bool,
+    labels: Vec<(String, Val)>,
+    annotations: Vec<(String, Val)>,
+    init_containers: Vec<Item>,
+    sidecars: Vec<Item>,
+    volumes: Vec<Item>,
+    pull_secrets: Vec<Item>,
+    /// env, envFrom, volumeMounts
+    app: [Vec<Item>; 3],
+    targets: AppTargets,
+}
+
+/// The fields of the app lists, with the kinds and the CEL of a pod item's key (`x`).
+const APP_LISTS: [(&str, ItemKind, &str); 3] = [
+    ("env", ItemKind::Env, "x.name"),
+    (
+        "envFrom",
+        ItemKind::EnvFrom,
+        "((has(x.configMapRef) && x.configMapRef.?name.orValue(\"\") != \"\" && !(has(x.secretRef) && x.secretRef.?name.orValue(\"\") != \"\")) ? \"configMap/\" + x.configMapRef.name : ((has(x.secretRef) && x.secretRef.?name.orValue(\"\") != \"\" && !(has(x.configMapRef) && x.configMapRef.?name.orValue(\"\") != \"\")) ? \"secret/\" + x.secretRef.name : \"\")) + (x.?prefix.orValue(\"\") != \"\" ? \"+\" + x.prefix : \"\")",
+    ),
+    ("volumeMounts", ItemKind::VolumeMount, "x.mountPath"),
+];
+
+fn compile_template(template: &Template, native_sidecars: bool, selected: &str) -> Result<Plan, String> {
+    let spec = &template.inject;
+    let name = &*template.name;
+    let string_map = |entries: &[(String, Piece)]| -> Result<Vec<(String, Val)>, String> {
+        entries
+            .iter()
+            .map(|(k, p)| {
+                let v = match piece_val(template, p)? {
+                    Val::Const(Value::String(s)) => Val::Const(Value::String(s)),
+                    Val::Const(Value::Null) => Val::Const(Value::String(String::new())),
+                    Val::Const(v @ (Value::Bool(_) | Value::Number(_))) => Val::Const(Value::String(v.to_string())),
+                    Val::Const(_) => return Err(format!("{k} must render to a string")),
+                    cel @ Val::Cel(_) => cel,
+                };
+                Ok((k.clone(), v))
+            })
+            .collect()
+    };
+    let items = |list: &[SeqItem], kind: ItemKind| -> Result<Vec<Item>, String> {
+        let mut out = Vec::new();
+        for item in list {
+            let when = when_cel(template, item.when.as_ref())?;
+            if when.as_deref() == Some("false") {
+                continue;
+            }
+            let value = piece_val(template, &item.piece)?;
+            let key = item_key(&item.piece, template, kind).ok_or_else(|| {
+                format!("a {} whose name depends on the pod is not in the policy subset", kind_name(kind))
+            })?;
+            out.push(Item { kind, key, when, value: value.cel() });
+        }
+        Ok(out)
+    };
+    let native = template.sidecar_mode.is_native(native_sidecars);
+    let mut sidecars = items(&spec.sidecars, ItemKind::Sidecar)?;
+    for sidecar in &mut sidecars {
+        sidecar.value = container_value(
+            template,
+            spec.sidecars
+                .iter()
+                .find(|s| item_key(&s.piece, template, ItemKind::Sidecar).as_deref() == Some(&sidecar.key)),
+            native,
+        )?;
+    }
+    let mut init_containers = items(&spec.init_containers, ItemKind::InitContainer)?;
+    for init in &mut init_containers {
+        init.value = container_value(
+            template,
+            spec.init_containers
+                .iter()
+                .find(|s| item_key(&s.piece, template, ItemKind::InitContainer).as_deref() == Some(&init.key)),
+            false,
+        )?;
+    }
+    Ok(Plan {
+        name: name.to_owned(),
+        hash: template.hash.clone(),
+        selected: format!("({selected})"),
+        enforced: template.enforced,
+        native,
+        labels: string_map(&spec.labels)?,
+        annotations: string_map(&spec.annotations)?,
+        init_containers,
+        sidecars,
+        volumes: items(&spec.volumes, ItemKind::Volume)?,
+        pull_secrets: items(&spec.image_pull_secrets, ItemKind::ImagePullSecret)?,
+        app: [
+            items(&spec.env, ItemKind::Env)?,
+            items(&spec.env_from, ItemKind::EnvFrom)?,
+            items(&spec.volume_mounts, ItemKind::VolumeMount)?,
+        ],
+        targets: spec.targets.clone(),
+    })
+}
+
+fn kind_name(kind: ItemKind) -> String {
+    serde_json::to_value(kind).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// The identity of an item, when it is the same for every pod.
+fn item_key(piece: &Piece, template: &Template, kind: ItemKind) -> Option<String> {
+    let field = match kind {
+        ItemKind::VolumeMount => "mountPath",
+        _ => "name",
+    };
+    match piece_val(template, piece).ok()? {
+        Val::Const(v) if kind == ItemKind::EnvFrom => env_from_key(&v),
+        Val::Const(v) => v.get(field)?.as_str().map(str::to_owned),
+        Val::Cel(_) if kind == ItemKind::EnvFrom => None,
+        Val::Cel(_) => {
+            let Piece::Map(entries) = piece else { return None };
+            match piece_val(template, &entries.iter().find(|(k, _)| k == field)?.1).ok()? {
+                Val::Const(Value::String(s)) => Some(s),
+                _ => None,
+            }
+        }
+    }
+}
+
+/// A container as CEL, with `restartPolicy: Always` for a native sidecar and the service-account
+/// token mount of `inject` (`variables.tokenMounts`) unless the template mounts that path itself.
+fn container_value(template: &Template, item: Option<&SeqItem>, native: bool) -> Result<String, String> {
+    let entries: Vec<(String, Val)> = match item.map(|i| &i.piece) {
+        Some(Piece::Map(entries)) => {
+            entries.iter().map(|(k, p)| Ok((k.clone(), piece_val(template, p)?))).collect::<Result<_, String>>()?
+        }
+        Some(Piece::Literal(Value::Object(map))) => {
+            map.iter().map(|(k, v)| (k.clone(), Val::Const(v.clone()))).collect()
+        }
+        _ => return Err("a container that is not a mapping is not in the policy subset".to_owned()),
+    };
+    let mut fields: Vec<(String, Val)> = Vec::new();
+    let mut mounts_token_path = false;
+    let mut mounts = None;
+    for (k, v) in entries {
+        if k == "volumeMounts" {
+            if let Val::Const(Value::Array(list)) = &v {
+                mounts_token_path =
+                    list.iter().any(|m| m.get("mountPath").and_then(Value::as_str) == Some(SERVICE_ACCOUNT_TOKEN_PATH));
+            }
+            mounts = Some(v);
+            continue;
+        }
+        if k == "restartPolicy" && native {
+            continue;
+        }
+        fields.push((k, v));
+    }
+    if native {
+        fields.push(("restartPolicy".to_owned(), Val::Const(json!("Always"))));
+    }
+    let mounts = match (mounts, mounts_token_path) {
+        (Some(v), true) => Some(v),
+        (Some(v), false) => Some(Val::Cel(format!("({} + variables.tokenMounts)", v.cel()))),
+        (None, _) => Some(Val::Cel("variables.tokenMounts".to_owned())),
+    };
+    fields.extend(mounts.map(|m| ("volumeMounts".to_owned(), m)));
+    Ok(map_val(fields).cel())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The program: variables and the patch.
+
+struct Program {
+    variables: Vec<Value>,
+    patch: String,
+}
+
+/// What holds a name at admission: the pod, or (by index into the flags) an earlier item.
+struct Claims<'p> {
+    /// (key, flag variable, template) of items added so far, per name space.
+    earlier: BTreeMap<&'static str, Vec<(String, String, &'p str)>>,
+}
+
+impl<'p> Claims<'p> {
+    /// The flags of earlier items with this key, and the owner text (CEL) for a skip given
+    /// `pod_has`.
+    fn earlier(&self, space: &'static str, key: &str) -> Vec<(&str, &'p str)> {
+        self.earlier
+            .get(space)
+            .into_iter()
+            .flatten()
+            .filter(|(k, _, _)| k == key)
+            .map(|(_, f, t)| (f.as_str(), *t))
+            .collect()
+    }
+    fn add(&mut self, space: &'static str, key: &str, flag: String, template: &'p str) {
+        self.earlier.entry(space).or_default().push((key.to_owned(), flag, template));
+    }
+}
+
+/// The owner of a skipped item: the pod when it has the name, else the first earlier template.
+fn owner_cel(pod_has: &str, earlier: &[(String, &str)]) -> String {
+    let mut owner = lit("pod");
+    for (flag, template) in earlier.iter().rev() {
+        owner = format!("({flag} ? {} : {owner})", lit(&format!("template:{template}")));
+    }
+    format!("({pod_has} ? {} : {owner})", lit("pod"))
+}
+
+/// A skipped item's status entry (the `Skipped` field order: template, kind, name, container,
+/// owner) as CEL; `container` is CEL (a container's name: a DNS label, nothing to escape).
+fn skip_json(template: &str, kind: ItemKind, name: &str, container: Option<&str>, owner: &str) -> String {
+    let json = |s: &str| serde_json::to_string(s).expect("strings serialize");
+    let head = format!("{{\"template\":{},\"kind\":\"{}\",\"name\":{}", json(template), kind_name(kind), json(name));
+    let tail = format!("{} + {owner} + {}", lit(",\"owner\":\""), lit("\"}"));
+    match container {
+        Some(container) => {
+            format!("{} + {container} + {}", lit(&format!("{head},\"container\":\"")), lit("\"") + " + " + &tail)
+        }
+        None => format!("{} + {tail}", lit(&head)),
+    }
+}
+
+/// `prefix + text + suffix`, or `""` when `text` (CEL) is empty. (CEL in admission policies has
+/// no `cel.bind`; a one-element list binds the value instead.)
+fn wrap_nonempty(text: &str, prefix: &str, suffix: &str) -> String {
+    format!("[{text}].filter(w, w != \"\").map(w, {} + w + {}).join(\"\")", lit(prefix), lit(suffix))
+}
+
+/// `,"field":[...]` from conditional JSON strings, or nothing when none holds.
+fn list_part(field: &str, entries: &[(String, String)]) -> String {
+    let list = entries.iter().map(|(cond, json)| format!("({cond} ? {json} : \"\")")).collect::<Vec<_>>().join(", ");
+    wrap_nonempty(&format!("[{list}].filter(x, x != \"\").join(\",\")"), &format!(",\"{field}\":["), "]")
+}
+
+fn patch_op(path: &str, value: &str) -> String {
+    format!("JSONPatch{{op: \"add\", path: {path}, value: {value}}}")
+}
+
+fn when_and(when: &Option<String>) -> String {
+    when.as_ref().map(|w| format!(" && {w}")).unwrap_or_default()
+}
+
+fn targets_cel(targets: &AppTargets) -> String {
+    let names = |list: &[String]| json_lit(&json!(list)).replace("dyn(", "(");
+    let mut terms = Vec::new();
+    if let Some(only) = &targets.only {
+        terms.push(format!("c.name in {}", names(only)));
+    }
+    if !targets.except.is_empty() {
+        terms.push(format!("!(c.name in {})", names(&targets.except)));
+    }
+    if terms.is_empty() { "true".to_owned() } else { format!("({})", terms.join(" && ")) }
+}
+
+impl Program {
+    fn new(plans: &[Plan], leave_to_webhook: &[String]) -> Program {
+        let mut vars: Vec<(String, String)> = vec![
+            ("podLabels".into(), "object.metadata.?labels.orValue({})".into()),
+            ("namespaceLabels".into(), "namespaceObject.metadata.?labels.orValue({})".into()),
+            ("namespaceAnnotations".into(), "namespaceObject.metadata.?annotations.orValue({})".into()),
+            ("containerNames".into(), "object.spec.containers.map(c, c.name)".into()),
+            ("allContainers".into(), "object.spec.containers + object.spec.?initContainers.orValue([])".into()),
+            ("volumeNames".into(), "object.spec.?volumes.orValue([]).map(v, v.name)".into()),
+            (
+                "pullSecretNames".into(),
+                "object.spec.?imagePullSecrets.orValue([]).map(s, s.?name.orValue(\"\"))".into(),
+            ),
+            ("tokenVolumes".into(), "variables.volumeNames.filter(n, n.startsWith(\"kube-api-access-\"))".into()),
+            // `inject::service_account_token_mount`: the mount the ServiceAccount plugin gave
+            // every container, when it gave it to all and is allowed to.
+            (
+                "tokenMounts".into(),
+                format!(
+                    "(object.spec.?automountServiceAccountToken.orValue(true) && size(variables.tokenVolumes) > 0 \
+                     && variables.allContainers.all(c, c.?volumeMounts.orValue([]).exists(m, m.mountPath == {p})) \
+                     && variables.allContainers.exists(c, c.?volumeMounts.orValue([]).exists(m, m.name == variables.tokenVolumes[0] \
+                     && m.?readOnly.orValue(false) && m.mountPath == {p} && !has(m.subPath) && !has(m.subPathExpr) \
+                     && !has(m.mountPropagation) && !has(m.recursiveReadOnly)))) \
+                     ? [{{\"name\": dyn(variables.tokenVolumes[0]), \"readOnly\": dyn(true), \"mountPath\": dyn({p})}}] : []",
+                    p = lit(SERVICE_ACCOUNT_TOKEN_PATH)
+                ),
+            ),
+        ];
+        let selected: Vec<String> = (0..plans.len()).map(|i| format!("variables.s{i}")).collect();
+        for (i, plan) in plans.iter().enumerate() {
+            vars.push((format!("s{i}"), plan.selected.clone()));
+        }
+
+        // Flags of the items with static identities: added or not.
+        let mut claims = Claims { earlier: BTreeMap::new() };
+        let mut flag_count = 0usize;
+        let mut flag = |vars: &mut Vec<(String, String)>, cel: String| {
+            let name = format!("a{flag_count}");
+            flag_count += 1;
+            vars.push((name.clone(), cel));
+            format!("variables.{name}")
+        };
+        let mut label_ops = Vec::new();
+        let mut annotation_ops = Vec::new();
+        let mut init_ops = Vec::new();
+        let mut container_ops = Vec::new();
+        let mut volume_ops = Vec::new();
+        let mut secret_ops = Vec::new();
+        let (mut st_containers, mut st_init, mut st_native, mut st_volumes, mut st_secrets) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut st_labels: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut st_annotations: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut skips: Vec<(String, String)> = Vec::new(); // (condition, JSON CEL)
+        let mut skip_any_by_plan: Vec<Vec<String>> = vec![Vec::new(); plans.len()];
+        let mut app_skip_parts: Vec<String> = Vec::new();
+        let mut app_ops: [Vec<String>; 3] = Default::default();
+        let mut app_added: [Vec<(String, String)>; 3] = Default::default(); // (added(c) CEL, key JSON)
+
+        for (i, plan) in plans.iter().enumerate() {
+            let s = &selected[i];
+            let t = plan.name.as_str();
+            let mut static_item = |vars: &mut Vec<(String, String)>,
+                                   space: &'static str,
+                                   kind: ItemKind,
+                                   key: &str,
+                                   when: &Option<String>,
+                                   pod_has: String,
+                                   report_skip: bool|
+             -> String {
+                let earlier = claims.earlier(space, key);
+                let earlier: Vec<(String, &str)> = earlier.into_iter().map(|(f, t)| (f.to_owned(), t)).collect();
+                let taken = any(earlier.iter().map(|(f, _)| f.clone()));
+                let added = flag(vars, format!("{s}{} && !{pod_has} && !{taken}", when_and(when)));
+                claims.add(space, key, added.clone(), t);
+                if report_skip {
+                    let cond = format!("({s}{} && !{added})", when_and(when));
+                    skips.push((cond.clone(), skip_json(t, kind, key, None, &owner_cel(&pod_has, &earlier))));
+                    skip_any_by_plan[i].push(cond);
+                }
+                added
+            };
+            let mut labels = plan.labels.clone();
+            labels.sort_by(|a, b| a.0.cmp(&b.0));
+            for (key, value) in &labels {
+                let pod_has = match key.as_str() {
+                    names::INJECTED_LABEL => "true".to_owned(),
+                    _ => format!("({} in variables.podLabels)", lit(key)),
+                };
+                let added = static_item(&mut vars, "labels", ItemKind::Label, key, &None, pod_has, true);
+                label_ops.push(format!(
+                    "({added} ? [{}] : [])",
+                    patch_op(&lit(&format!("/metadata/labels/{}", pointer(key))), &value.cel())
+                ));
+                st_labels.entry(key.clone()).or_default().push(added);
+            }
+            let mut annotations = plan.annotations.clone();
+            annotations.sort_by(|a, b| a.0.cmp(&b.0));
+            for (key, value) in &annotations {
+                let pod_has = match key.as_str() {
+                    names::STATUS_ANNOTATION => "true".to_owned(),
+                    _ => format!("({} in object.metadata.?annotations.orValue({{}}))", lit(key)),
+                };
+                let added = static_item(&mut vars, "annotations", ItemKind::Annotation, key, &None, pod_has, true);
+                annotation_ops.push(format!(
+                    "({added} ? [{}] : [])",
+                    patch_op(&lit(&format!("/metadata/annotations/{}", pointer(key))), &value.cel())
+                ));
+                st_annotations.entry(key.clone()).or_default().push(added);
+            }
+            let container_has = |key: &str| format!("({} in variables.allContainers.map(c, c.name))", lit(key));
+            for item in &plan.init_containers {
+                let added = static_item(
+                    &mut vars,
+                    "containers",
+                    item.kind,
+                    &item.key,
+                    &item.when,
+                    container_has(&item.key),
+                    true,
+                );
+                init_ops.push((added.clone(), item.value.clone()));
+                st_init.push((added, lit(&serde_json::to_string(&item.key).expect("strings serialize"))));
+            }
+            for item in &plan.sidecars {
+                let added = static_item(
+                    &mut vars,
+                    "containers",
+                    item.kind,
+                    &item.key,
+                    &item.when,
+                    container_has(&item.key),
+                    true,
+                );
+                let name_json = lit(&serde_json::to_string(&item.key).expect("strings serialize"));
+                if plan.native {
+                    init_ops.push((added.clone(), item.value.clone()));
+                    st_init.push((added.clone(), name_json.clone()));
+                    st_native.push((added, name_json));
+                } else {
+                    container_ops
+                        .push(format!("({added} ? [{}] : [])", patch_op("\"/spec/containers/-\"", &item.value)));
+                    st_containers.push((added, name_json));
+                }
+            }
+            for item in &plan.volumes {
+                let pod_has = format!("({} in variables.volumeNames)", lit(&item.key));
+                let added = static_item(&mut vars, "volumes", item.kind, &item.key, &item.when, pod_has, true);
+                volume_ops.push((added.clone(), item.value.clone()));
+                st_volumes.push((added, lit(&serde_json::to_string(&item.key).expect("strings serialize"))));
+            }
+            for item in &plan.pull_secrets {
+                let pod_has = format!("({} in variables.pullSecretNames)", lit(&item.key));
+                let added = static_item(&mut vars, "pullSecrets", item.kind, &item.key, &item.when, pod_has, false);
+                secret_ops.push((added.clone(), item.value.clone()));
+                st_secrets.push((added, lit(&serde_json::to_string(&item.key).expect("strings serialize"))));
+            }
+            // App containers: per container, so inline over `c`.
+            let includes = targets_cel(&plan.targets);
+            let mut this_plan_app_skips = Vec::new();
+            for (list_index, (field, kind, pod_key)) in APP_LISTS.iter().enumerate() {
+                for item in &plan.app[list_index] {
+                    let pod_has = format!("c.?{field}.orValue([]).exists(x, {pod_key} == {})", lit(&item.key));
+                    let earlier_plans: Vec<(String, &str)> = app_claims(plans, i, list_index, &item.key)
+                        .into_iter()
+                        .map(|(j, when)| {
+                            (
+                                format!("({}{} && {})", selected[j], when_and(&when), targets_cel(&plans[j].targets)),
+                                plans[j].name.as_str(),
+                            )
+                        })
+                        .collect();
+                    let taken = any(earlier_plans.iter().map(|(c, _)| c.clone()));
+                    let here = format!("{s}{} && {includes}", when_and(&item.when));
+                    let added = format!("({here} && !{pod_has} && !{taken})");
+                    app_ops[list_index].push(format!(
+                        "object.spec.containers.filter(c, {added}).map(c, {})",
+                        patch_op(
+                            &format!("\"/spec/containers/\" + string(variables.containerNames.indexOf(c.name)) + \"/{field}/-\""),
+                            &item.value
+                        )
+                    ));
+                    app_added[list_index]
+                        .push((added.clone(), lit(&serde_json::to_string(&item.key).expect("strings serialize"))));
+                    let skip = format!("({here} && !{added})");
+                    let json = skip_json(t, *kind, &item.key, Some("c.name"), &owner_cel(&pod_has, &earlier_plans));
+                    this_plan_app_skips.push(format!("({skip} ? {json} : \"\")"));
+                    skip_any_by_plan[i].push(format!("object.spec.containers.exists(c, {skip})"));
+                }
+            }
+            if !this_plan_app_skips.is_empty() {
+                app_skip_parts.push(format!(
+                    "object.spec.containers.map(c, [{}].filter(x, x != \"\").join(\",\")).filter(x, x != \"\").join(\",\")",
+                    this_plan_app_skips.join(", ")
+                ));
+            }
+        }
+
+        let any_skip = any(skip_any_by_plan.iter().flatten().cloned());
+        vars.push(("anySkip".into(), any_skip));
+        let enforced_conflicts =
+            plans.iter().enumerate().filter(|(_, p)| p.enforced).map(|(i, _)| any(skip_any_by_plan[i].iter().cloned()));
+        vars.push((
+            "handled".into(),
+            format!(
+                "{} && !{} && !{}",
+                any(selected.iter().cloned()),
+                any(leave_to_webhook.iter().map(|c| format!("({c})"))),
+                any(enforced_conflicts)
+            ),
+        ));
+
+        // The status annotation, byte for byte what `InjectionStatus::to_annotation` writes.
+        let templates = plans
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let json =
+                    serde_json::to_string(&super::status::TemplateRef { name: p.name.clone(), hash: p.hash.clone() })
+                        .expect("serializes");
+                (selected[i].clone(), lit(&json))
+            })
+            .collect::<Vec<_>>();
+        let templates_list =
+            templates.iter().map(|(c, j)| format!("({c} ? {j} : \"\")")).collect::<Vec<_>>().join(", ");
+        let keyed = |m: &BTreeMap<String, Vec<String>>| -> Vec<(String, String)> {
+            m.iter()
+                .map(|(k, flags)| (any(flags.iter().cloned()), lit(&serde_json::to_string(k).expect("serializes"))))
+                .collect()
+        };
+        let app_part = |list_index: usize, field: &str| {
+            let entries =
+                app_added[list_index].iter().map(|(c, j)| format!("({c} ? {j} : \"\")")).collect::<Vec<_>>().join(", ");
+            wrap_nonempty(&format!("[{entries}].filter(x, x != \"\").join(\",\")"), &format!("\"{field}\":["), "]")
+        };
+        // Sorted by container name as the status's map is: `"<name>":` strings sort the same way,
+        // since `"` sorts before every character of a container name.
+        let per_container = format!(
+            "[{}, {}, {}].filter(x, x != \"\").join(\",\")",
+            app_part(0, "env"),
+            app_part(1, "envFrom"),
+            app_part(2, "volumeMounts")
+        );
+        let app_containers = wrap_nonempty(
+            &format!(
+                "object.spec.containers.map(c, [{per_container}].filter(p, p != \"\").map(p, \"\\\"\" + c.name + \"\\\":{{\" + p + \"}}\").join(\"\")).filter(x, x != \"\").sort().join(\",\")"
+            ),
+            ",\"appContainers\":{",
+            "}",
+        );
+        let skipped_list = skips
+            .iter()
+            .map(|(c, j)| format!("({c} ? {j} : \"\")"))
+            .chain(app_skip_parts)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let status = [
+            format!("\"{{\\\"templates\\\":[\" + [{templates_list}].filter(x, x != \"\").join(\",\") + \"]\""),
+            list_part("containers", &st_containers),
+            list_part("initContainers", &st_init),
+            list_part("nativeSidecars", &st_native),
+            list_part("volumes", &st_volumes),
+            list_part("imagePullSecrets", &st_secrets),
+            list_part("labels", &keyed(&st_labels)),
+            list_part("annotations", &keyed(&st_annotations)),
+            app_containers,
+            wrap_nonempty(&format!("[{skipped_list}].filter(x, x != \"\").join(\",\")"), ",\"skipped\":[", "]"),
+            "\"}\"".to_owned(),
+        ]
+        .join(" + ");
+        vars.push(("status".into(), status));
+
+        // The patch, in the order `inject::plan` writes it.
+        let mut ops: Vec<String> = Vec::new();
+        ops.push(format!("(has(object.metadata.labels) ? [] : [{}])", patch_op("\"/metadata/labels\"", "{}")));
+        ops.extend(label_ops);
+        ops.push(format!(
+            "[{}]",
+            patch_op(
+                &lit(&format!("/metadata/labels/{}", pointer(names::INJECTED_LABEL))),
+                "variables.anySkip ? \"partial\" : \"true\""
+            )
+        ));
+        ops.push(format!(
+            "(has(object.metadata.annotations) ? [] : [{}])",
+            patch_op("\"/metadata/annotations\"", "{}")
+        ));
+        ops.extend(annotation_ops);
+        ops.push(format!(
+            "[{}]",
+            patch_op(&lit(&format!("/metadata/annotations/{}", pointer(names::STATUS_ANNOTATION))), "variables.status")
+        ));
+        let list_ops = |ops: &mut Vec<String>, path: &str, items: &[(String, String)], front: bool| {
+            if items.is_empty() {
+                return;
+            }
+            let any_added = any(items.iter().map(|(f, _)| f.clone()));
+            let field = path.rsplit('/').next().expect("a path");
+            ops.push(format!("(!has(object.spec.{field}) && {any_added} ? [{}] : [])", patch_op(&lit(path), "[]")));
+            if front {
+                // Inserted at the front in reverse order, so they end up in order before the pod's own.
+                for (added, value) in items.iter().rev() {
+                    ops.push(format!("({added} ? [{}] : [])", patch_op(&lit(&format!("{path}/0")), value)));
+                }
+            } else {
+                for (added, value) in items {
+                    ops.push(format!("({added} ? [{}] : [])", patch_op(&lit(&format!("{path}/-")), value)));
+                }
+            }
+        };
+        list_ops(&mut ops, "/spec/initContainers", &init_ops, true);
+        for (list_index, (field, _, _)) in APP_LISTS.iter().enumerate() {
+            if app_added[list_index].is_empty() {
+                continue;
+            }
+            let any_added = any(app_added[list_index].iter().map(|(a, _)| a.clone()));
+            ops.push(format!(
+                "object.spec.containers.filter(c, !has(c.{field}) && {any_added}).map(c, {})",
+                patch_op(
+                    &format!("\"/spec/containers/\" + string(variables.containerNames.indexOf(c.name)) + \"/{field}\""),
+                    "[]"
+                )
+            ));
+            ops.extend(app_ops[list_index].iter().cloned());
+        }
+        ops.extend(container_ops);
+        list_ops(&mut ops, "/spec/volumes", &volume_ops, false);
+        list_ops(&mut ops, "/spec/imagePullSecrets", &secret_ops, false);
+
+        let variables =
+            vars.into_iter().map(|(name, expression)| json!({"name": name, "expression": expression})).collect();
+        Program { variables, patch: format!("variables.handled ? ({}) : []", ops.join("\n + ")) }
+    }
+}
+
+/// The earlier templates (index, `when`) that add an app-list item with this key.
+fn app_claims(plans: &[Plan], before: usize, list_index: usize, key: &str) -> Vec<(usize, Option<String>)> {
+    plans[..before]
+        .iter()
+        .enumerate()
+        .flat_map(|(j, p)| {
+            p.app[list_index].iter().filter(|item| item.key == key).map(move |item| (j, item.when.clone()))
+        })
+        .collect()
+}
