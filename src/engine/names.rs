@@ -52,4 +52,4 @@ pub const ENFORCED_TEMPLATE_LABEL: &str = "sidecar-injector.io/enforced-template
 pub const ENFORCED_OBJECT_PREFIX: &str = "sidecar-injector-enforced-";
 
 /// The MutatingAdmissionPolicy (and its binding) compiled from the templates (`engine::policy`).
-pub const INJECTION_POLICY: &str = "sidecar-injector.io-injection";
+pub const INJECTION_POLICY: &str = "sidecar-injector.io-inject";

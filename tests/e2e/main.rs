@@ -8,6 +8,7 @@
 
 mod controlplane;
 mod flows;
+mod policy;
 mod scale;
 mod scenarios;
 
@@ -92,6 +93,7 @@ async fn run(root: &Path) -> Result<bool> {
     println!("e2e: injector ready, setup took {:.1} s", setup.elapsed().as_secs_f64());
 
     use flows::*;
+    use policy::s23_policy_mode;
     use scale::scale as scale_run_scenario;
     use scenarios::*;
     let all = scenarios![
@@ -116,6 +118,7 @@ async fn run(root: &Path) -> Result<bool> {
         s20_two_injectors_race,
         s21_restart_during_rollout,
         s22_limit_range_and_quota,
+        s23_policy_mode,
         s12_api_server_outage,
     ];
     // `make scale` (SIDECAR_INJECTOR_E2E_SCALE=1): the scale run alone, with a budget of its own.
