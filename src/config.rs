@@ -191,6 +191,10 @@ pub struct ClusterSettings {
     /// params ConfigMap) for every enforced template, so the API server refuses pods that lack an
     /// enforced template's sidecars while the injector is down (needs the RBAC in `deploy/`).
     pub enforcement_policy: bool,
+    /// The policy mode: keep the MutatingAdmissionPolicy `sidecar-injector.io-inject` compiled from
+    /// the templates (and its binding) in the cluster, so the API server injects first admissions
+    /// itself (`deploy/overlays/policy` turns it on with the RBAC it needs).
+    pub injection_policy: bool,
 }
 
 impl Default for ClusterSettings {
@@ -203,6 +207,7 @@ impl Default for ClusterSettings {
             watch_pods: true,
             drift_interval_seconds: 30,
             enforcement_policy: true,
+            injection_policy: false,
         }
     }
 }

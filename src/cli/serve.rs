@@ -117,8 +117,12 @@ impl Starting {
         });
         if let Some(client) = &client {
             cluster::watch_templates(client.clone(), &own_namespace, state.clone());
-            if settings.cluster.enforcement_policy {
-                cluster::enforcement::keep_current(client.clone(), own_namespace.clone(), state.clone());
+            let modes = cluster::enforcement::Modes {
+                enforcement: settings.cluster.enforcement_policy,
+                injection: settings.cluster.injection_policy,
+            };
+            if modes.enforcement || modes.injection {
+                cluster::enforcement::keep_current(client.clone(), own_namespace.clone(), state.clone(), modes);
             }
             if let (true, Some(store)) = (settings.cluster.watch_pods, namespace_store) {
                 let interval = Duration::from_secs(settings.cluster.drift_interval_seconds);

@@ -1,4 +1,5 @@
-//! Keeps the enforcement policy's bindings and params current with the templates in service.
+//! Keeps the admission policy objects current with the templates in service: the enforcement
+//! policy's bindings and params and, in the policy mode, the compiled injection policy.
 //!
 //! For every enforced template the injector server-side-applies a params ConfigMap in its own
 //! namespace and a binding of the `sidecar-injector.io-enforced` ValidatingAdmissionPolicy (shipped
@@ -11,6 +12,10 @@
 //! when the templates change (checked every [`INTERVAL`], as a fingerprint of what would be written),
 //! after a failure, and every [`RESYNC`] regardless (an object deleted by hand comes back), and counts
 //! failures in `sidecar_injector_enforcement_sync_errors_total`.
+//!
+//! In the policy mode (`cluster.injection_policy`) it also server-side-applies the
+//! MutatingAdmissionPolicy `sidecar-injector.io-inject` and its binding as `engine::policy`
+//! compiles them from the same templates, so the API server injects first admissions itself.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,7 +27,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 
-use crate::engine::{enforce, names};
+use crate::engine::{enforce, names, policy};
 use crate::state::AppState;
 
 /// How often the templates in service are compared with what was last written.
@@ -36,6 +41,24 @@ const FIELD_MANAGER: &str = "sidecar-injector";
 /// Per enforced template: its params ConfigMap and its binding, as applied.
 type PolicyObjects = BTreeMap<String, (Value, Value)>;
 
+/// Everything this reconciler writes: the enforcement bindings and, in the policy mode, the
+/// MutatingAdmissionPolicy compiled from the templates and its binding (`engine::policy`).
+#[derive(Debug, PartialEq)]
+struct Desired {
+    enforced: PolicyObjects,
+    injection: Option<(Value, Value)>,
+}
+
+/// Which admission policy objects the injector keeps current (settings `cluster.enforcement_policy`
+/// and `cluster.injection_policy`).
+#[derive(Debug, Clone, Copy)]
+pub struct Modes {
+    /// Bindings of the enforcement policy, one per enforced template.
+    pub enforcement: bool,
+    /// The injection policy and its binding.
+    pub injection: bool,
+}
+
 fn binding_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicyBinding"),
@@ -43,16 +66,30 @@ fn binding_resource() -> ApiResource {
     )
 }
 
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind), plural)
+}
+
 fn configmap_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "ConfigMap"), "configmaps")
 }
 
 /// Starts the reconciler.
-pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>) {
+pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>, modes: Modes) {
     tokio::spawn(async move {
-        let bindings: Api<DynamicObject> = Api::all_with(client.clone(), &binding_resource());
-        let params: Api<DynamicObject> = Api::namespaced_with(client, &own_namespace, &configmap_resource());
-        let mut written: Option<(PolicyObjects, tokio::time::Instant)> = None;
+        let apis = Apis {
+            bindings: Api::all_with(client.clone(), &binding_resource()),
+            params: Api::namespaced_with(client.clone(), &own_namespace, &configmap_resource()),
+            injection_policy: Api::all_with(
+                client.clone(),
+                &resource("MutatingAdmissionPolicy", "mutatingadmissionpolicies"),
+            ),
+            injection_binding: Api::all_with(
+                client,
+                &resource("MutatingAdmissionPolicyBinding", "mutatingadmissionpolicybindings"),
+            ),
+        };
+        let mut written: Option<(Desired, tokio::time::Instant)> = None;
         let mut ticker = tokio::time::interval(INTERVAL);
         // After a failure (say, a cluster without admissionregistration.k8s.io/v1 policies), the
         // next attempt waits twice as long as the last, up to RESYNC, so the log is not flooded.
@@ -64,19 +101,28 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>)
             }
             let engine = state.engine.load();
             let native = state.cluster.load().native_sidecars;
-            let desired: PolicyObjects = engine
+            let enforced: PolicyObjects = engine
                 .templates
                 .iter()
-                .filter(|t| t.enforced)
+                .filter(|t| modes.enforcement && t.enforced)
                 .map(|t| (t.name.to_string(), enforce::policy_objects(t, native, &own_namespace)))
                 .collect();
+            let injection = modes.injection.then(|| {
+                let compiled = policy::compile(&engine.templates, native, std::slice::from_ref(&own_namespace));
+                (compiled.policy, compiled.binding)
+            });
+            let desired = Desired { enforced, injection };
             if written.as_ref().is_some_and(|(last, at)| *last == desired && at.elapsed() < RESYNC) {
                 continue;
             }
-            match sync(&bindings, &params, &desired).await {
+            match sync(&apis, &desired, modes).await {
                 Ok(()) => {
                     if written.as_ref().is_none_or(|(last, _)| *last != desired) {
-                        tracing::info!(templates = ?desired.keys().collect::<Vec<_>>(), "enforcement policy bindings in place");
+                        tracing::info!(
+                            enforced = ?desired.enforced.keys().collect::<Vec<_>>(),
+                            injection_policy = desired.injection.is_some(),
+                            "admission policy objects in place"
+                        );
                     }
                     written = Some((desired, tokio::time::Instant::now()));
                     backoff = INTERVAL;
@@ -92,10 +138,27 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>)
     });
 }
 
+struct Apis {
+    bindings: Api<DynamicObject>,
+    params: Api<DynamicObject>,
+    injection_policy: Api<DynamicObject>,
+    injection_binding: Api<DynamicObject>,
+}
+
 /// Applies every desired object, then deletes the labelled ones no template asks for.
-async fn sync(bindings: &Api<DynamicObject>, params: &Api<DynamicObject>, desired: &PolicyObjects) -> kube::Result<()> {
+async fn sync(apis: &Apis, desired: &Desired, modes: Modes) -> kube::Result<()> {
     let apply = PatchParams::apply(FIELD_MANAGER).force();
-    for (configmap, binding) in desired.values() {
+    if let Some((policy, binding)) = &desired.injection {
+        // The policy first: a binding to a missing policy does nothing, the other way round
+        // would leave the old policy bound to new selectors for a moment.
+        apis.injection_policy.patch(names::INJECTION_POLICY, &apply, &Patch::Apply(policy)).await?;
+        apis.injection_binding.patch(names::INJECTION_POLICY, &apply, &Patch::Apply(binding)).await?;
+    }
+    if !modes.enforcement {
+        return Ok(());
+    }
+    let (bindings, params) = (&apis.bindings, &apis.params);
+    for (configmap, binding) in desired.enforced.values() {
         // Params first: a binding whose params are missing refuses every pod it matches.
         let name = configmap["metadata"]["name"].as_str().unwrap_or_default();
         params.patch(name, &apply, &Patch::Apply(configmap)).await?;
@@ -107,7 +170,7 @@ async fn sync(bindings: &Api<DynamicObject>, params: &Api<DynamicObject>, desire
     for api in [bindings, params] {
         for object in api.list_metadata(&labelled).await?.items {
             let template = object.labels().get(names::ENFORCED_TEMPLATE_LABEL).cloned().unwrap_or_default();
-            if !desired.contains_key(&template) {
+            if !desired.enforced.contains_key(&template) {
                 tracing::info!(name = %object.name_any(), template, "template no longer enforced; removing");
                 match api.delete(&object.name_any(), &DeleteParams::default()).await {
                     Err(kube::Error::Api(status)) if status.is_not_found() => {}
