@@ -5,6 +5,7 @@ use std::path::Path;
 
 use super::{CliError, template_sources_from};
 use crate::engine::TemplateSet;
+use crate::engine::policy;
 
 /// Loads every template under `path`; returns a summary line per template, or every error.
 pub fn check_templates(path: &Path) -> Result<String, CliError> {
@@ -16,7 +17,11 @@ pub fn check_templates(path: &Path) -> Result<String, CliError> {
         format!("ok  {} ({}{}, hash {})\n", t.name, if t.default { "default, " } else { "" }, t.description, t.hash)
     });
     let warnings = set.iter().flat_map(|t| t.warnings.iter().map(|w| format!("warning: {w}\n")));
-    Ok(summary.chain(warnings).collect())
+    // The policy mode (`compile-policies`): which templates the API server can inject itself.
+    let policy = set.iter().filter_map(|t| {
+        policy::webhook_only_reason(t, true).map(|reason| format!("webhook-only: {}: {reason}\n", t.name))
+    });
+    Ok(summary.chain(warnings).chain(policy).collect())
 }
 
 #[cfg(test)]
@@ -61,5 +66,11 @@ mod tests {
         // The shipped templates carry no such warning.
         let shipped = check_templates(Path::new("templates")).unwrap();
         assert!(!shipped.contains("warning"), "{shipped}");
+        // otel-agent prints a pod label that may be undefined; log-shipper and proxy compile.
+        assert!(shipped.contains("webhook-only: otel-agent: "), "{shipped}");
+        assert!(
+            !shipped.contains("webhook-only: log-shipper") && !shipped.contains("webhook-only: proxy"),
+            "{shipped}"
+        );
     }
 }

@@ -1072,3 +1072,90 @@ fn app_claims(plans: &[Plan], before: usize, list_index: usize, key: &str) -> Ve
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::template::Template;
+
+    fn template(inject: &str) -> Template {
+        let source =
+            format!("default: true\nvalues: {{image: agent:1, port: 4317}}\noverridable: [image]\ninject:\n{inject}");
+        Template::load("agent", &source).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    const SIDECAR: &str = "  sidecars:\n    - name: agent\n      image: \"{{ values.image }}\"\n      resources: {requests: {cpu: 1m, memory: 1Mi}, limits: {cpu: 1m, memory: 1Mi}}\n";
+
+    #[test]
+    fn the_subset_compiles_and_everything_else_names_what_keeps_it_out() {
+        // (case, extra inject text, None = compiles / Some(fragment of the reason))
+        let cases: Vec<(&str, String, Option<&str>)> = vec![
+            ("values and literals", String::new(), None),
+            (
+                "pod name with defaults, namespace, concatenation",
+                "  labels:\n    tag: \"{{ namespace.name ~ '.' ~ (pod.metadata.name | default(pod.metadata.generateName | default('pod'))) }}\"\n".into(),
+                None,
+            ),
+            (
+                "label lookups with a default, a when on is defined",
+                "  appContainers:\n    env:\n      - name: TEAM\n        value: \"{{ namespace.labels['team'] | default('none') }}\"\n        when: \"{{ pod.metadata.labels is defined and not (pod.metadata.annotations is defined) }}\"\n".into(),
+                None,
+            ),
+            (
+                "a lookup that may be undefined, printed",
+                "  appContainers:\n    env:\n      - name: OWNER\n        value: \"{{ (pod.metadata.labels | default({}))['owner'] }}\"\n        when: \"{{ (pod.metadata.labels | default({}))['owner'] is defined }}\"\n".into(),
+                Some("needs `| default(...)`"),
+            ),
+            ("the pod's spec", "  labels:\n    sa: \"{{ pod.spec.serviceAccountName | default('x') }}\"\n".into(), Some("the pod's `spec`")),
+            ("a filter", "  labels:\n    n: \"{{ namespace.name | upper }}\"\n".into(), Some("filter `upper`")),
+            ("workload", "  labels:\n    w: \"{{ workload.name }}\"\n".into(), Some("`workload`")),
+            (
+                "a statement",
+                "  labels:\n    s: \"{% if namespace.name %}a{% endif %}\"\n".into(),
+                Some("statements"),
+            ),
+            (
+                "a name from the pod",
+                "  volumes:\n    - name: \"{{ namespace.name }}\"\n      emptyDir: {}\n".into(),
+                Some("volume whose name depends on the pod"),
+            ),
+        ];
+        for (case, extra, expected) in cases {
+            let t = template(&format!("{SIDECAR}{extra}"));
+            let reason = webhook_only_reason(&t, true);
+            match (expected, &reason) {
+                (None, None) => {}
+                (Some(fragment), Some(reason)) if reason.contains(fragment) => {}
+                _ => panic!("{case}: expected {expected:?}, got {reason:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_policy_binds_like_the_webhook_and_records_the_engine_status() {
+        let (set, errors) = TemplateSet::load(crate::engine::template::embedded_sources());
+        assert!(errors.is_empty(), "{errors:?}");
+        let compiled = compile(&set, true, &["sidecar-injector".to_owned()]);
+        assert_eq!(compiled.compiled, vec!["log-shipper"]);
+        let binding = compiled.binding["spec"]["matchResources"].to_string();
+        for fragment in [
+            r#""values":["enabled"]"#,
+            r#""values":["kube-system","kube-public","kube-node-lease","sidecar-injector"]"#,
+            r#""operator":"NotIn","values":["disabled"]"#,
+        ] {
+            assert!(binding.contains(fragment), "{fragment} in {binding}");
+        }
+        let spec = compiled.policy["spec"].to_string();
+        let hash = &set.get("log-shipper").unwrap().hash;
+        // The status names the template as `TemplateRef` serializes it, name first.
+        assert!(
+            spec.contains(&format!(r#"{{\\\"name\\\":\\\"log-shipper\\\",\\\"hash\\\":\\\"{hash}\\\"}}"#)),
+            "{spec}"
+        );
+        // Pods with any of the injector's annotations are the webhook's.
+        assert!(spec.contains("k.startsWith(\\\"sidecar-injector.io/\\\")"), "{spec}");
+        // Classic sidecars when the cluster has no native ones: no restartPolicy written.
+        let classic = compile(&set, false, &[]).policy["spec"].to_string();
+        assert!(spec.contains("restartPolicy") && !classic.contains("restartPolicy"));
+    }
+}
