@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use super::inject::{PodDecision, decide_all};
 use super::{CliError, OfflineArgs, OutputFormat};
 use crate::engine::status::InjectionStatus;
-use crate::engine::{Choice, Outcome, names};
+use crate::engine::{Choice, Outcome, names, policy};
 
 /// The explanation of one pod, as printed by `-o json`.
 #[derive(Debug, Serialize)]
@@ -157,7 +157,10 @@ fn item_lines(out: &mut String, heading: &str, status: &InjectionStatus) {
     }
 }
 
-fn text(explanations: &[Explanation], decisions: &[Option<Choice>]) -> String {
+/// Templates the policy mode leaves to the webhook, with why (`engine::policy`).
+type WebhookOnly = std::collections::BTreeMap<String, String>;
+
+fn text(explanations: &[Explanation], decisions: &[Option<Choice>], webhook_only: &WebhookOnly) -> String {
     let mut out = String::new();
     for (e, choice) in explanations.iter().zip(decisions) {
         match e.namespace.is_empty() {
@@ -169,6 +172,9 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>]) -> String {
             let width = choice.verdicts.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
             for (name, verdict) in &choice.verdicts {
                 out.push_str(&format!("    {name:width$}  {verdict}\n"));
+                if let Some(reason) = webhook_only.get(&**name).filter(|_| verdict.is_chosen()) {
+                    out.push_str(&format!("    {:width$}  (policy mode: webhook-only, {reason})\n", ""));
+                }
             }
         }
         if let Some(removes) = &e.removes {
@@ -206,6 +212,11 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>]) -> String {
 
 /// Runs `explain` and returns what to print.
 pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliError> {
+    let native = args.cluster().native_sidecars;
+    let webhook_only: WebhookOnly = super::load_templates(args.templates.as_deref())?
+        .iter()
+        .filter_map(|t| policy::webhook_only_reason(t, native).map(|reason| (t.name.to_string(), reason)))
+        .collect();
     let mut explanations = Vec::new();
     let mut choices = Vec::new();
     let (_, notes) = decide_all(args, |_, decision| {
@@ -227,8 +238,15 @@ pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliEr
             warnings: Vec::new(),
         });
     }
+    for verdict in explanations.iter_mut().filter_map(|e| e.templates.as_mut()).flat_map(|t| {
+        t["verdicts"].as_array_mut().into_iter().flatten()
+    }) {
+        if let Some(reason) = verdict["name"].as_str().and_then(|name| webhook_only.get(name)) {
+            verdict["webhookOnly"] = json!(reason);
+        }
+    }
     Ok(match format {
         OutputFormat::Json => serde_json::to_string_pretty(&explanations).expect("explanations serialize") + "\n",
-        OutputFormat::Text => text(&explanations, &choices),
+        OutputFormat::Text => text(&explanations, &choices, &webhook_only),
     })
 }

@@ -128,6 +128,13 @@ pub enum TemplateVerdict {
     },
 }
 
+impl TemplateVerdict {
+    /// Whether the template is injected (selected or enforced).
+    pub fn is_chosen(&self) -> bool {
+        matches!(self, TemplateVerdict::Selected | TemplateVerdict::Enforced)
+    }
+}
+
 impl fmt::Display for TemplateVerdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -159,10 +166,7 @@ pub struct Choice {
 impl Choice {
     /// Names of the templates that will be injected, in order.
     pub fn selected(&self) -> impl Iterator<Item = &str> {
-        self.verdicts
-            .iter()
-            .filter(|(_, v)| matches!(v, TemplateVerdict::Selected | TemplateVerdict::Enforced))
-            .map(|(name, _)| &**name)
+        self.verdicts.iter().filter(|(_, v)| v.is_chosen()).map(|(name, _)| &**name)
     }
 
     /// Names that an annotation gave but that do not exist.
