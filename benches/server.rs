@@ -459,6 +459,12 @@ async fn on_a_cluster(
     create_namespaces(&client, vec!["null-mv".into()], json!({"bench": "null-mv"})).await?;
     create_namespaces(&client, vec!["lean".into()], json!({"sidecar-injector.io/inject": "enabled", "bench": "lean"}))
         .await?;
+    create_namespaces(
+        &client,
+        vec!["policy".into()],
+        json!({"sidecar-injector.io/inject": "enabled", "bench": "policy"}),
+    )
+    .await?;
     for namespace in ROWS.iter().map(|r| r.0) {
         let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}}))?;
         let accounts = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
@@ -476,6 +482,7 @@ async fn on_a_cluster(
         "-p",
         r#"[{"op":"add","path":"/webhooks/0/namespaceSelector/matchExpressions/-","value":{"key":"bench","operator":"NotIn","values":["lean"]}}]"#,
     ])?;
+    policy_mode_alone(&plane, &client).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let md = &mut report.md;
     writeln!(md, "## C. Pod creation through the API server ({} pods per row)\n", durations.pods)?;
@@ -521,6 +528,19 @@ async fn on_a_cluster(
             mean("null-mv") - mean("plain"),
             mean("null-m") - mean("plain"),
         )?;
+        let policy_added = mean("policy") - mean("plain");
+        writeln!(
+            report.md,
+            "- {concurrency} at a time: the policy mode's API-server-only path (MutatingAdmissionPolicy + policy, no webhook call): \
+             +{policy_added:.2} ms, with / without {:.2}×",
+            mean("policy") / mean("plain"),
+        )?;
+        if *concurrency == 1 {
+            report.target(
+                format!("policy mode alone: added latency ≤ 0.5 ms (1 at a time): +{policy_added:.2} ms"),
+                policy_added <= 0.5,
+            );
+        }
         report.target(format!("full install / null pair ({concurrency} at a time) ≤ 1.1: {full:.2}"), full <= 1.1);
         report.target(format!("lean install / null mutating ({concurrency} at a time) ≤ 1.1: {pair:.2}"), pair <= 1.1);
     }
@@ -534,13 +554,74 @@ async fn on_a_cluster(
 }
 
 /// Part C's configurations: (namespace, what runs on a pod create there).
-const ROWS: [(&str, &str); 5] = [
+const ROWS: [(&str, &str); 6] = [
     ("plain", "no webhook (not opted in)"),
     ("null-m", "null mutating webhook, same patch"),
     ("null-mv", "null mutating + null validating"),
     ("lean", "ours: mutating + policy (lean install)"),
     ("shop", "ours: mutating + validating + policy (full install)"),
+    ("policy", "ours: MutatingAdmissionPolicy + policy, no webhook call (policy mode, API server alone)"),
 ];
+
+/// The bench pod names its templates (log-shipper, otel-agent) by annotation, which the policy
+/// leaves to the webhook; in the policy row both are defaults instead, so the same work is done.
+fn without_templates_annotation(pod: &mut Value) {
+    if let Some(annotations) = pod["metadata"]["annotations"].as_object_mut() {
+        annotations.remove("sidecar-injector.io/templates");
+    }
+}
+
+/// The policy mode's path inside the API server: the MutatingAdmissionPolicy `compile-policies`
+/// prints for the shipped templates (otel-agent made a default, see
+/// `without_templates_annotation`), bound to the `policy` namespace only, which the injector's
+/// webhooks no longer see (as when the injector is down), so only the policies run there.
+async fn policy_mode_alone(plane: &ControlPlane, client: &kube::Client) -> Result<()> {
+    let not_policy = r#"{"key":"bench","operator":"NotIn","values":["policy"]}"#;
+    for (kind, entries) in [("mutatingwebhookconfiguration", 2), ("validatingwebhookconfiguration", 1)] {
+        let ops: Vec<String> = (0..entries)
+            .map(|i| {
+                format!(
+                    r#"{{"op":"add","path":"/webhooks/{i}/namespaceSelector/matchExpressions/-","value":{not_policy}}}"#
+                )
+            })
+            .collect();
+        plane.kubectl(&["patch", kind, "sidecar-injector", "--type=json", "-p", &format!("[{}]", ops.join(","))])?;
+    }
+    let templates = tempfile::tempdir()?;
+    for name in ["log-shipper.yaml", "otel-agent.yaml", "proxy.yaml"] {
+        let text = std::fs::read_to_string(Path::new("templates").join(name))?;
+        let text = if name == "otel-agent.yaml" { text.replacen("default: false", "default: true", 1) } else { text };
+        std::fs::write(templates.path().join(name), text)?;
+    }
+    let binary = std::env::var("SIDECAR_INJECTOR_BIN").context("SIDECAR_INJECTOR_BIN")?;
+    let compiled = Command::new(binary).arg("compile-policies").arg("--templates").arg(templates.path()).output()?;
+    ensure!(
+        String::from_utf8_lossy(&compiled.stdout).contains("injects log-shipper, otel-agent"),
+        "the bench's two templates compile"
+    );
+    ensure!(compiled.status.success(), "compile-policies: {}", String::from_utf8_lossy(&compiled.stderr));
+    plane.kubectl_as(&plane.admin_kubeconfig, &["apply", "-f", "-"], Some(&String::from_utf8(compiled.stdout)?))?;
+    plane.kubectl(&[
+        "patch",
+        "mutatingadmissionpolicybinding",
+        "sidecar-injector.io-inject",
+        "--type=json",
+        "-p",
+        r#"[{"op":"add","path":"/spec/matchResources/namespaceSelector/matchExpressions/-","value":{"key":"bench","operator":"In","values":["policy"]}}]"#,
+    ])?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "policy");
+    let start = Instant::now();
+    loop {
+        let mut pod = bench_pod("probe-");
+        without_templates_annotation(&mut pod);
+        let dry = pods.create(&PostParams { dry_run: true, ..Default::default() }, &serde_json::from_value(pod)?).await;
+        if dry.is_ok_and(|p| p.metadata.annotations.unwrap_or_default().contains_key("sidecar-injector.io/status")) {
+            return Ok(());
+        }
+        ensure!(start.elapsed() < Duration::from_secs(30), "the injection policy did not take effect");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
 
 /// Starts the null webhook with the injector's patch for the bench pod and registers it, mutating
 /// for the namespaces labelled `bench=null-m` or `null-mv`, validating for `null-mv`, with the same
@@ -687,8 +768,11 @@ async fn create_pods(
                 .map(|i| {
                     let api = api.clone();
                     async move {
-                        let pod: Pod =
-                            serde_json::from_value(bench_pod(&format!("bench-c{concurrency}-{round}-{i}-")))?;
+                        let mut pod = bench_pod(&format!("bench-c{concurrency}-{round}-{i}-"));
+                        if namespace == "policy" {
+                            without_templates_annotation(&mut pod);
+                        }
+                        let pod: Pod = serde_json::from_value(pod)?;
                         let started = Instant::now();
                         let stored = api.create(&PostParams::default(), &pod).await?;
                         let patched =

@@ -238,9 +238,11 @@ pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliEr
             warnings: Vec::new(),
         });
     }
-    for verdict in explanations.iter_mut().filter_map(|e| e.templates.as_mut()).flat_map(|t| {
-        t["verdicts"].as_array_mut().into_iter().flatten()
-    }) {
+    for verdict in explanations
+        .iter_mut()
+        .filter_map(|e| e.templates.as_mut())
+        .flat_map(|t| t["verdicts"].as_array_mut().into_iter().flatten())
+    {
         if let Some(reason) = verdict["name"].as_str().and_then(|name| webhook_only.get(name)) {
             verdict["webhookOnly"] = json!(reason);
         }

@@ -1,24 +1,24 @@
 //! Compiling templates into a MutatingAdmissionPolicy that the API server runs itself.
 //!
 //! The policy does what the webhook does on a pod's *first* admission, for the pods that need
-//! nothing the webhook alone can give: in an opted-in namespace, not opted out, with no
-//! `sidecar-injector.io/` annotation (no status, no templates list, no override, no choice), in a
-//! namespace that names no templates. Its selected templates are the `default: true` (and
-//! enforced) ones whose selectors match, in the engine's order. Every other pod — and every pod for
-//! which a selected template is *webhook-only* (an expression outside the subset below) or an
-//! enforced template meets a same-name item — is left untouched, so the webhook decides it exactly
-//! as before. The stored pod is the webhook's, item for item: the same positions, "the pod's own
-//! wins", the token mount of `inject`, the status annotation byte for byte (so the webhook, seeing
-//! it, has nothing to do) and the `injected` label.
+//! nothing the webhook alone can give: in an opted-in namespace, not opted out, without a status
+//! or templates annotation, in a namespace that names no templates. Its selected templates are the
+//! `default: true` (and enforced) ones whose selectors match, in the engine's order. Every other
+//! pod is left untouched, so the webhook decides it exactly as before: one for which a selected
+//! template is *webhook-only* (see below), an enforced template meets a same-name item, an
+//! override is invalid or is of an integer (admission CEL has no `int(string)`), or a pod choice is
+//! made. The stored pod is the webhook's, item for item: the same positions, "the pod's own wins",
+//! the token mount of `inject`, the status annotation byte for byte (so the webhook, seeing it,
+//! has nothing to do) and the `injected` label.
 //!
 //! The expression subset (MiniJinja, compiled to CEL from the parser's AST): string literals,
-//! `values.*` (constants: a pod that overrides a value carries an annotation and goes to the
-//! webhook), `template.name`, `pod.metadata.name|generateName|namespace`, `pod.metadata.labels` /
-//! `annotations` and `namespace.labels` / `annotations` lookups, `namespace.name`, `default(...)`,
-//! `~`, and in `when:` conditions `is defined`, `not`, `and`, `or`. An expression that may be
-//! undefined must be given a `default` before it is printed or joined (the webhook refuses such
-//! pods; the policy cannot refuse). Names of items (containers, volumes, env vars, mount paths,
-//! label and annotation keys) must not depend on the pod.
+//! `values.*` (string and boolean overrides followed, with their patterns), `template.name`,
+//! `pod.metadata.name|generateName|namespace`, `pod.metadata.labels` / `annotations` and
+//! `namespace.labels` / `annotations` lookups, `namespace.name`, `default(...)`, `~`, and in `when:`
+//! conditions `is defined`, `not`, `and`, `or`. A value that may be undefined must be given a
+//! `default` before it is printed, or sit in an item whose `when:` says it `is defined` (the webhook
+//! refuses a pod where it is undefined; the policy cannot refuse). Names of items (containers,
+//! volumes, env vars, mount paths, label and annotation keys) must not depend on the pod.
 //!
 //! Pure: the output is the policy and binding as JSON.
 
@@ -96,11 +96,11 @@ pub fn compile(templates: &TemplateSet, native_sidecars: bool, excluded_namespac
                 {"name": "not-a-mirror-pod", "expression": format!(
                     "!has(object.metadata.annotations) || !({} in object.metadata.annotations)",
                     lit(names::MIRROR_POD_ANNOTATION))},
-                // The status (reinvocation, re-admission), templates lists, overrides and choices
-                // are the webhook's to read.
-                {"name": "no-injector-annotations", "expression": format!(
-                    "!has(object.metadata.annotations) || !object.metadata.annotations.exists(k, k.startsWith({}))",
-                    lit(names::PREFIX))},
+                // A status (reinvocation, re-admission) and a templates list are the webhook's to
+                // read; so are overrides the policy cannot follow (see `handled`).
+                {"name": "no-status-or-templates-annotation", "expression": format!(
+                    "!has(object.metadata.annotations) || !({} in object.metadata.annotations || {} in object.metadata.annotations)",
+                    lit(names::STATUS_ANNOTATION), lit(names::TEMPLATES_ANNOTATION))},
             ],
             "variables": program.variables,
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": program.patch}}],
@@ -193,6 +193,141 @@ fn selection(template: &Template) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A template's compile context: its overridable values as CEL.
+
+/// One overridable value: the pod's annotation if valid, else the default (`render::effective_values`).
+#[derive(Debug, Clone)]
+struct Override {
+    /// The value in expressions.
+    ex: Ex,
+    /// The value with its type, for `{{ values.x }}` scalars.
+    typed: String,
+    /// Whether the annotation is absent or valid (an invalid one makes the webhook refuse the
+    /// pod, so the policy leaves such a pod to it).
+    valid: String,
+}
+
+impl Override {
+    fn of(template: &Template, o: &super::template::Overridable) -> Result<Override, String> {
+        let key = format!("{}{}.{}", names::PREFIX, template.name, o.name);
+        let annotation = format!("object.metadata.?annotations[?{}]", lit(&key));
+        let text = format!("{annotation}.value()");
+        let mut checks = Vec::new();
+        if let Some(pattern) = &o.pattern {
+            checks.push(format!("{text}.matches({})", lit(pattern.as_str())));
+        }
+        let default = template.values.get(&o.name).cloned().unwrap_or(Value::Null);
+        let (ex, typed) = match &default {
+            Value::String(d) => {
+                if let Some(allowed) = &o.one_of {
+                    checks.push(format!("{text} in {}", json_lit(&json!(allowed)).replace("dyn(", "(")));
+                }
+                let cel = format!("{annotation}.orValue({})", lit(d));
+                (Ex::Str(cel.clone()), cel)
+            }
+            Value::Number(n) if n.as_i64().is_some() => {
+                // CEL in admission policies has no `int(string)` (checked on the API server), so a
+                // pod that overrides an integer is left to the webhook.
+                checks.insert(0, "false".to_owned());
+                (Ex::Const(default.clone()), n.to_string())
+            }
+            Value::Bool(b) => {
+                checks.insert(0, format!("{text} in [\"true\", \"false\"]"));
+                if let Some(allowed) = &o.one_of {
+                    checks.push(format!("({text} == \"true\") in {}", json_lit(&json!(allowed)).replace("dyn(", "(")));
+                }
+                let cel = format!("({annotation}.hasValue() ? {text} == \"true\" : {b})");
+                (Ex::Bool(cel.clone()), cel)
+            }
+            other => {
+                return Err(format!(
+                    "overridable value {} ({other}) is not a string, integer or boolean: not in the policy subset",
+                    o.name
+                ));
+            }
+        };
+        let valid = match checks.is_empty() {
+            true => "true".to_owned(),
+            false => format!("(!{annotation}.hasValue() || ({}))", checks.join(" && ")),
+        };
+        Ok(Override { ex, typed, valid })
+    }
+}
+
+/// What compiling one template needs besides the template.
+struct Cx<'t> {
+    template: &'t Template,
+    overrides: BTreeMap<String, Override>,
+    /// Optional values (CEL) the `when:` of the item being compiled proves defined: its value may
+    /// print them, since CEL's `?:` evaluates the item only when the condition holds.
+    defined: std::cell::RefCell<Vec<String>>,
+}
+
+impl Cx<'_> {
+    /// Compiles an item with what its `when:` proves defined (`x is defined`, joined by `and`).
+    fn guarded<T>(
+        &self,
+        when: Option<&CompiledText>,
+        compile: impl FnOnce() -> Result<T, String>,
+    ) -> Result<T, String> {
+        let facts = when.map(|w| self.defined_by(w)).unwrap_or_default();
+        let depth = self.defined.borrow().len();
+        self.defined.borrow_mut().extend(facts);
+        let result = compile();
+        self.defined.borrow_mut().truncate(depth);
+        result
+    }
+
+    fn defined_by(&self, when: &CompiledText) -> Vec<String> {
+        fn walk(compiler: &ExprCompiler<'_>, expr: &Expr<'_>, out: &mut Vec<String>) {
+            match expr {
+                Expr::Test(test) if test.name == "defined" && test.args.is_empty() => {
+                    if let Ok(Ex::Opt(a) | Ex::OptMap(a)) = compiler.expr(&test.expr) {
+                        out.push(a);
+                    }
+                }
+                Expr::BinOp(op) if matches!(op.op, ast::BinOpKind::ScAnd) => {
+                    walk(compiler, &op.left, out);
+                    walk(compiler, &op.right, out);
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        if let Ok(Stmt::Template(root)) = parse(when.source())
+            && let [Stmt::EmitExpr(emit)] = root.children.as_slice()
+        {
+            walk(&ExprCompiler { cx: self, source: when.source() }, &emit.expr, &mut out);
+        }
+        out
+    }
+
+    /// A text's output when it is the same for every pod the policy handles: pre-rendered with
+    /// the defaults, unless it reads values a pod may override.
+    fn constant<'c>(&self, text: &'c CompiledText) -> Option<&'c str> {
+        text.constant_output().filter(|_| self.overrides.is_empty() || !text.reads_values())
+    }
+
+    /// When the pod's annotations for this template are ones the policy can follow: its overrides
+    /// valid, none of its pod choices made.
+    fn admissible(&self) -> String {
+        let mut terms: Vec<String> = self.overrides.values().map(|o| o.valid.clone()).collect();
+        let choices = self.template.pod_choices;
+        for (allowed, suffix) in [
+            (choices.app_containers, super::render::APP_CONTAINERS_CHOICE),
+            (choices.sidecar_mode, super::render::SIDECAR_MODE_CHOICE),
+        ] {
+            if allowed {
+                let key = format!("{}{}.{suffix}", names::PREFIX, self.template.name);
+                terms.push(format!("!({} in object.metadata.?annotations.orValue({{}}))", lit(&key)));
+            }
+        }
+        terms.retain(|t| t != "true");
+        if terms.is_empty() { "true".to_owned() } else { terms.join(" && ") }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Expressions: MiniJinja AST to CEL.
 
 /// What a (sub)expression is, as far as the subset knows.
@@ -210,6 +345,8 @@ enum Ex {
     OptMap(String),
     /// A CEL bool.
     Bool(String),
+    /// `values` (its overridable members are CEL, the others constants).
+    Values,
     /// `pod`, `pod.metadata`, `namespace`.
     Pod,
     PodMetadata,
@@ -217,7 +354,7 @@ enum Ex {
 }
 
 struct ExprCompiler<'t> {
-    template: &'t Template,
+    cx: &'t Cx<'t>,
     source: &'t str,
 }
 
@@ -231,8 +368,8 @@ impl ExprCompiler<'_> {
             Expr::Var(var) => match var.id {
                 "pod" => Ex::Pod,
                 "namespace" => Ex::Namespace,
-                "values" => Ex::Const(Value::Object(self.template.values.clone())),
-                "template" => Ex::Const(json!({"name": &*self.template.name})),
+                "values" => Ex::Values,
+                "template" => Ex::Const(json!({"name": &*self.cx.template.name})),
                 other => return Err(self.outside(format!("`{other}` is not in the policy subset"))),
             },
             Expr::Const(c) => Ex::Const(serde_json::to_value(&c.value).map_err(|e| self.outside(e))?),
@@ -291,6 +428,17 @@ impl ExprCompiler<'_> {
     /// `base.name` / `base["name"]`.
     fn member(&self, base: Ex, name: &str) -> Result<Ex, String> {
         Ok(match (base, name) {
+            (Ex::Values, name) => match self.cx.overrides.get(name) {
+                Some(o) => o.ex.clone(),
+                None => Ex::Const(
+                    self.cx
+                        .template
+                        .values
+                        .get(name)
+                        .cloned()
+                        .ok_or_else(|| self.outside(format!("`values.{name}` is not defined")))?,
+                ),
+            },
             (Ex::Const(value), _) => {
                 Ex::Const(value.get(name).cloned().ok_or_else(|| self.outside(format!("`{name}` is not defined")))?)
             }
@@ -312,11 +460,13 @@ impl ExprCompiler<'_> {
     fn string(&self, ex: Ex) -> Result<String, String> {
         match ex {
             Ex::Str(s) => Ok(s),
+            Ex::Bool(b) => Ok(format!("string({b})")),
             Ex::Const(Value::String(s)) => Ok(lit(&s)),
             Ex::Const(v @ (Value::Bool(_) | Value::Number(_))) if !v.is_f64() => Ok(lit(&v.to_string())),
-            Ex::Opt(_) | Ex::OptMap(_) => {
-                Err(self.outside("a value that may be undefined needs `| default(...)` in the policy subset"))
-            }
+            Ex::Opt(a) if self.cx.defined.borrow().contains(&a) => Ok(format!("{a}.value()")),
+            Ex::Opt(_) | Ex::OptMap(_) => Err(self.outside(
+                "a value that may be undefined needs `| default(...)` (or a `when: ... is defined` on its item) in the policy subset",
+            )),
             _ => Err(self.outside("only strings, integers and booleans print in the policy subset")),
         }
     }
@@ -340,7 +490,7 @@ impl ExprCompiler<'_> {
                 };
                 truthy.to_string()
             }
-            Ex::Pod | Ex::PodMetadata | Ex::Namespace => "true".to_owned(),
+            Ex::Pod | Ex::PodMetadata | Ex::Namespace | Ex::Values => "true".to_owned(),
         }
     }
 }
@@ -350,11 +500,11 @@ fn parse(source: &str) -> Result<ast::Stmt<'_>, String> {
 }
 
 /// A string scalar with expressions, as a CEL string.
-fn text_cel(template: &Template, text: &CompiledText) -> Result<String, String> {
-    if let Some(constant) = text.constant_output() {
+fn text_cel(cx: &Cx<'_>, text: &CompiledText) -> Result<String, String> {
+    if let Some(constant) = cx.constant(text) {
         return Ok(lit(constant));
     }
-    let compiler = ExprCompiler { template, source: text.source() };
+    let compiler = ExprCompiler { cx, source: text.source() };
     let Stmt::Template(root) = parse(text.source())? else { unreachable!("parse returns a template") };
     let mut parts = Vec::new();
     for child in &root.children {
@@ -369,12 +519,12 @@ fn text_cel(template: &Template, text: &CompiledText) -> Result<String, String> 
 
 /// A `when:` condition: `None` when always true, the CEL bool otherwise; `Err` for an item that
 /// is never there (a constant false) is not needed: it is `Some("false")`.
-fn when_cel(template: &Template, when: Option<&CompiledText>) -> Result<Option<String>, String> {
+fn when_cel(cx: &Cx<'_>, when: Option<&CompiledText>) -> Result<Option<String>, String> {
     let Some(when) = when else { return Ok(None) };
-    if let Some(constant) = when.constant_output() {
+    if let Some(constant) = cx.constant(when) {
         return Ok((constant != "true").then(|| "false".to_owned()));
     }
-    let compiler = ExprCompiler { template, source: when.source() };
+    let compiler = ExprCompiler { cx, source: when.source() };
     let Stmt::Template(root) = parse(when.source())? else { unreachable!("parse returns a template") };
     match root.children.as_slice() {
         [Stmt::EmitExpr(emit)] => Ok(Some(compiler.truthy(compiler.expr(&emit.expr)?))),
@@ -401,35 +551,38 @@ impl Val {
     }
 }
 
-fn piece_val(template: &Template, piece: &Piece) -> Result<Val, String> {
+fn piece_val(cx: &Cx<'_>, piece: &Piece) -> Result<Val, String> {
     Ok(match piece {
         Piece::Literal(v) => Val::Const(v.clone()),
-        Piece::Text(text) => match text.constant_output() {
+        Piece::Text(text) => match cx.constant(text) {
             Some(c) => Val::Const(Value::String(c.to_owned())),
-            None => Val::Cel(text_cel(template, text)?),
+            None => Val::Cel(text_cel(cx, text)?),
         },
-        Piece::ValueRef { path, .. } => Val::Const(
-            super::render::lookup_path(&template.values, path)
-                .cloned()
-                .ok_or_else(|| format!("values.{} is not defined", path.join(".")))?,
-        ),
-        Piece::Seq(items) => seq_val(template, items)?,
-        Piece::Map(entries) => map_val(
-            entries.iter().map(|(k, p)| Ok((k.clone(), piece_val(template, p)?))).collect::<Result<_, String>>()?,
-        ),
+        Piece::ValueRef { path, .. } => match path.as_slice() {
+            [name] if cx.overrides.contains_key(name) => Val::Cel(cx.overrides[name].typed.clone()),
+            _ => Val::Const(
+                super::render::lookup_path(&cx.template.values, path)
+                    .cloned()
+                    .ok_or_else(|| format!("values.{} is not defined", path.join(".")))?,
+            ),
+        },
+        Piece::Seq(items) => seq_val(cx, items)?,
+        Piece::Map(entries) => {
+            map_val(entries.iter().map(|(k, p)| Ok((k.clone(), piece_val(cx, p)?))).collect::<Result<_, String>>()?)
+        }
     })
 }
 
-fn seq_val(template: &Template, items: &[SeqItem]) -> Result<Val, String> {
+fn seq_val(cx: &Cx<'_>, items: &[SeqItem]) -> Result<Val, String> {
     let mut constant = Vec::new();
     let mut parts: Vec<String> = Vec::new();
     let mut all_constant = true;
     for item in items {
-        let when = when_cel(template, item.when.as_ref())?;
+        let when = when_cel(cx, item.when.as_ref())?;
         if when.as_deref() == Some("false") {
             continue;
         }
-        let value = piece_val(template, &item.piece)?;
+        let value = cx.guarded(item.when.as_ref(), || piece_val(cx, &item.piece))?;
         match (&when, &value) {
             (None, Val::Const(v)) if all_constant => constant.push(v.clone()),
             _ => {
@@ -477,6 +630,8 @@ struct Plan {
     name: String,
     hash: String,
     selected: String,
+    /// When the pod's annotations for this template let the policy inject it (see `Cx::admissible`).
+    admissible: String,
     enforced: bool,
     native: bool,
     labels: Vec<(String, Val)>,
@@ -504,15 +659,29 @@ const APP_LISTS: [(&str, ItemKind, &str); 3] = [
 fn compile_template(template: &Template, native_sidecars: bool, selected: &str) -> Result<Plan, String> {
     let spec = &template.inject;
     let name = &*template.name;
+    let overrides = template
+        .overridable
+        .iter()
+        .map(|o| Ok((o.name.clone(), Override::of(template, o)?)))
+        .collect::<Result<_, String>>()?;
+    let cx = Cx { template, overrides, defined: Default::default() };
+    let cx = &cx;
     let string_map = |entries: &[(String, Piece)]| -> Result<Vec<(String, Val)>, String> {
         entries
             .iter()
             .map(|(k, p)| {
-                let v = match piece_val(template, p)? {
+                let v = match piece_val(cx, p)? {
                     Val::Const(Value::String(s)) => Val::Const(Value::String(s)),
                     Val::Const(Value::Null) => Val::Const(Value::String(String::new())),
                     Val::Const(v @ (Value::Bool(_) | Value::Number(_))) => Val::Const(Value::String(v.to_string())),
                     Val::Const(_) => return Err(format!("{k} must render to a string")),
+                    // `{{ values.x }}` of an overridable integer or boolean: printed, as the
+                    // webhook prints a label's or annotation's value.
+                    Val::Cel(_) if matches!(p, Piece::ValueRef { path, .. } if path.len() == 1) => {
+                        let Piece::ValueRef { path, .. } = p else { unreachable!("matched above") };
+                        let compiler = ExprCompiler { cx, source: k };
+                        Val::Cel(compiler.string(cx.overrides[&path[0]].ex.clone())?)
+                    }
                     cel @ Val::Cel(_) => cel,
                 };
                 Ok((k.clone(), v))
@@ -520,15 +689,19 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
             .collect()
     };
     let items = |list: &[SeqItem], kind: ItemKind| -> Result<Vec<Item>, String> {
+        let cx = &cx;
         let mut out = Vec::new();
         for item in list {
-            let when = when_cel(template, item.when.as_ref())?;
+            let when = when_cel(cx, item.when.as_ref())?;
             if when.as_deref() == Some("false") {
                 continue;
             }
-            let value = piece_val(template, &item.piece)?;
-            let key = item_key(&item.piece, template, kind).ok_or_else(|| {
-                format!("a {} whose name depends on the pod is not in the policy subset", kind_name(kind))
+            let value = cx.guarded(item.when.as_ref(), || piece_val(cx, &item.piece))?;
+            let key = item_key(&item.piece, cx, kind).ok_or_else(|| {
+                format!(
+                    "a {} whose name depends on the pod or an override is not in the policy subset",
+                    kind_name(kind)
+                )
             })?;
             out.push(Item { kind, key, when, value: value.cel() });
         }
@@ -538,20 +711,18 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
     let mut sidecars = items(&spec.sidecars, ItemKind::Sidecar)?;
     for sidecar in &mut sidecars {
         sidecar.value = container_value(
-            template,
-            spec.sidecars
-                .iter()
-                .find(|s| item_key(&s.piece, template, ItemKind::Sidecar).as_deref() == Some(&sidecar.key)),
+            cx,
+            spec.sidecars.iter().find(|s| item_key(&s.piece, cx, ItemKind::Sidecar).as_deref() == Some(&sidecar.key)),
             native,
         )?;
     }
     let mut init_containers = items(&spec.init_containers, ItemKind::InitContainer)?;
     for init in &mut init_containers {
         init.value = container_value(
-            template,
+            cx,
             spec.init_containers
                 .iter()
-                .find(|s| item_key(&s.piece, template, ItemKind::InitContainer).as_deref() == Some(&init.key)),
+                .find(|s| item_key(&s.piece, cx, ItemKind::InitContainer).as_deref() == Some(&init.key)),
             false,
         )?;
     }
@@ -559,6 +730,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         name: name.to_owned(),
         hash: template.hash.clone(),
         selected: format!("({selected})"),
+        admissible: cx.admissible(),
         enforced: template.enforced,
         native,
         labels: string_map(&spec.labels)?,
@@ -581,31 +753,36 @@ fn kind_name(kind: ItemKind) -> String {
 }
 
 /// The identity of an item, when it is the same for every pod.
-fn item_key(piece: &Piece, template: &Template, kind: ItemKind) -> Option<String> {
+fn item_key(piece: &Piece, cx: &Cx<'_>, kind: ItemKind) -> Option<String> {
     let field = match kind {
         ItemKind::VolumeMount => "mountPath",
         _ => "name",
     };
-    match piece_val(template, piece).ok()? {
-        Val::Const(v) if kind == ItemKind::EnvFrom => env_from_key(&v),
-        Val::Const(v) => v.get(field)?.as_str().map(str::to_owned),
-        Val::Cel(_) if kind == ItemKind::EnvFrom => None,
-        Val::Cel(_) => {
-            let Piece::Map(entries) = piece else { return None };
-            match piece_val(template, &entries.iter().find(|(k, _)| k == field)?.1).ok()? {
+    match (piece, kind) {
+        (Piece::Map(entries), kind) if kind != ItemKind::EnvFrom => {
+            match piece_val(cx, &entries.iter().find(|(k, _)| k == field)?.1).ok()? {
                 Val::Const(Value::String(s)) => Some(s),
                 _ => None,
             }
         }
+        _ => match piece_val(cx, piece).ok()? {
+            Val::Const(v) if kind == ItemKind::EnvFrom => env_from_key(&v),
+            Val::Const(v) => v.get(field)?.as_str().map(str::to_owned),
+            Val::Cel(_) => None,
+        },
     }
 }
 
 /// A container as CEL, with `restartPolicy: Always` for a native sidecar and the service-account
 /// token mount of `inject` (`variables.tokenMounts`) unless the template mounts that path itself.
-fn container_value(template: &Template, item: Option<&SeqItem>, native: bool) -> Result<String, String> {
+fn container_value(cx: &Cx<'_>, item: Option<&SeqItem>, native: bool) -> Result<String, String> {
+    cx.guarded(item.and_then(|i| i.when.as_ref()), || container_fields(cx, item, native))
+}
+
+fn container_fields(cx: &Cx<'_>, item: Option<&SeqItem>, native: bool) -> Result<String, String> {
     let entries: Vec<(String, Val)> = match item.map(|i| &i.piece) {
         Some(Piece::Map(entries)) => {
-            entries.iter().map(|(k, p)| Ok((k.clone(), piece_val(template, p)?))).collect::<Result<_, String>>()?
+            entries.iter().map(|(k, p)| Ok((k.clone(), piece_val(cx, p)?))).collect::<Result<_, String>>()?
         }
         Some(Piece::Literal(Value::Object(map))) => {
             map.iter().map(|(k, v)| (k.clone(), Val::Const(v.clone()))).collect()
@@ -780,9 +957,10 @@ impl Program {
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut st_labels: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut st_annotations: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let mut skips: Vec<(String, String)> = Vec::new(); // (condition, JSON CEL)
+        // Status entries of skipped items (CEL strings, empty when not skipped), in the engine's
+        // order: per template, its own items, then its app-container items.
+        let mut skips: Vec<String> = Vec::new();
         let mut skip_any_by_plan: Vec<Vec<String>> = vec![Vec::new(); plans.len()];
-        let mut app_skip_parts: Vec<String> = Vec::new();
         let mut app_ops: [Vec<String>; 3] = Default::default();
         let mut app_added: [Vec<(String, String)>; 3] = Default::default(); // (added(c) CEL, key JSON)
 
@@ -804,7 +982,10 @@ impl Program {
                 claims.add(space, key, added.clone(), t);
                 if report_skip {
                     let cond = format!("({s}{} && !{added})", when_and(when));
-                    skips.push((cond.clone(), skip_json(t, kind, key, None, &owner_cel(&pod_has, &earlier))));
+                    skips.push(format!(
+                        "({cond} ? {} : \"\")",
+                        skip_json(t, kind, key, None, &owner_cel(&pod_has, &earlier))
+                    ));
                     skip_any_by_plan[i].push(cond);
                 }
                 added
@@ -918,7 +1099,7 @@ impl Program {
                 }
             }
             if !this_plan_app_skips.is_empty() {
-                app_skip_parts.push(format!(
+                skips.push(format!(
                     "object.spec.containers.map(c, [{}].filter(x, x != \"\").join(\",\")).filter(x, x != \"\").join(\",\")",
                     this_plan_app_skips.join(", ")
                 ));
@@ -929,13 +1110,19 @@ impl Program {
         vars.push(("anySkip".into(), any_skip));
         let enforced_conflicts =
             plans.iter().enumerate().filter(|(_, p)| p.enforced).map(|(i, _)| any(skip_any_by_plan[i].iter().cloned()));
+        let inadmissible = plans
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.admissible != "true")
+            .map(|(i, p)| format!("({} && !({}))", selected[i], p.admissible));
         vars.push((
             "handled".into(),
             format!(
-                "{} && !{} && !{}",
+                "{} && !{} && !{} && !{}",
                 any(selected.iter().cloned()),
                 any(leave_to_webhook.iter().map(|c| format!("({c})"))),
-                any(enforced_conflicts)
+                any(enforced_conflicts),
+                any(inadmissible),
             ),
         ));
 
@@ -977,12 +1164,7 @@ impl Program {
             ",\"appContainers\":{",
             "}",
         );
-        let skipped_list = skips
-            .iter()
-            .map(|(c, j)| format!("({c} ? {j} : \"\")"))
-            .chain(app_skip_parts)
-            .collect::<Vec<_>>()
-            .join(", ");
+        let skipped_list = skips.join(", ");
         let status = [
             format!("\"{{\\\"templates\\\":[\" + [{templates_list}].filter(x, x != \"\").join(\",\") + \"]\""),
             list_part("containers", &st_containers),
@@ -1079,8 +1261,9 @@ mod tests {
     use crate::engine::template::Template;
 
     fn template(inject: &str) -> Template {
-        let source =
-            format!("default: true\nvalues: {{image: agent:1, port: 4317}}\noverridable: [image]\ninject:\n{inject}");
+        let source = format!(
+            "default: true\nvalues: {{image: agent:1, port: 4317}}\noverridable: [image, port]\ninject:\n{inject}"
+        );
         Template::load("agent", &source).unwrap_or_else(|e| panic!("{e}"))
     }
 
@@ -1102,9 +1285,19 @@ mod tests {
                 None,
             ),
             (
-                "a lookup that may be undefined, printed",
+                "a lookup printed under its own `is defined`",
                 "  appContainers:\n    env:\n      - name: OWNER\n        value: \"{{ (pod.metadata.labels | default({}))['owner'] }}\"\n        when: \"{{ (pod.metadata.labels | default({}))['owner'] is defined }}\"\n".into(),
+                None,
+            ),
+            (
+                "a lookup printed under another label's `is defined`",
+                "  appContainers:\n    env:\n      - name: OWNER\n        value: \"{{ (pod.metadata.labels | default({}))['owner'] }}\"\n        when: \"{{ (pod.metadata.labels | default({}))['team'] is defined }}\"\n".into(),
                 Some("needs `| default(...)`"),
+            ),
+            (
+                "an overridable string in a label",
+                "  labels:\n    image: \"{{ values.image }}\"\n".into(),
+                None,
             ),
             ("the pod's spec", "  labels:\n    sa: \"{{ pod.spec.serviceAccountName | default('x') }}\"\n".into(), Some("the pod's `spec`")),
             ("a filter", "  labels:\n    n: \"{{ namespace.name | upper }}\"\n".into(), Some("filter `upper`")),
@@ -1132,6 +1325,28 @@ mod tests {
     }
 
     #[test]
+    fn overrides_the_policy_cannot_follow_leave_the_pod_to_the_webhook() {
+        let t = template(SIDECAR);
+        let cx = Cx {
+            template: &t,
+            overrides: t.overridable.iter().map(|o| (o.name.clone(), Override::of(&t, o).unwrap())).collect(),
+            defined: Default::default(),
+        };
+        // A string override is followed (absent or any text: `image` has no pattern); an integer
+        // one never (no `int(string)` in admission CEL), so any `port` annotation hands over.
+        assert_eq!(cx.overrides["image"].valid, "true");
+        assert!(cx.overrides["port"].valid.contains("(false)") || cx.overrides["port"].valid.contains("false"));
+        assert!(cx.admissible().contains("sidecar-injector.io/agent.port"), "{}", cx.admissible());
+        // A fractional number cannot be overridden through the policy at all.
+        let fractional = Template::load(
+            "agent",
+            &format!("default: true\nvalues: {{image: agent:1, ratio: 0.5}}\noverridable: [ratio]\ninject:\n{SIDECAR}"),
+        )
+        .unwrap();
+        assert!(webhook_only_reason(&fractional, true).is_some_and(|r| r.contains("ratio")));
+    }
+
+    #[test]
     fn the_policy_binds_like_the_webhook_and_records_the_engine_status() {
         let (set, errors) = TemplateSet::load(crate::engine::template::embedded_sources());
         assert!(errors.is_empty(), "{errors:?}");
@@ -1152,8 +1367,8 @@ mod tests {
             spec.contains(&format!(r#"{{\\\"name\\\":\\\"log-shipper\\\",\\\"hash\\\":\\\"{hash}\\\"}}"#)),
             "{spec}"
         );
-        // Pods with any of the injector's annotations are the webhook's.
-        assert!(spec.contains("k.startsWith(\\\"sidecar-injector.io/\\\")"), "{spec}");
+        // Pods with a status or a templates list are the webhook's.
+        assert!(spec.contains(r#"\"sidecar-injector.io/templates\" in object.metadata.annotations"#), "{spec}");
         // Classic sidecars when the cluster has no native ones: no restartPolicy written.
         let classic = compile(&set, false, &[]).policy["spec"].to_string();
         assert!(spec.contains("restartPolicy") && !classic.contains("restartPolicy"));
