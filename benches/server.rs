@@ -483,6 +483,7 @@ async fn on_a_cluster(
         r#"[{"op":"add","path":"/webhooks/0/namespaceSelector/matchExpressions/-","value":{"key":"bench","operator":"NotIn","values":["lean"]}}]"#,
     ])?;
     policy_mode_alone(&plane, &client).await?;
+    null_policy(&plane, &client, &std::fs::read(dir.path().join("null/patch.json"))?).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let md = &mut report.md;
     writeln!(md, "## C. Pod creation through the API server ({} pods per row)\n", durations.pods)?;
@@ -532,8 +533,11 @@ async fn on_a_cluster(
         writeln!(
             report.md,
             "- {concurrency} at a time: the policy mode's API-server-only path (MutatingAdmissionPolicy + policy, no webhook call): \
-             +{policy_added:.2} ms, with / without {:.2}×",
+             +{policy_added:.2} ms, with / without {:.2}×; the same patch as constants (null policy + policy): +{:.2} ms, \
+             ours / null policy **{:.2}×**",
             mean("policy") / mean("plain"),
+            mean("null-p") - mean("plain"),
+            mean("policy") / mean("null-p"),
         )?;
         if *concurrency == 1 {
             report.target(
@@ -554,14 +558,53 @@ async fn on_a_cluster(
 }
 
 /// Part C's configurations: (namespace, what runs on a pod create there).
-const ROWS: [(&str, &str); 6] = [
+const ROWS: [(&str, &str); 7] = [
     ("plain", "no webhook (not opted in)"),
     ("null-m", "null mutating webhook, same patch"),
     ("null-mv", "null mutating + null validating"),
     ("lean", "ours: mutating + policy (lean install)"),
     ("shop", "ours: mutating + validating + policy (full install)"),
+    ("null-p", "null MutatingAdmissionPolicy (the same patch as constants) + policy"),
     ("policy", "ours: MutatingAdmissionPolicy + policy, no webhook call (policy mode, API server alone)"),
 ];
+
+/// The floor of the policy mode: a MutatingAdmissionPolicy whose JSONPatch is the injector's own
+/// patch for the bench pod written as constants (no CEL beyond the literals), bound to `null-p`.
+async fn null_policy(plane: &ControlPlane, client: &kube::Client, patch: &[u8]) -> Result<()> {
+    let ops: Vec<Value> = serde_json::from_slice(patch)?;
+    let ops: Vec<String> = ops
+        .iter()
+        .map(|op| {
+            format!(
+                "JSONPatch{{op: {}, path: {}, value: {}}}",
+                sidecar_injector::engine::policy::json_lit(&op["op"]),
+                sidecar_injector::engine::policy::json_lit(&op["path"]),
+                sidecar_injector::engine::policy::json_lit(&op["value"]),
+            )
+        })
+        .collect();
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy", "metadata": {"name": "bench-null"},
+         "spec": {"matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]},
+                  "failurePolicy": "Fail", "reinvocationPolicy": "IfNeeded",
+                  "matchConditions": [{"name": "no-status", "expression": "!has(object.metadata.annotations) || !('sidecar-injector.io/status' in object.metadata.annotations)"}],
+                  "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": format!("[{}]", ops.join(", "))}}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding", "metadata": {"name": "bench-null"},
+         "spec": {"policyName": "bench-null", "matchResources": {"namespaceSelector": {"matchLabels": {"bench": "null-p"}}}}},
+    ]});
+    plane.kubectl_as(&plane.admin_kubeconfig, &["apply", "-f", "-"], Some(&list.to_string()))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "null-p");
+    let start = Instant::now();
+    loop {
+        let pod: Pod = serde_json::from_value(bench_pod("probe-"))?;
+        let dry = pods.create(&PostParams { dry_run: true, ..Default::default() }, &pod).await;
+        if dry.is_ok_and(|p| p.metadata.annotations.unwrap_or_default().contains_key("sidecar-injector.io/status")) {
+            return Ok(());
+        }
+        ensure!(start.elapsed() < Duration::from_secs(30), "the null policy did not take effect");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
 
 /// The bench pod names its templates (log-shipper, otel-agent) by annotation, which the policy
 /// leaves to the webhook; in the policy row both are defaults instead, so the same work is done.
@@ -576,7 +619,7 @@ fn without_templates_annotation(pod: &mut Value) {
 /// `without_templates_annotation`), bound to the `policy` namespace only, which the injector's
 /// webhooks no longer see (as when the injector is down), so only the policies run there.
 async fn policy_mode_alone(plane: &ControlPlane, client: &kube::Client) -> Result<()> {
-    let not_policy = r#"{"key":"bench","operator":"NotIn","values":["policy"]}"#;
+    let not_policy = r#"{"key":"bench","operator":"NotIn","values":["policy","null-p"]}"#;
     for (kind, entries) in [("mutatingwebhookconfiguration", 2), ("validatingwebhookconfiguration", 1)] {
         let ops: Vec<String> = (0..entries)
             .map(|i| {

@@ -137,8 +137,8 @@ fn lit(s: &str) -> String {
 }
 
 /// A CEL literal of a JSON value; members of maps and lists are `dyn` so that mixed types pass
-/// the type checker.
-fn json_lit(value: &Value) -> String {
+/// the type checker. (Public for the benchmark's constant-patch policy.)
+pub fn json_lit(value: &Value) -> String {
     match value {
         Value::String(s) => lit(s),
         Value::Array(items) => {
@@ -1344,6 +1344,23 @@ mod tests {
         )
         .unwrap();
         assert!(webhook_only_reason(&fractional, true).is_some_and(|r| r.contains("ratio")));
+    }
+
+    #[test]
+    fn a_pod_whose_items_collide_with_an_enforced_template_is_left_to_the_webhook() {
+        let handled = |enforced: bool| {
+            let source = format!("default: true\nenforced: {enforced}\nvalues: {{image: agent:1}}\ninject:\n{SIDECAR}");
+            let (set, errors) =
+                TemplateSet::load([crate::engine::TemplateSource { name: "agent".into(), text: source }]);
+            assert!(errors.is_empty(), "{errors:?}");
+            let policy = compile(&set, true, &[]).policy;
+            let variables = policy["spec"]["variables"].as_array().unwrap().clone();
+            let handled = variables.iter().find(|v| v["name"] == "handled").unwrap();
+            handled["expression"].as_str().unwrap().to_owned()
+        };
+        // The sidecar's flag is a0: skipped (the pod has a container of that name) hands over.
+        assert!(handled(true).contains("!(((variables.s0 && !variables.a0)))"), "{}", handled(true));
+        assert!(!handled(false).contains("variables.a0"), "{}", handled(false));
     }
 
     #[test]

@@ -230,7 +230,15 @@ pub async fn s23_policy_mode(ctx: &mut Ctx) -> Result<()> {
     }
     .await;
     ctx.start_injector()?;
-    let policy_pods = result?;
+    let mut policy_pods = result?;
+    // Both paths on: the policy injects, the webhook finds the pod current and leaves it alone.
+    let mut both = cases().remove(0);
+    both.1["metadata"]["name"] = json!("named-both");
+    let stored = ctx.create_pod(THROUGH_POLICY, both.1).await.context("both paths")?;
+    // The name is printed into the sidecars' arguments; compared as if it were "named".
+    let stored: Pod = serde_json::from_str(&serde_json::to_string(&stored)?.replace("named-both", "named"))?;
+    policy_pods.push(("named, the policy and the webhook both on", stored));
+    webhook_pods.push(("named, the policy and the webhook both on", webhook_pods[0].1.clone()));
 
     for ((case, through_webhook), (_, through_policy)) in webhook_pods.iter().zip(&policy_pods) {
         ensure!(status(through_policy).is_some_and(|s| !s.templates.is_empty()), "{case}: the policy did not inject");
