@@ -465,6 +465,12 @@ async fn on_a_cluster(
         json!({"sidecar-injector.io/inject": "enabled", "bench": "policy"}),
     )
     .await?;
+    create_namespaces(
+        &client,
+        vec!["null-p".into()],
+        json!({"sidecar-injector.io/inject": "enabled", "bench": "null-p"}),
+    )
+    .await?;
     for namespace in ROWS.iter().map(|r| r.0) {
         let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}}))?;
         let accounts = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
