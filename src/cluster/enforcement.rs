@@ -90,6 +90,7 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>,
             ),
         };
         let mut written: Option<(Desired, tokio::time::Instant)> = None;
+        let mut compiled: Option<(Arc<crate::engine::Engine>, bool, (Value, Value))> = None;
         let mut ticker = tokio::time::interval(INTERVAL);
         // After a failure (say, a cluster without admissionregistration.k8s.io/v1 policies), the
         // next attempt waits twice as long as the last, up to RESYNC, so the log is not flooded.
@@ -99,7 +100,7 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>,
             if !state.readiness.templates_synced.load(Ordering::Relaxed) || tokio::time::Instant::now() < retry_at {
                 continue;
             }
-            let engine = state.engine.load();
+            let engine = state.engine.load_full();
             let native = state.cluster.load().native_sidecars;
             let enforced: PolicyObjects = engine
                 .templates
@@ -107,10 +108,27 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>,
                 .filter(|t| modes.enforcement && t.enforced)
                 .map(|t| (t.name.to_string(), enforce::policy_objects(t, native, &own_namespace)))
                 .collect();
-            let injection = modes.injection.then(|| {
-                let compiled = policy::compile(&engine.templates, native, std::slice::from_ref(&own_namespace));
-                (compiled.policy, compiled.binding)
-            });
+            // Compiled again only when the templates in service (or the sidecar mode) change, and
+            // off the async workers: hundreds of templates take a while.
+            let injection = match &compiled {
+                _ if !modes.injection => None,
+                Some((for_engine, for_native, objects))
+                    if Arc::ptr_eq(for_engine, &engine) && *for_native == native =>
+                {
+                    Some(objects.clone())
+                }
+                _ => {
+                    let (templates, namespace) = (engine.clone(), own_namespace.clone());
+                    let objects = tokio::task::spawn_blocking(move || {
+                        let compiled = policy::compile(&templates.templates, native, &[namespace]);
+                        (compiled.policy, compiled.binding)
+                    })
+                    .await
+                    .expect("compiling the injection policy does not panic");
+                    compiled = Some((engine.clone(), native, objects.clone()));
+                    Some(objects)
+                }
+            };
             let desired = Desired { enforced, injection };
             if written.as_ref().is_some_and(|(last, at)| *last == desired && at.elapsed() < RESYNC) {
                 continue;

@@ -152,6 +152,11 @@ pub fn json_lit(value: &Value) -> String {
     }
 }
 
+/// A CEL list of scalars of one type (no `dyn`: `in` compares them as they are).
+fn scalars_lit(values: impl IntoIterator<Item = Value>) -> String {
+    format!("[{}]", values.into_iter().map(|v| json_lit(&v)).collect::<Vec<_>>().join(", "))
+}
+
 /// `a || b || ...`, `false` when empty.
 fn any(terms: impl IntoIterator<Item = String>) -> String {
     let terms: Vec<String> = terms.into_iter().collect();
@@ -172,7 +177,7 @@ fn selector_cel(selector: &TemplateSelector, labels: &str) -> String {
     }
     for e in s.match_expressions.iter().flatten() {
         let k = lit(&e.key);
-        let values = json_lit(&json!(e.values.clone().unwrap_or_default())).replace("dyn(", "(");
+        let values = scalars_lit(e.values.iter().flatten().map(|v| Value::String(v.clone())));
         terms.push(match e.operator.as_str() {
             "In" => format!("({k} in {labels} && {labels}[{k}] in {values})"),
             "NotIn" => format!("(!({k} in {labels}) || !({labels}[{k}] in {values}))"),
@@ -220,7 +225,7 @@ impl Override {
         let (ex, typed) = match &default {
             Value::String(d) => {
                 if let Some(allowed) = &o.one_of {
-                    checks.push(format!("{text} in {}", json_lit(&json!(allowed)).replace("dyn(", "(")));
+                    checks.push(format!("{text} in {}", scalars_lit(allowed.iter().cloned())));
                 }
                 let cel = format!("{annotation}.orValue({})", lit(d));
                 (Ex::Str(cel.clone()), cel)
@@ -234,7 +239,7 @@ impl Override {
             Value::Bool(b) => {
                 checks.insert(0, format!("{text} in [\"true\", \"false\"]"));
                 if let Some(allowed) = &o.one_of {
-                    checks.push(format!("({text} == \"true\") in {}", json_lit(&json!(allowed)).replace("dyn(", "(")));
+                    checks.push(format!("({text} == \"true\") in {}", scalars_lit(allowed.iter().cloned())));
                 }
                 let cel = format!("({annotation}.hasValue() ? {text} == \"true\" : {b})");
                 (Ex::Bool(cel.clone()), cel)
@@ -893,7 +898,7 @@ fn when_and(when: &Option<String>) -> String {
 }
 
 fn targets_cel(targets: &AppTargets) -> String {
-    let names = |list: &[String]| json_lit(&json!(list)).replace("dyn(", "(");
+    let names = |list: &[String]| scalars_lit(list.iter().map(|n| Value::String(n.clone())));
     let mut terms = Vec::new();
     if let Some(only) = &targets.only {
         terms.push(format!("c.name in {}", names(only)));
