@@ -153,14 +153,6 @@ pub async fn s23_policy_mode(ctx: &mut Ctx) -> Result<()> {
     let opted_in = [("sidecar-injector.io/inject", "enabled"), ("pm", "on")];
     ctx.namespace(THROUGH_WEBHOOK, &opted_in).await?;
     ctx.namespace(THROUGH_POLICY, &opted_in).await?;
-    let templates = tempfile::tempdir()?;
-    for entry in std::fs::read_dir("templates")? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "yaml") {
-            std::fs::copy(&path, templates.path().join(path.file_name().context("a file name")?))?;
-        }
-    }
-    std::fs::write(templates.path().join("tracing.yaml"), TRACING)?;
     let configmap = json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "e2e-policy-mode", "namespace": "sidecar-injector", "labels": {"sidecar-injector.io/templates": "true"}},
         "data": {"tracing.yaml": TRACING}});
@@ -173,6 +165,23 @@ pub async fn s23_policy_mode(ctx: &mut Ctx) -> Result<()> {
     {
         ensure!(start.elapsed() < Duration::from_secs(30), "the injector did not load the tracing template");
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The templates in service, as a user would export them (earlier scenarios edited some).
+    let templates = tempfile::tempdir()?;
+    let live: Value = serde_json::from_str(&ctx.plane.kubectl(&[
+        "get",
+        "configmaps",
+        "-n",
+        "sidecar-injector",
+        "-l",
+        "sidecar-injector.io/templates",
+        "-o",
+        "json",
+    ])?)?;
+    for configmap in live["items"].as_array().into_iter().flatten() {
+        for (key, text) in configmap["data"].as_object().into_iter().flatten() {
+            std::fs::write(templates.path().join(key), text.as_str().unwrap_or_default())?;
+        }
     }
 
     // Through the webhook.
