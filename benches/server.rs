@@ -599,17 +599,7 @@ async fn null_policy(plane: &ControlPlane, client: &kube::Client, patch: &[u8]) 
          "spec": {"policyName": "bench-null", "matchResources": {"namespaceSelector": {"matchLabels": {"bench": "null-p"}}}}},
     ]});
     plane.kubectl_as(&plane.admin_kubeconfig, &["apply", "-f", "-"], Some(&list.to_string()))?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "null-p");
-    let start = Instant::now();
-    loop {
-        let pod: Pod = serde_json::from_value(bench_pod("probe-"))?;
-        let dry = pods.create(&PostParams { dry_run: true, ..Default::default() }, &pod).await;
-        if dry.is_ok_and(|p| p.metadata.annotations.unwrap_or_default().contains_key("sidecar-injector.io/status")) {
-            return Ok(());
-        }
-        ensure!(start.elapsed() < Duration::from_secs(30), "the null policy did not take effect");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for_injection(client, "null-p", bench_pod("probe-"), "the null policy").await
 }
 
 /// The bench pod names its templates (log-shipper, otel-agent) by annotation, which the policy
@@ -658,18 +648,9 @@ async fn policy_mode_alone(plane: &ControlPlane, client: &kube::Client) -> Resul
         "-p",
         r#"[{"op":"add","path":"/spec/matchResources/namespaceSelector/matchExpressions/-","value":{"key":"bench","operator":"In","values":["policy"]}}]"#,
     ])?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "policy");
-    let start = Instant::now();
-    loop {
-        let mut pod = bench_pod("probe-");
-        without_templates_annotation(&mut pod);
-        let dry = pods.create(&PostParams { dry_run: true, ..Default::default() }, &serde_json::from_value(pod)?).await;
-        if dry.is_ok_and(|p| p.metadata.annotations.unwrap_or_default().contains_key("sidecar-injector.io/status")) {
-            return Ok(());
-        }
-        ensure!(start.elapsed() < Duration::from_secs(30), "the injection policy did not take effect");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let mut pod = bench_pod("probe-");
+    without_templates_annotation(&mut pod);
+    wait_for_injection(client, "policy", pod, "the injection policy").await
 }
 
 /// Starts the null webhook with the injector's patch for the bench pod and registers it, mutating
@@ -729,16 +710,22 @@ async fn null_webhooks(plane: &ControlPlane, injector_ca: &Path, dir: &Path, cli
          "metadata": {"name": "bench-null"}, "webhooks": [webhook("null-validate.bench.example.com", "/validate", json!(["null-mv"]))]},
     ]});
     plane.kubectl_as(&plane.admin_kubeconfig, &["apply", "-f", "-"], Some(&list.to_string()))?;
-    // Webhook configurations take a moment to take effect: until the null patch shows.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "null-m");
+    wait_for_injection(client, "null-m", bench_pod("probe-"), "the null webhook").await?;
+    Ok(process)
+}
+
+/// Polls a server-side dry run of `pod` in `namespace` until it comes back with a status
+/// annotation: admission configurations and policies take a moment to take effect.
+async fn wait_for_injection(client: &kube::Client, namespace: &str, pod: Value, what: &str) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod: Pod = serde_json::from_value(pod)?;
     let start = Instant::now();
     loop {
-        let pod: Pod = serde_json::from_value(bench_pod("probe-"))?;
         let dry = pods.create(&PostParams { dry_run: true, ..Default::default() }, &pod).await;
         if dry.is_ok_and(|p| p.metadata.annotations.unwrap_or_default().contains_key("sidecar-injector.io/status")) {
-            return Ok(process);
+            return Ok(());
         }
-        ensure!(start.elapsed() < Duration::from_secs(30), "the null webhook did not take effect");
+        ensure!(start.elapsed() < Duration::from_secs(30), "{what} did not take effect");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

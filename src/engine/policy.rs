@@ -152,6 +152,11 @@ pub fn json_lit(value: &Value) -> String {
     }
 }
 
+/// A CEL literal of a string's JSON text (quotes included), for the status annotation.
+fn json_text_lit(s: &str) -> String {
+    lit(&serde_json::to_string(s).expect("strings serialize"))
+}
+
 /// A CEL list of scalars of one type (no `dyn`: `in` compares them as they are).
 fn scalars_lit(values: impl IntoIterator<Item = Value>) -> String {
     format!("[{}]", values.into_iter().map(|v| json_lit(&v)).collect::<Vec<_>>().join(", "))
@@ -952,16 +957,16 @@ impl Program {
             vars.push((name.clone(), cel));
             format!("variables.{name}")
         };
-        let mut label_ops = Vec::new();
-        let mut annotation_ops = Vec::new();
+        // Per metadata map (labels, annotations): the operations, and the keys added (for the
+        // status) with the flags that add them.
+        let mut metadata_ops: [Vec<String>; 2] = Default::default();
         let mut init_ops = Vec::new();
         let mut container_ops = Vec::new();
         let mut volume_ops = Vec::new();
         let mut secret_ops = Vec::new();
         let (mut st_containers, mut st_init, mut st_native, mut st_volumes, mut st_secrets) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut st_labels: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let mut st_annotations: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut metadata_status: [BTreeMap<String, Vec<String>>; 2] = Default::default();
         // Status entries of skipped items (CEL strings, empty when not skipped), in the engine's
         // order: per template, its own items, then its app-container items.
         let mut skips: Vec<String> = Vec::new();
@@ -995,80 +1000,65 @@ impl Program {
                 }
                 added
             };
-            let mut labels = plan.labels.clone();
-            labels.sort_by(|a, b| a.0.cmp(&b.0));
-            for (key, value) in &labels {
-                let pod_has = match key.as_str() {
-                    names::INJECTED_LABEL => "true".to_owned(),
-                    _ => format!("({} in variables.podLabels)", lit(key)),
-                };
-                let added = static_item(&mut vars, "labels", ItemKind::Label, key, &None, pod_has, true);
-                label_ops.push(format!(
-                    "({added} ? [{}] : [])",
-                    patch_op(&lit(&format!("/metadata/labels/{}", pointer(key))), &value.cel())
-                ));
-                st_labels.entry(key.clone()).or_default().push(added);
-            }
-            let mut annotations = plan.annotations.clone();
-            annotations.sort_by(|a, b| a.0.cmp(&b.0));
-            for (key, value) in &annotations {
-                let pod_has = match key.as_str() {
-                    names::STATUS_ANNOTATION => "true".to_owned(),
-                    _ => format!("({} in object.metadata.?annotations.orValue({{}}))", lit(key)),
-                };
-                let added = static_item(&mut vars, "annotations", ItemKind::Annotation, key, &None, pod_has, true);
-                annotation_ops.push(format!(
-                    "({added} ? [{}] : [])",
-                    patch_op(&lit(&format!("/metadata/annotations/{}", pointer(key))), &value.cel())
-                ));
-                st_annotations.entry(key.clone()).or_default().push(added);
+            // Labels, then annotations, each in key order (the rendered maps are sorted); the
+            // injector's own key is always taken.
+            let metadata_maps = [
+                ("labels", ItemKind::Label, &plan.labels, names::INJECTED_LABEL, "variables.podLabels"),
+                (
+                    "annotations",
+                    ItemKind::Annotation,
+                    &plan.annotations,
+                    names::STATUS_ANNOTATION,
+                    "object.metadata.?annotations.orValue({})",
+                ),
+            ];
+            for (index, (field, kind, entries, own_key, pod_map)) in metadata_maps.into_iter().enumerate() {
+                let mut entries = entries.clone();
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+                for (key, value) in &entries {
+                    let pod_has = match key.as_str() {
+                        k if k == own_key => "true".to_owned(),
+                        _ => format!("({} in {pod_map})", lit(key)),
+                    };
+                    let added = static_item(&mut vars, field, kind, key, &None, pod_has, true);
+                    metadata_ops[index].push(format!(
+                        "({added} ? [{}] : [])",
+                        patch_op(&lit(&format!("/metadata/{field}/{}", pointer(key))), &value.cel())
+                    ));
+                    metadata_status[index].entry(key.clone()).or_default().push(added);
+                }
             }
             let container_has = |key: &str| format!("({} in variables.allContainers.map(c, c.name))", lit(key));
-            for item in &plan.init_containers {
-                let added = static_item(
-                    &mut vars,
-                    "containers",
-                    item.kind,
-                    &item.key,
-                    &item.when,
-                    container_has(&item.key),
-                    true,
-                );
-                init_ops.push((added.clone(), item.value.clone()));
-                st_init.push((added, lit(&serde_json::to_string(&item.key).expect("strings serialize"))));
-            }
-            for item in &plan.sidecars {
-                let added = static_item(
-                    &mut vars,
-                    "containers",
-                    item.kind,
-                    &item.key,
-                    &item.when,
-                    container_has(&item.key),
-                    true,
-                );
-                let name_json = lit(&serde_json::to_string(&item.key).expect("strings serialize"));
-                if plan.native {
-                    init_ops.push((added.clone(), item.value.clone()));
-                    st_init.push((added.clone(), name_json.clone()));
-                    st_native.push((added, name_json));
-                } else {
+            // Init containers, then sidecars (native ones go among the init containers too).
+            let containers =
+                plan.init_containers.iter().map(|i| (i, false)).chain(plan.sidecars.iter().map(|i| (i, true)));
+            for (item, sidecar) in containers {
+                let pod_has = container_has(&item.key);
+                let added = static_item(&mut vars, "containers", item.kind, &item.key, &item.when, pod_has, true);
+                let name_json = json_text_lit(&item.key);
+                if sidecar && !plan.native {
                     container_ops
                         .push(format!("({added} ? [{}] : [])", patch_op("\"/spec/containers/-\"", &item.value)));
                     st_containers.push((added, name_json));
+                    continue;
                 }
+                init_ops.push((added.clone(), item.value.clone()));
+                if sidecar {
+                    st_native.push((added.clone(), name_json.clone()));
+                }
+                st_init.push((added, name_json));
             }
             for item in &plan.volumes {
                 let pod_has = format!("({} in variables.volumeNames)", lit(&item.key));
                 let added = static_item(&mut vars, "volumes", item.kind, &item.key, &item.when, pod_has, true);
                 volume_ops.push((added.clone(), item.value.clone()));
-                st_volumes.push((added, lit(&serde_json::to_string(&item.key).expect("strings serialize"))));
+                st_volumes.push((added, json_text_lit(&item.key)));
             }
             for item in &plan.pull_secrets {
                 let pod_has = format!("({} in variables.pullSecretNames)", lit(&item.key));
                 let added = static_item(&mut vars, "pullSecrets", item.kind, &item.key, &item.when, pod_has, false);
                 secret_ops.push((added.clone(), item.value.clone()));
-                st_secrets.push((added, lit(&serde_json::to_string(&item.key).expect("strings serialize"))));
+                st_secrets.push((added, json_text_lit(&item.key)));
             }
             // App containers: per container, so inline over `c`.
             let includes = targets_cel(&plan.targets);
@@ -1095,8 +1085,7 @@ impl Program {
                             &item.value
                         )
                     ));
-                    app_added[list_index]
-                        .push((added.clone(), lit(&serde_json::to_string(&item.key).expect("strings serialize"))));
+                    app_added[list_index].push((added.clone(), json_text_lit(&item.key)));
                     let skip = format!("({here} && !{added})");
                     let json = skip_json(t, *kind, &item.key, Some("c.name"), &owner_cel(&pod_has, &earlier_plans));
                     this_plan_app_skips.push(format!("({skip} ? {json} : \"\")"));
@@ -1145,9 +1134,7 @@ impl Program {
         let templates_list =
             templates.iter().map(|(c, j)| format!("({c} ? {j} : \"\")")).collect::<Vec<_>>().join(", ");
         let keyed = |m: &BTreeMap<String, Vec<String>>| -> Vec<(String, String)> {
-            m.iter()
-                .map(|(k, flags)| (any(flags.iter().cloned()), lit(&serde_json::to_string(k).expect("serializes"))))
-                .collect()
+            m.iter().map(|(k, flags)| (any(flags.iter().cloned()), json_text_lit(k))).collect()
         };
         let app_part = |list_index: usize, field: &str| {
             let entries =
@@ -1177,8 +1164,8 @@ impl Program {
             list_part("nativeSidecars", &st_native),
             list_part("volumes", &st_volumes),
             list_part("imagePullSecrets", &st_secrets),
-            list_part("labels", &keyed(&st_labels)),
-            list_part("annotations", &keyed(&st_annotations)),
+            list_part("labels", &keyed(&metadata_status[0])),
+            list_part("annotations", &keyed(&metadata_status[1])),
             app_containers,
             wrap_nonempty(&format!("[{skipped_list}].filter(x, x != \"\").join(\",\")"), ",\"skipped\":[", "]"),
             "\"}\"".to_owned(),
@@ -1189,6 +1176,7 @@ impl Program {
         // The patch, in the order `inject::plan` writes it.
         let mut ops: Vec<String> = Vec::new();
         ops.push(format!("(has(object.metadata.labels) ? [] : [{}])", patch_op("\"/metadata/labels\"", "{}")));
+        let [label_ops, annotation_ops] = metadata_ops;
         ops.extend(label_ops);
         ops.push(format!(
             "[{}]",
