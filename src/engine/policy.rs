@@ -869,7 +869,9 @@ fn owner_cel(pod_has: &str, earlier: &[(String, &str)]) -> String {
 }
 
 /// A skipped item's status entry (the `Skipped` field order: template, kind, name, container,
-/// owner) as CEL; `container` is CEL (a container's name: a DNS label, nothing to escape).
+/// owner) as CEL; `container` is CEL (a container's name, put in unescaped: one that is not a DNS
+/// label — the only way to break the JSON — makes the API server's validation, which runs after the
+/// policy, refuse the pod, so such a status is never stored).
 fn skip_json(template: &str, kind: ItemKind, name: &str, container: Option<&str>, owner: &str) -> String {
     let json = |s: &str| serde_json::to_string(s).expect("strings serialize");
     let head = format!("{{\"template\":{},\"kind\":\"{}\",\"name\":{}", json(template), kind_name(kind), json(name));
