@@ -698,44 +698,30 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
             })
             .collect()
     };
-    let items = |list: &[SeqItem], kind: ItemKind| -> Result<Vec<Item>, String> {
-        let cx = &cx;
+    // Each item with its identity and its value as CEL (containers get `restartPolicy` and the
+    // token mount on top, see `container_value`).
+    let items = |list: &[SeqItem], kind: ItemKind, container: Option<bool>| -> Result<Vec<Item>, String> {
         let mut out = Vec::new();
         for item in list {
             let when = when_cel(cx, item.when.as_ref())?;
             if when.as_deref() == Some("false") {
                 continue;
             }
-            let value = cx.guarded(item.when.as_ref(), || piece_val(cx, &item.piece))?;
+            let value = match container {
+                Some(native) => container_value(cx, item, native)?,
+                None => cx.guarded(item.when.as_ref(), || piece_val(cx, &item.piece))?.cel(),
+            };
             let key = item_key(&item.piece, cx, kind).ok_or_else(|| {
                 format!(
                     "a {} whose name depends on the pod or an override is not in the policy subset",
                     kind_name(kind)
                 )
             })?;
-            out.push(Item { kind, key, when, value: value.cel() });
+            out.push(Item { kind, key, when, value });
         }
         Ok(out)
     };
     let native = template.sidecar_mode.is_native(native_sidecars);
-    let mut sidecars = items(&spec.sidecars, ItemKind::Sidecar)?;
-    for sidecar in &mut sidecars {
-        sidecar.value = container_value(
-            cx,
-            spec.sidecars.iter().find(|s| item_key(&s.piece, cx, ItemKind::Sidecar).as_deref() == Some(&sidecar.key)),
-            native,
-        )?;
-    }
-    let mut init_containers = items(&spec.init_containers, ItemKind::InitContainer)?;
-    for init in &mut init_containers {
-        init.value = container_value(
-            cx,
-            spec.init_containers
-                .iter()
-                .find(|s| item_key(&s.piece, cx, ItemKind::InitContainer).as_deref() == Some(&init.key)),
-            false,
-        )?;
-    }
     Ok(Plan {
         name: name.to_owned(),
         hash: template.hash.clone(),
@@ -745,14 +731,14 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         native,
         labels: string_map(&spec.labels)?,
         annotations: string_map(&spec.annotations)?,
-        init_containers,
-        sidecars,
-        volumes: items(&spec.volumes, ItemKind::Volume)?,
-        pull_secrets: items(&spec.image_pull_secrets, ItemKind::ImagePullSecret)?,
+        init_containers: items(&spec.init_containers, ItemKind::InitContainer, Some(false))?,
+        sidecars: items(&spec.sidecars, ItemKind::Sidecar, Some(native))?,
+        volumes: items(&spec.volumes, ItemKind::Volume, None)?,
+        pull_secrets: items(&spec.image_pull_secrets, ItemKind::ImagePullSecret, None)?,
         app: [
-            items(&spec.env, ItemKind::Env)?,
-            items(&spec.env_from, ItemKind::EnvFrom)?,
-            items(&spec.volume_mounts, ItemKind::VolumeMount)?,
+            items(&spec.env, ItemKind::Env, None)?,
+            items(&spec.env_from, ItemKind::EnvFrom, None)?,
+            items(&spec.volume_mounts, ItemKind::VolumeMount, None)?,
         ],
         targets: spec.targets.clone(),
     })
@@ -785,18 +771,16 @@ fn item_key(piece: &Piece, cx: &Cx<'_>, kind: ItemKind) -> Option<String> {
 
 /// A container as CEL, with `restartPolicy: Always` for a native sidecar and the service-account
 /// token mount of `inject` (`variables.tokenMounts`) unless the template mounts that path itself.
-fn container_value(cx: &Cx<'_>, item: Option<&SeqItem>, native: bool) -> Result<String, String> {
-    cx.guarded(item.and_then(|i| i.when.as_ref()), || container_fields(cx, item, native))
+fn container_value(cx: &Cx<'_>, item: &SeqItem, native: bool) -> Result<String, String> {
+    cx.guarded(item.when.as_ref(), || container_fields(cx, &item.piece, native))
 }
 
-fn container_fields(cx: &Cx<'_>, item: Option<&SeqItem>, native: bool) -> Result<String, String> {
-    let entries: Vec<(String, Val)> = match item.map(|i| &i.piece) {
-        Some(Piece::Map(entries)) => {
+fn container_fields(cx: &Cx<'_>, piece: &Piece, native: bool) -> Result<String, String> {
+    let entries: Vec<(String, Val)> = match piece {
+        Piece::Map(entries) => {
             entries.iter().map(|(k, p)| Ok((k.clone(), piece_val(cx, p)?))).collect::<Result<_, String>>()?
         }
-        Some(Piece::Literal(Value::Object(map))) => {
-            map.iter().map(|(k, v)| (k.clone(), Val::Const(v.clone()))).collect()
-        }
+        Piece::Literal(Value::Object(map)) => map.iter().map(|(k, v)| (k.clone(), Val::Const(v.clone()))).collect(),
         _ => return Err("a container that is not a mapping is not in the policy subset".to_owned()),
     };
     let mut fields: Vec<(String, Val)> = Vec::new();
