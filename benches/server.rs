@@ -457,6 +457,7 @@ async fn on_a_cluster(
     create_namespaces(&client, vec!["plain".into()], json!({})).await?;
     create_namespaces(&client, vec!["null-m".into()], json!({"bench": "null-m"})).await?;
     create_namespaces(&client, vec!["null-mv".into()], json!({"bench": "null-mv"})).await?;
+    create_namespaces(&client, vec!["null-m2".into()], json!({"bench": "null-m2"})).await?;
     create_namespaces(&client, vec!["lean".into()], json!({"sidecar-injector.io/inject": "enabled", "bench": "lean"}))
         .await?;
     create_namespaces(
@@ -497,7 +498,8 @@ async fn on_a_cluster(
         md,
         "Rows alternate within each round, two rounds per concurrency. The null webhook (`e2e/controlplane/cmd/nullwebhook`, Go \
          standard library) answers every pod with the very JSONPatch the injector returns for this pod, so the API server \
-         does the same work on the answer. The injector runs with 200 templates loaded (from part B). Pods have \
+         does the same work on the answer; it speaks HTTP/1.1, as the API server does with any webhook behind a Service \
+         (and with ours here), except in the HTTP/2 row. The injector runs with 200 templates loaded (from part B). Pods have \
          `automountServiceAccountToken: false`, so the null webhook's fixed patch fits every one of them.\n"
     )?;
     writeln!(
@@ -545,6 +547,14 @@ async fn on_a_cluster(
             mean("null-p") - mean("plain"),
             mean("policy") / mean("null-p"),
         )?;
+        writeln!(
+            report.md,
+            "- {concurrency} at a time: the protocol, null mutating webhook over HTTP/2 / over HTTP/1.1: **{:.2}×** \
+             ({:.2} vs {:.2} ms)",
+            mean("null-m2") / mean("null-m"),
+            mean("null-m2"),
+            mean("null-m"),
+        )?;
         if *concurrency == 1 {
             report.target(
                 format!("policy mode alone: added latency ≤ 0.5 ms (1 at a time): +{policy_added:.2} ms"),
@@ -564,9 +574,10 @@ async fn on_a_cluster(
 }
 
 /// Part C's configurations: (namespace, what runs on a pod create there).
-const ROWS: [(&str, &str); 7] = [
+const ROWS: [(&str, &str); 8] = [
     ("plain", "no webhook (not opted in)"),
     ("null-m", "null mutating webhook, same patch"),
+    ("null-m2", "null mutating webhook, same patch, HTTP/2 offered (loopback URL only)"),
     ("null-mv", "null mutating + null validating"),
     ("lean", "ours: mutating + policy (lean install)"),
     ("shop", "ours: mutating + validating + policy (full install)"),
@@ -655,7 +666,9 @@ async fn policy_mode_alone(plane: &ControlPlane, client: &kube::Client) -> Resul
 
 /// Starts the null webhook with the injector's patch for the bench pod and registers it, mutating
 /// for the namespaces labelled `bench=null-m` or `null-mv`, validating for `null-mv`, with the same
-/// settings as the injector's own entries.
+/// settings as the injector's own entries, over HTTP/1.1 as the API server speaks to a webhook
+/// behind a Service; and once more, mutating for `null-m2`, on a port that offers HTTP/2 too (which
+/// the API server uses for a loopback URL only).
 async fn null_webhooks(plane: &ControlPlane, injector_ca: &Path, dir: &Path, client: &kube::Client) -> Result<Process> {
     std::fs::create_dir_all(dir)?;
     // The injector's answer for the bench pod, as the API server would send it.
@@ -685,15 +698,16 @@ async fn null_webhooks(plane: &ControlPlane, injector_ca: &Path, dir: &Path, cli
     let serving = sidecar_injector::certs::issue(&ca, &["127.0.0.1".into()], now, 1)?;
     std::fs::write(dir.join("tls.crt"), &serving.cert)?;
     std::fs::write(dir.join("tls.key"), &serving.key)?;
-    let port = free_port();
+    let (port, port_h2) = (free_port(), free_port());
     let mut command = Command::new(plane.bin.join("nullwebhook"));
-    command.args(["-listen", &format!("127.0.0.1:{port}")]).arg("-cert").arg(dir.join("tls.crt"));
+    command.args(["-listen", &format!("127.0.0.1:{port}"), "-listen-h2", &format!("127.0.0.1:{port_h2}")]);
+    command.arg("-cert").arg(dir.join("tls.crt"));
     command.arg("-key").arg(dir.join("tls.key")).arg("-patch").arg(dir.join("patch.json"));
     let process = Process::spawn("nullwebhook", command, dir)?;
     use base64::engine::general_purpose::STANDARD;
     let bundle = STANDARD.encode(&ca.cert);
     let not_mirror = json!({"name": "not-a-mirror-pod", "expression": "!has(object.metadata.annotations) || !('kubernetes.io/config.mirror' in object.metadata.annotations)"});
-    let webhook = |name: &str, path: &str, namespaces: Value| {
+    let webhook = |name: &str, port: u16, path: &str, namespaces: Value| {
         json!({"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
                "matchPolicy": "Equivalent", "timeoutSeconds": 5,
                "clientConfig": {"url": format!("https://127.0.0.1:{port}{path}"), "caBundle": bundle},
@@ -701,16 +715,19 @@ async fn null_webhooks(plane: &ControlPlane, injector_ca: &Path, dir: &Path, cli
                "namespaceSelector": {"matchExpressions": [{"key": "bench", "operator": "In", "values": namespaces}]},
                "matchConditions": [not_mirror]})
     };
-    let mut mutating = webhook("null-mutate.bench.example.com", "/mutate", json!(["null-m", "null-mv"]));
+    let mut mutating = webhook("null-mutate.bench.example.com", port, "/mutate", json!(["null-m", "null-mv"]));
+    let mut mutating_h2 = webhook("null-mutate-h2.bench.example.com", port_h2, "/mutate", json!(["null-m2"]));
     mutating["reinvocationPolicy"] = json!("IfNeeded");
+    mutating_h2["reinvocationPolicy"] = json!("IfNeeded");
     let list = json!({"apiVersion": "v1", "kind": "List", "items": [
         {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-         "metadata": {"name": "bench-null"}, "webhooks": [mutating]},
+         "metadata": {"name": "bench-null"}, "webhooks": [mutating, mutating_h2]},
         {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-         "metadata": {"name": "bench-null"}, "webhooks": [webhook("null-validate.bench.example.com", "/validate", json!(["null-mv"]))]},
+         "metadata": {"name": "bench-null"}, "webhooks": [webhook("null-validate.bench.example.com", port, "/validate", json!(["null-mv"]))]},
     ]});
     plane.kubectl_as(&plane.admin_kubeconfig, &["apply", "-f", "-"], Some(&list.to_string()))?;
     wait_for_injection(client, "null-m", bench_pod("probe-"), "the null webhook").await?;
+    wait_for_injection(client, "null-m2", bench_pod("probe-"), "the null webhook over HTTP/2").await?;
     Ok(process)
 }
 

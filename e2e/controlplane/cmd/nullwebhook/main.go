@@ -6,7 +6,12 @@
 // itself: encoding the AdmissionReview, the HTTPS round trip, decoding the answer, applying the
 // patch.
 //
-//	nullwebhook -listen 127.0.0.1:18444 -cert tls.crt -key tls.key -patch patch.json
+// -listen serves HTTP/1.1 only: what the API server speaks to every webhook it reaches through a
+// Service, and to URL webhooks off loopback (k8s.io/apiserver/pkg/util/webhook sets NextProtos to
+// http/1.1 there, kubernetes/kubernetes#75791). -listen-h2, when given, also offers HTTP/2, which the
+// API server uses only for a URL webhook on loopback: the bench measures what the protocol changes.
+//
+//	nullwebhook -listen 127.0.0.1:18444 [-listen-h2 127.0.0.1:18445] -cert tls.crt -key tls.key -patch patch.json
 package main
 
 import (
@@ -19,6 +24,15 @@ import (
 	"os"
 )
 
+// serve serves mux over TLS on addr, with HTTP/2 offered or not.
+func serve(addr string, http2 bool, cert, key string, mux http.Handler) error {
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetHTTP2(http2)
+	server := &http.Server{Addr: addr, Handler: mux, Protocols: protocols}
+	return server.ListenAndServeTLS(cert, key)
+}
+
 type review struct {
 	Request struct {
 		UID string `json:"uid"`
@@ -26,7 +40,8 @@ type review struct {
 }
 
 func main() {
-	listen := flag.String("listen", "127.0.0.1:18444", "address to serve HTTPS on")
+	listen := flag.String("listen", "127.0.0.1:18444", "address to serve HTTPS on, HTTP/1.1 only")
+	listenH2 := flag.String("listen-h2", "", "address to serve HTTPS on with HTTP/2 offered too (off when empty)")
 	cert := flag.String("cert", "", "serving certificate (PEM)")
 	key := flag.String("key", "", "serving key (PEM)")
 	patchFile := flag.String("patch", "", "JSONPatch answered on /mutate")
@@ -59,7 +74,11 @@ func main() {
 			})
 		}
 	}
-	http.HandleFunc("/mutate", answer(true))
-	http.HandleFunc("/validate", answer(false))
-	log.Fatal(http.ListenAndServeTLS(*listen, *cert, *key, nil))
+	mux := http.NewServeMux()
+	mux.HandleFunc("/mutate", answer(true))
+	mux.HandleFunc("/validate", answer(false))
+	if *listenH2 != "" {
+		go func() { log.Fatal(serve(*listenH2, true, *cert, *key, mux)) }()
+	}
+	log.Fatal(serve(*listen, false, *cert, *key, mux))
 }
