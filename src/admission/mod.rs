@@ -422,21 +422,20 @@ pub fn validate(
     precheck: &dyn PreCheck,
 ) -> Reply {
     let operation = operation_name(&request.operation).to_owned();
+    let mut request = request;
     let verdict = if is_kind(&request, "", "Pod") {
-        match (&request.operation, &request.object, &request.old_object) {
-            (Operation::Create, Some(object), _) => validate::validate_pod(
+        // A CREATE's pod is moved into the check, not copied: the reply needs only the request's
+        // identity.
+        let created = if request.operation == Operation::Create { request.object.take() } else { None };
+        match (&request.operation, created, &request.object, &request.old_object) {
+            (Operation::Create, Some(object), _, _) => validate::validate_pod(
                 engine,
-                &PodRequest {
-                    pod: Arc::new(object.json.clone()),
-                    namespace: namespace.clone(),
-                    cluster,
-                    workload: None,
-                },
+                &PodRequest { pod: Arc::new(object.json), namespace: namespace.clone(), cluster, workload: None },
             ),
-            (Operation::Update, Some(object), Some(old)) => {
+            (Operation::Update, _, Some(object), Some(old)) => {
                 validate::validate_pod_update(engine, &old.json, &object.json)
             }
-            (Operation::Update, _, None) => {
+            (Operation::Update, _, _, None) => {
                 return deny(&request, "request.oldObject is missing for a pod UPDATE".into());
             }
             _ => {

@@ -168,11 +168,14 @@ fn check_named_items(pod: &Value, status: &InjectionStatus) -> Result<(), String
 /// Recomputes the injection for the pod without its injected parts and checks every field the
 /// templates set.
 fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &InjectionStatus) -> Result<(), String> {
-    let original = strip_injection(&request.pod, status);
-    let base_request = PodRequest { pod: Arc::new(original.clone()), ..request.clone() };
+    let base_request = PodRequest { pod: Arc::new(strip_injection(&request.pod, status)), ..request.clone() };
     // Fields the templates compute from pod data may differ now (the API server fills
     // metadata.name from generateName after the mutating call): those are not compared.
-    let injection = match engine.evaluate_masked(&base_request).outcome {
+    let outcome = engine.evaluate_masked(&base_request).outcome;
+    // The engine keeps no reference to the pod once it has decided: the stripped pod is taken
+    // back rather than copied (a whole-pod copy per check, on every pod create).
+    let original = Arc::try_unwrap(base_request.pod).unwrap_or_else(|shared| (*shared).clone());
+    let injection = match outcome {
         Outcome::Inject(injection) => injection,
         // An enforced template's item was replaced after injection (or never injected under a
         // forged status): the author cannot have that either way.
