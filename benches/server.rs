@@ -496,7 +496,8 @@ async fn on_a_cluster(
     writeln!(md, "## C. Pod creation through the API server ({} pods per row)\n", durations.pods)?;
     writeln!(
         md,
-        "Rows alternate within each round, two rounds per concurrency. The null webhook (`e2e/controlplane/cmd/nullwebhook`, Go \
+        "Rows alternate within each round, {POD_ROUNDS} rounds per concurrency, after a warm-up of {WARM_UP_PODS} pods per row that \
+         is not counted. The null webhook (`e2e/controlplane/cmd/nullwebhook`, Go \
          standard library) answers every pod with the very JSONPatch the injector returns for this pod, so the API server \
          does the same work on the answer; it speaks HTTP/1.1, as the API server does with any webhook behind a Service \
          (and with ours here), except in the HTTP/2 row. The injector runs with 200 templates loaded (from part B). Pods have \
@@ -572,6 +573,11 @@ async fn on_a_cluster(
     drop(plane);
     Ok(())
 }
+
+/// Rounds of part C per concurrency; the rows alternate within each.
+const POD_ROUNDS: usize = 4;
+/// Pods created in each namespace before part C measures, not counted.
+const WARM_UP_PODS: usize = 10;
 
 /// Part C's configurations: (namespace, what runs on a pod create there).
 const ROWS: [(&str, &str); 8] = [
@@ -803,7 +809,9 @@ impl PodCreates {
 }
 
 /// Creates `pods` pods in each of [`ROWS`]' namespaces, `concurrency` at a time, alternating
-/// namespaces in two rounds so that a warming cache or drift over the run favours none.
+/// namespaces in [`POD_ROUNDS`] rounds so that drift over the run favours none, after
+/// [`WARM_UP_PODS`] uncounted pods per namespace (the first pods after a configuration change are
+/// slower, and would otherwise all fall on the first row).
 async fn create_pods(
     client: &kube::Client,
     plane: &ControlPlane,
@@ -813,11 +821,21 @@ async fn create_pods(
 ) -> Result<PodCreates> {
     let mut result =
         PodCreates { latencies_ms: BTreeMap::new(), round_means_ms: BTreeMap::new(), phases: BTreeMap::new() };
-    for round in 0..2 {
+    for namespace in ROWS.iter().map(|r| r.0) {
+        let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        for i in 0..WARM_UP_PODS {
+            let mut pod = bench_pod(&format!("bench-warm-c{concurrency}-{i}-"));
+            if namespace == "policy" {
+                without_templates_annotation(&mut pod);
+            }
+            api.create(&PostParams::default(), &serde_json::from_value(pod)?).await?;
+        }
+    }
+    for round in 0..POD_ROUNDS {
         for (namespace, _) in ROWS {
             let before = admission_times(plane, injector)?;
             let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-            let latencies: Vec<Result<Duration>> = futures::stream::iter(0..pods / 2)
+            let latencies: Vec<Result<Duration>> = futures::stream::iter(0..pods / POD_ROUNDS)
                 .map(|i| {
                     let api = api.clone();
                     async move {
@@ -904,7 +922,7 @@ fn main() -> Result<()> {
     let durations = if quick {
         Durations { saturation: "3s", fixed: "3s", pods: 100 }
     } else {
-        Durations { saturation: "10s", fixed: "10s", pods: 500 }
+        Durations { saturation: "10s", fixed: "10s", pods: 1000 }
     };
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     std::env::set_current_dir(&root)?;
