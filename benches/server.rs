@@ -455,9 +455,13 @@ async fn on_a_cluster(
     // C. Pod creation through the API server: without any webhook, with a null webhook answering
     // the injector's own patch (the floor), and with the injector, in full and lean configurations.
     create_namespaces(&client, vec!["plain".into()], json!({})).await?;
-    create_namespaces(&client, vec!["null-m".into()], json!({"bench": "null-m"})).await?;
-    create_namespaces(&client, vec!["null-mv".into()], json!({"bench": "null-mv"})).await?;
-    create_namespaces(&client, vec!["null-m2".into()], json!({"bench": "null-m2"})).await?;
+    // The null rows are opted in like ours, so the ValidatingAdmissionPolicy (bound by that label)
+    // checks their pods too: the same admission configuration with the injector's webhooks
+    // swapped for the null ones, which the injector's webhooks do not see (below).
+    for null in ["null-m", "null-mv", "null-m2"] {
+        create_namespaces(&client, vec![null.into()], json!({"sidecar-injector.io/inject": "enabled", "bench": null}))
+            .await?;
+    }
     create_namespaces(&client, vec!["lean".into()], json!({"sidecar-injector.io/inject": "enabled", "bench": "lean"}))
         .await?;
     create_namespaces(
@@ -479,6 +483,7 @@ async fn on_a_cluster(
             accounts.create(&PostParams::default(), &account).await?;
         }
     }
+    not_for_the_injector(&plane, &["policy", "null-p", "null-m", "null-mv", "null-m2"])?;
     let _null = null_webhooks(&plane, &ca, &dir.path().join("null"), &client).await?;
     // Lean: the pod validating webhook does not see the "lean" namespace (the policy still does).
     plane.kubectl(&[
@@ -500,7 +505,8 @@ async fn on_a_cluster(
          is not counted. The null webhook (`e2e/controlplane/cmd/nullwebhook`, Go \
          standard library) answers every pod with the very JSONPatch the injector returns for this pod, so the API server \
          does the same work on the answer; it speaks HTTP/1.1, as the API server does with any webhook behind a Service \
-         (and with ours here), except in the HTTP/2 row. The injector runs with 200 templates loaded (from part B). Pods have \
+         (and with ours here), except in the HTTP/2 row. Its namespaces are opted in like ours, so the \
+         ValidatingAdmissionPolicy checks their pods as it checks ours: only the webhooks differ. The injector runs with 200 templates loaded (from part B). Pods have \
          `automountServiceAccountToken: false`, so the null webhook's fixed patch fits every one of them.\n"
     )?;
     writeln!(
@@ -632,17 +638,6 @@ fn without_templates_annotation(pod: &mut Value) {
 /// `without_templates_annotation`), bound to the `policy` namespace only, which the injector's
 /// webhooks no longer see (as when the injector is down), so only the policies run there.
 async fn policy_mode_alone(plane: &ControlPlane, client: &kube::Client) -> Result<()> {
-    let not_policy = r#"{"key":"bench","operator":"NotIn","values":["policy","null-p"]}"#;
-    for (kind, entries) in [("mutatingwebhookconfiguration", 2), ("validatingwebhookconfiguration", 1)] {
-        let ops: Vec<String> = (0..entries)
-            .map(|i| {
-                format!(
-                    r#"{{"op":"add","path":"/webhooks/{i}/namespaceSelector/matchExpressions/-","value":{not_policy}}}"#
-                )
-            })
-            .collect();
-        plane.kubectl(&["patch", kind, "sidecar-injector", "--type=json", "-p", &format!("[{}]", ops.join(","))])?;
-    }
     let templates = tempfile::tempdir()?;
     for name in ["log-shipper.yaml", "otel-agent.yaml", "proxy.yaml"] {
         let text = std::fs::read_to_string(Path::new("templates").join(name))?;
@@ -668,6 +663,19 @@ async fn policy_mode_alone(plane: &ControlPlane, client: &kube::Client) -> Resul
     let mut pod = bench_pod("probe-");
     without_templates_annotation(&mut pod);
     wait_for_injection(client, "policy", pod, "the injection policy").await
+}
+
+/// Patches the injector's pod webhooks not to see the namespaces labelled `bench` with one of
+/// `rows`: opted in (so the policies check their pods), but served by something else.
+fn not_for_the_injector(plane: &ControlPlane, rows: &[&str]) -> Result<()> {
+    let not_ours = json!({"key": "bench", "operator": "NotIn", "values": rows});
+    for (kind, entries) in [("mutatingwebhookconfiguration", 2), ("validatingwebhookconfiguration", 1)] {
+        let ops: Vec<Value> = (0..entries)
+            .map(|i| json!({"op": "add", "path": format!("/webhooks/{i}/namespaceSelector/matchExpressions/-"), "value": not_ours}))
+            .collect();
+        plane.kubectl(&["patch", kind, "sidecar-injector", "--type=json", "-p", &Value::Array(ops).to_string()])?;
+    }
+    Ok(())
 }
 
 /// Starts the null webhook with the injector's patch for the bench pod and registers it, mutating

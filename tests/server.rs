@@ -192,6 +192,27 @@ async fn tls_1_2_and_1_3_are_served() {
     server.stop();
 }
 
+/// HTTP/2 stays off on :8443: the API server never speaks it to a webhook behind a Service, and
+/// actix-http's HTTP/2 server has no limit on concurrent streams per connection (bench/README.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_http_1_1_is_negotiated_even_when_a_client_prefers_h2() {
+    let server = TestServer::start(|_| {});
+    let handshake = |offered: Vec<&'static [u8]>| {
+        let mut config = server.client_tls(&[&rustls::version::TLS13]);
+        config.alpn_protocols = offered.into_iter().map(<[u8]>::to_vec).collect();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        async move {
+            let tcp = tokio::net::TcpStream::connect(server.https).await?;
+            connector.connect("localhost".try_into().unwrap(), tcp).await
+        }
+    };
+    let both = handshake(vec![b"h2", b"http/1.1"]).await.unwrap();
+    assert_eq!(both.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let error = handshake(vec![b"h2"]).await.expect_err("a client that speaks only h2 must not get in");
+    assert!(error.to_string().contains("NoApplicationProtocol"), "{error}");
+    server.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_swapped_like_a_secret_volume_is_served_without_restart_or_failed_requests() {
     let mut server = TestServer::start(|_| {});
