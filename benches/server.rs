@@ -458,8 +458,8 @@ async fn on_a_cluster(
     // The null rows are opted in like ours, so the ValidatingAdmissionPolicy (bound by that label)
     // checks their pods too: the same admission configuration with the injector's webhooks
     // swapped for the null ones, which the injector's webhooks do not see (below).
-    for null in ["null-m", "null-mv", "null-m2"] {
-        create_namespaces(&client, vec![null.into()], json!({"sidecar-injector.io/inject": "enabled", "bench": null}))
+    for row in ["null-m", "null-mv", "null-m2"] {
+        create_namespaces(&client, vec![row.into()], json!({"sidecar-injector.io/inject": "enabled", "bench": row}))
             .await?;
     }
     create_namespaces(&client, vec!["lean".into()], json!({"sidecar-injector.io/inject": "enabled", "bench": "lean"}))
