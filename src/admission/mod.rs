@@ -415,14 +415,13 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
 /// and loads).
 pub fn validate(
     engine: &Engine,
-    request: Request,
+    mut request: Request,
     namespace: &NamespaceFacts,
     cluster: ClusterFacts,
     own_namespace: &str,
     precheck: &dyn PreCheck,
 ) -> Reply {
     let operation = operation_name(&request.operation).to_owned();
-    let mut request = request;
     let verdict = if is_kind(&request, "", "Pod") {
         // A CREATE's pod is moved into the check, not copied: the reply needs only the request's
         // identity.
