@@ -534,8 +534,11 @@ async fn on_a_cluster(
         writeln!(
             report.md,
             "- {concurrency} at a time: ours / null with the same configuration: full (mutating + validating + policy) **{full:.2}×**, \
-             lean (mutating + policy) **{pair:.2}×** (target ≤ 1.1); with / without any webhook: full {:.2}×, lean {:.2}×, \
-             null pair {:.2}×; added latency: full +{:.2} ms, lean +{:.2} ms, null pair +{:.2} ms, null mutating +{:.2} ms",
+             lean (mutating + policy) **{pair:.2}×** (target ≤ 1.1); round by round: full {}, lean {}; with / without any webhook: \
+             full {:.2}×, lean {:.2}×, null pair {:.2}×; added latency: full +{:.2} ms, lean +{:.2} ms, null pair +{:.2} ms, \
+             null mutating +{:.2} ms",
+            round.round_ratios("shop", "null-mv"),
+            round.round_ratios("lean", "null-m"),
             mean("shop") / mean("plain"),
             mean("lean") / mean("plain"),
             mean("null-mv") / mean("plain"),
@@ -786,6 +789,18 @@ struct PodCreates {
 impl PodCreates {
     fn round_means(&self, namespace: &str) -> &[f64] {
         &self.round_means_ms[namespace]
+    }
+
+    /// The ratio of two rows' means in each round (the rows ran side by side there), e.g.
+    /// `1.02 / 0.97 / 1.15 / 1.04`: how far one run's ratio can be trusted.
+    fn round_ratios(&self, ours: &str, null: &str) -> String {
+        let ratios: Vec<String> = self
+            .round_means(ours)
+            .iter()
+            .zip(self.round_means(null))
+            .map(|(ours, null)| format!("{:.2}", ours / null))
+            .collect();
+        ratios.join(" / ")
     }
 
     /// Mean, p50 and p99 in milliseconds.
