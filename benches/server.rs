@@ -115,6 +115,31 @@ fn memory(pid: u32) -> (f64, f64) {
     (field("VmHWM:"), field("VmRSS:"))
 }
 
+/// `pod` as the API server stores it after our `/mutate` in namespace `shop`: what `/validate` sees.
+fn injected_by_the_engine(pod: &Value) -> Result<Value> {
+    use sidecar_injector::engine::template::embedded_sources;
+    use sidecar_injector::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet};
+    let (templates, errors) = TemplateSet::load(embedded_sources());
+    ensure!(errors.is_empty(), "{errors:?}");
+    let request = PodRequest {
+        pod: std::sync::Arc::new(pod.clone()),
+        namespace: NamespaceFacts::unknown("shop"),
+        cluster: ClusterFacts::default(),
+        workload: None,
+    };
+    let engine = Engine::new(templates, Vec::new());
+    let Outcome::Inject(injection) = engine.evaluate(&request).outcome else {
+        bail!("the typical pod is not injected");
+    };
+    let mut injected = pod.clone();
+    json_patch::patch(&mut injected, &injection.patch)?;
+    // The row measures the full check, not an early refusal.
+    let check = PodRequest { pod: std::sync::Arc::new(injected.clone()), ..request };
+    let verdict = sidecar_injector::engine::validate::validate_pod(&engine, &check);
+    ensure!(matches!(verdict, sidecar_injector::engine::validate::Verdict::Allowed(_)), "{verdict:?}");
+    Ok(injected)
+}
+
 fn write_fixtures(dir: &Path) -> Result<BTreeMap<&'static str, (PathBuf, usize)>> {
     std::fs::create_dir_all(dir)?;
     let typical = fixtures::typical_pod();
@@ -127,8 +152,9 @@ fn write_fixtures(dir: &Path) -> Result<BTreeMap<&'static str, (PathBuf, usize)>
             env["value"] = json!(padded);
         }
     }
+    let injected = injected_by_the_engine(&typical)?;
     let mut out = BTreeMap::new();
-    for (name, pod) in [("noop", noop), ("injected", typical), ("huge", huge)] {
+    for (name, pod) in [("noop", noop), ("injected", typical), ("huge", huge), ("validate", injected)] {
         let path = dir.join(format!("{name}.json"));
         let body = serde_json::to_vec_pretty(&fixtures::admission_review(&pod, "shop", &format!("bench-{name}")))?;
         std::fs::write(&path, &body)?;
@@ -149,6 +175,9 @@ impl Report {
         self.targets.push((what, met));
     }
 }
+
+/// Part A's request kinds, in the order they run: the first three on `/mutate`.
+const PART_A: [&str; 4] = ["noop", "injected", "huge", "validate"];
 
 /// Part A: the server alone.
 fn standalone(
@@ -174,22 +203,25 @@ fn standalone(
     controlplane::wait_for("the server", Duration::from_secs(20), &mut server, || {
         controlplane::curl(&format!("http://127.0.0.1:{http}/readyz"), None, None).is_some()
     })?;
-    let url = format!("https://localhost:{https}/mutate");
+    let url = |name: &str| {
+        let endpoint = if name == "validate" { "validate" } else { "mutate" };
+        format!("https://localhost:{https}/{endpoint}")
+    };
     let pid = server_pid(&server)?;
 
     let mut saturation = BTreeMap::new();
-    for name in ["noop", "injected", "huge"] {
+    for name in PART_A {
         // Warm up connections and caches.
-        oha(&url, &fixtures[name].0, &tls, "2s", 16, None)?;
-        let load = oha(&url, &fixtures[name].0, &tls, durations.saturation, 16, None)?;
+        oha(&url(name), &fixtures[name].0, &tls, "2s", 16, None)?;
+        let load = oha(&url(name), &fixtures[name].0, &tls, durations.saturation, 16, None)?;
         ensure!(load.failed == 0, "{name}: {} failed requests at saturation", load.failed);
         saturation.insert(name, load);
     }
     // One fixed rate for all three: half of what the huge pod sustains, at most 1,000/s.
     let rate = ((saturation["huge"].rps * 0.5) as u32).clamp(50, 1000);
     let mut fixed = BTreeMap::new();
-    for name in ["noop", "injected", "huge"] {
-        let load = oha(&url, &fixtures[name].0, &tls, durations.fixed, 16, Some(rate))?;
+    for name in PART_A {
+        let load = oha(&url(name), &fixtures[name].0, &tls, durations.fixed, 16, Some(rate))?;
         ensure!(load.failed == 0, "{name}: {} failed requests at {rate}/s", load.failed);
         fixed.insert(name, load);
     }
@@ -206,6 +238,7 @@ fn standalone(
         ("noop", "no-op (pod opts out)"),
         ("injected", "injected (typical pod, 2 templates)"),
         ("huge", "huge pod (1,000 env vars, 10 containers)"),
+        ("validate", "/validate: the injected pod as stored (recomputed and compared)"),
     ] {
         let (s, f) = (&saturation[name], &fixed[name]);
         writeln!(
