@@ -382,7 +382,7 @@ fn fixed_value(template: &Template, piece: &Piece) -> Option<Value> {
             let overridable = template.overridable.iter().any(|o| Some(&o.name) == path.first());
             match overridable {
                 true => None,
-                false => super::render::lookup_path(&template.values, path).cloned(),
+                false => super::expression::lookup_path(&template.values, path).cloned(),
             }
         }
         Piece::Seq(items) => items
@@ -403,7 +403,7 @@ fn fixed_value(template: &Template, piece: &Piece) -> Option<Value> {
 
 /// The output of an expression string that reads neither the pod nor the namespace nor a value a
 /// pod may override.
-fn fixed_text(template: &Template, text: &super::render::CompiledText) -> Option<String> {
+fn fixed_text(template: &Template, text: &super::expression::CompiledText) -> Option<String> {
     let may_be_overridden = text.reads_values() && !template.overridable.is_empty();
     match may_be_overridden {
         true => None,

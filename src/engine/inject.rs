@@ -634,7 +634,7 @@ impl<'a> Taken<'a> {
 }
 
 fn rendered_name(item: &Value) -> &str {
-    // Rendered items were checked to carry a string name (render::check_rendered).
+    // Rendered items were checked to carry a string name (load::check_rendered).
     item.get("name").and_then(Value::as_str).unwrap_or_default()
 }
 

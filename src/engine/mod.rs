@@ -8,8 +8,10 @@
 
 pub mod drift;
 pub mod enforce;
+pub mod expression;
 pub mod facts;
 pub mod inject;
+mod load;
 pub mod manifest;
 pub mod names;
 pub mod ownership;

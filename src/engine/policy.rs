@@ -27,10 +27,10 @@ use std::collections::BTreeMap;
 use minijinja::machinery::ast::{self, Expr, Stmt};
 use serde_json::{Value, json};
 
+use super::expression::CompiledText;
 use super::inject::env_from_key;
 use super::names;
 use super::ownership::SERVICE_ACCOUNT_TOKEN_PATH;
-use super::render::CompiledText;
 use super::status::ItemKind;
 use super::template::{AppTargets, Piece, SeqItem, Template, TemplateSelector, TemplateSet};
 
@@ -571,7 +571,7 @@ fn piece_val(cx: &Cx<'_>, piece: &Piece) -> Result<Val, String> {
         Piece::ValueRef { path, .. } => match path.as_slice() {
             [name] if cx.overrides.contains_key(name) => Val::Cel(cx.overrides[name].typed.clone()),
             _ => Val::Const(
-                super::render::lookup_path(&cx.template.values, path)
+                super::expression::lookup_path(&cx.template.values, path)
                     .cloned()
                     .ok_or_else(|| format!("values.{} is not defined", path.join(".")))?,
             ),

@@ -15,235 +15,26 @@
 //! number, a boolean a boolean, anything else a string) and is never parsed as YAML.
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
 use std::sync::Arc;
 
-use minijinja::value::{Enumerator, Object, ObjectRepr, Serde, ValueKind};
-use minijinja::{Environment, UndefinedBehavior, Value as JinjaValue};
+use minijinja::Value as JinjaValue;
+use minijinja::value::{Enumerator, Object, ObjectRepr, Serde};
 use serde_json::Value;
 
+use super::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
 use super::facts::NamespaceFacts;
 use super::names;
 use super::template::{AppTargets, Piece, SeqItem, SidecarMode, Template, TemplateError};
 use super::workload::Workload;
 
-/// Instructions one expression may execute.
-pub const FUEL_PER_EXPRESSION: u64 = 50_000;
 /// Instructions all expressions of one template may execute for one pod.
 pub const FUEL_PER_TEMPLATE: u64 = 500_000;
-/// Bytes one expression may output.
-pub const MAX_EXPRESSION_OUTPUT: usize = 64 * 1024;
 /// Bytes all expressions of one template may output for one pod.
 pub const MAX_TEMPLATE_OUTPUT: usize = 1024 * 1024;
-
-/// Whether a string scalar contains MiniJinja syntax.
-pub(crate) fn has_expression(s: &str) -> bool {
-    s.contains("{{") || s.contains("{%") || s.contains("{#")
-}
-
-/// The expression of a scalar that is exactly one `{{ ... }}`, without the braces.
-pub(crate) fn single_expression(s: &str) -> Option<String> {
-    let inner = s.trim().strip_prefix("{{")?.strip_suffix("}}")?;
-    let inner = inner.strip_prefix('-').unwrap_or(inner);
-    let inner = inner.strip_suffix('-').unwrap_or(inner).trim();
-    let nested = inner.contains("{{") || inner.contains("}}") || inner.contains("{%") || inner.contains("%}");
-    (!inner.is_empty() && !nested).then(|| inner.to_owned())
-}
-
-/// The path of a scalar that is exactly a plain reference into values: `{{ values.a.b }}`.
-pub(crate) fn value_reference(s: &str) -> Option<Vec<String>> {
-    let expression = single_expression(s)?;
-    let mut parts = expression.split('.');
-    if parts.next()? != "values" {
-        return None;
-    }
-    let path: Vec<String> = parts.map(str::to_owned).collect();
-    let identifiers = path.iter().all(|p| {
-        let mut b = p.bytes();
-        matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
-            && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
-    });
-    (!path.is_empty() && identifiers).then_some(path)
-}
-
-/// The value at `path` inside `values`.
-pub(crate) fn lookup_path<'v>(values: &'v serde_json::Map<String, Value>, path: &[String]) -> Option<&'v Value> {
-    let (first, rest) = path.split_first()?;
-    rest.iter().try_fold(values.get(first)?, |v, key| v.get(key))
-}
-
-/// A compiled expression string: its line and its name in the template's environment.
-#[derive(Debug, Clone)]
-pub(crate) struct CompiledText {
-    line: u64,
-    id: String,
-    source: String,
-    /// Whether it reads `pod`: its result may differ between the mutating call and a later look at
-    /// the stored pod (the API server fills `metadata.name` from `generateName` in between, other
-    /// mutators change labels), so the validating recomputation does not compare it.
-    reads_pod: bool,
-    /// Whether it reads `namespace`.
-    reads_namespace: bool,
-    /// Whether it reads `values` (so a pod's override can change it).
-    reads_values: bool,
-    /// Its output when it reads neither `pod` nor `namespace`, with the default values: rendered
-    /// once when the template is loaded, used for every pod that overrides nothing it reads.
-    constant: Option<Constant>,
-}
-
-impl CompiledText {
-    /// Whether it reads `values` (so an override may change it).
-    pub(crate) fn reads_values(&self) -> bool {
-        self.reads_values
-    }
-
-    /// The expression as written in the template (`{{ ... }}` included).
-    pub(crate) fn source(&self) -> &str {
-        &self.source
-    }
-
-    /// Its output with the default values when it reads neither `pod` nor `namespace` (and
-    /// rendered without error when the template was loaded).
-    pub(crate) fn constant_output(&self) -> Option<&str> {
-        self.constant.as_ref().map(|c| c.output.as_str())
-    }
-}
-
-/// Every expression string of a compiled `inject` tree with its line (`when:` conditions included),
-/// for the checks made when a template is loaded.
-pub(crate) fn expression_sources(spec: &super::template::InjectSpec) -> Vec<(u64, &str)> {
-    fn walk<'a>(piece: &'a Piece, out: &mut Vec<(u64, &'a str)>) {
-        match piece {
-            Piece::Text(text) => out.push((text.line, &text.source)),
-            Piece::Seq(items) => items.iter().for_each(|i| walk_item(i, out)),
-            Piece::Map(entries) => entries.iter().for_each(|(_, p)| walk(p, out)),
-            Piece::Literal(_) | Piece::ValueRef { .. } => {}
-        }
-    }
-    fn walk_item<'a>(item: &'a SeqItem, out: &mut Vec<(u64, &'a str)>) {
-        if let Some(when) = &item.when {
-            out.push((when.line, &when.source));
-        }
-        walk(&item.piece, out);
-    }
-    let mut out = Vec::new();
-    spec.labels.iter().chain(&spec.annotations).for_each(|(_, p)| walk(p, &mut out));
-    for list in spec.lists() {
-        list.iter().for_each(|i| walk_item(i, &mut out));
-    }
-    out
-}
-
-/// A pre-rendered expression and the fuel it took, which still counts against the template's budget
-/// so that a template behaves the same whether or not its expressions were pre-rendered.
-#[derive(Debug, Clone)]
-pub(crate) struct Constant {
-    output: String,
-    fuel: u64,
-}
 
 /// What a field rendered from pod data is replaced by in a masked render: the validating check
 /// accepts any value in its place (see `validate::first_difference`).
 pub const POD_DERIVED: &str = "\u{1}sidecar-injector:pod-derived\u{1}";
-
-/// The compiled expressions of one template.
-#[derive(Default)]
-pub(crate) struct Expressions {
-    env: Option<Arc<Environment<'static>>>,
-}
-
-impl std::fmt::Debug for Expressions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let count = self.env.as_ref().map_or(0, |env| env.templates().count());
-        write!(f, "Expressions({count} compiled)")
-    }
-}
-
-/// Collects a template's expression strings while it is compiled.
-pub(crate) struct ExpressionsBuilder {
-    env: Environment<'static>,
-    count: usize,
-}
-
-impl Default for ExpressionsBuilder {
-    fn default() -> Self {
-        // `Environment::empty` would drop the filters; `new` brings builtins (no loader, no
-        // macros, includes or imports are compiled in).
-        let mut env = Environment::new();
-        env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
-        env.set_fuel(Some(FUEL_PER_EXPRESSION));
-        env.set_recursion_limit(64);
-        // MiniJinja prints booleans Python-style (`True`); Kubernetes and YAML spell them `true`.
-        env.set_formatter(|out, state, value| match lowercase_bool(value) {
-            Some(text) => out.write_str(text).map_err(minijinja::Error::from),
-            None => minijinja::escape_formatter(out, state, value),
-        });
-        env.add_filter("string", |value: JinjaValue| {
-            if value.is_undefined() {
-                return Err(minijinja::Error::from(minijinja::ErrorKind::UndefinedError));
-            }
-            Ok(match lowercase_bool(&value) {
-                Some(text) => JinjaValue::from(text),
-                None if value.kind() == ValueKind::String => value,
-                None => JinjaValue::from(value.to_string()),
-            })
-        });
-        ExpressionsBuilder { env, count: 0 }
-    }
-}
-
-impl ExpressionsBuilder {
-    fn add(&mut self, template: &str, line: u64, display: &str, source: String) -> Result<CompiledText, TemplateError> {
-        let id = self.count.to_string();
-        self.count += 1;
-        self.env
-            .add_template_owned(id.clone(), source)
-            .map_err(|e| TemplateError::at(template, line, format!("{} in {display:?}", describe(&e))))?;
-        let variables = self.env.get_template(&id).expect("just added").undeclared_variables(false);
-        Ok(CompiledText {
-            line,
-            id,
-            source: display.to_owned(),
-            // `workload` is derived from the pod's metadata.
-            reads_pod: variables.contains("pod") || variables.contains("workload"),
-            // `namespace` is also MiniJinja's namespace() function; either way it is not constant.
-            reads_namespace: variables.contains("namespace"),
-            reads_values: variables.contains("values"),
-            constant: None,
-        })
-    }
-
-    /// A string scalar containing expressions.
-    pub(crate) fn text(&mut self, template: &str, line: u64, text: &str) -> Result<CompiledText, TemplateError> {
-        self.add(template, line, text, text.to_owned())
-    }
-
-    /// A `when:` condition: renders `true` when the expression is truthy.
-    pub(crate) fn condition(
-        &mut self,
-        template: &str,
-        line: u64,
-        expression: &str,
-    ) -> Result<CompiledText, TemplateError> {
-        let display = format!("{{{{ {expression} }}}}");
-        self.add(template, line, &display, format!("{{% if ({expression}) %}}true{{% endif %}}"))
-    }
-
-    pub(crate) fn build(self) -> Expressions {
-        Expressions { env: (self.count > 0).then(|| Arc::new(self.env)) }
-    }
-}
-
-fn lowercase_bool(value: &JinjaValue) -> Option<&'static str> {
-    (value.kind() == ValueKind::Bool).then(|| if value.is_true() { "true" } else { "false" })
-}
-
-fn describe(err: &minijinja::Error) -> String {
-    match err.detail() {
-        Some(detail) => format!("{}: {detail}", err.kind()),
-        None => err.kind().to_string(),
-    }
-}
 
 /// What one template adds to one pod, rendered.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -580,29 +371,24 @@ impl Renderer<'_> {
             self.charge(text, constant.fuel, constant.output.len())?;
             return Ok(constant.output.clone());
         }
-        let env = self.template.expressions.env.as_ref().expect("a compiled text implies an environment");
-        let compiled = env.get_template(&text.id).expect("compiled texts are registered by id");
         let limit = self.output_left.min(MAX_EXPRESSION_OUTPUT);
-        let mut out = LimitedWriter { buf: Vec::new(), limit };
-        let result = compiled.render_captured_to(self.context.clone(), &mut out);
-        let overflowed = out.buf.len() >= limit && result.is_err();
-        let captured = result.map_err(|e| {
-            let message = if overflowed {
-                format!(
+        let output = self.template.expressions.evaluate(text, self.context.clone(), limit).map_err(|failure| {
+            let message = match failure {
+                Failure::TooLarge => format!(
                     "rendered output of {:?} is larger than {} bytes",
                     text.source,
                     if limit == MAX_EXPRESSION_OUTPUT { MAX_EXPRESSION_OUTPUT } else { MAX_TEMPLATE_OUTPUT }
-                )
-            } else if e.kind() == minijinja::ErrorKind::OutOfFuel {
-                format!("{:?} did not finish within {FUEL_PER_EXPRESSION} instructions", text.source)
-            } else {
-                format!("{} in {:?}", describe(&e), text.source)
+                ),
+                Failure::OutOfFuel => {
+                    format!("{:?} did not finish within {FUEL_PER_EXPRESSION} instructions", text.source)
+                }
+                Failure::Failed(detail) => format!("{detail} in {:?}", text.source),
+                Failure::NotUtf8 => "rendered output is not valid UTF-8".to_owned(),
             };
             self.err(text.line, message)
         })?;
-        let consumed = captured.state().fuel_levels().map_or(0, |(consumed, _)| consumed);
-        self.charge(text, consumed, out.buf.len())?;
-        String::from_utf8(out.buf).map_err(|_| self.err(text.line, "rendered output is not valid UTF-8"))
+        self.charge(text, output.fuel, output.text.len())?;
+        Ok(output.text)
     }
 
     /// Counts an expression's fuel and output against the template's budgets.
@@ -671,200 +457,6 @@ impl Renderer<'_> {
             })
             .collect()
     }
-}
-
-struct LimitedWriter {
-    buf: Vec<u8>,
-    limit: usize,
-}
-
-impl Write for LimitedWriter {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        if self.buf.len() + data.len() > self.limit {
-            self.buf.extend_from_slice(&data[..self.limit - self.buf.len()]);
-            return Err(io::Error::other("output limit reached"));
-        }
-        self.buf.extend_from_slice(data);
-        Ok(data.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Renders, once, every expression of `template` that reads neither `pod` nor `namespace`, with its
-/// default values, and keeps the result in the compiled text. Called when a template is loaded.
-pub(crate) fn prerender(template: &mut Template) {
-    let values = JinjaValue::from(Serde(&template.values));
-    let context = JinjaValue::from_pairs([
-        ("values", values),
-        ("template", JinjaValue::from_pairs([("name", JinjaValue::from(&*template.name))])),
-    ]);
-    let Some(env) = template.expressions.env.clone() else { return };
-    let render = |text: &mut CompiledText| {
-        if text.reads_pod || text.reads_namespace {
-            return;
-        }
-        let compiled = env.get_template(&text.id).expect("compiled texts are registered by id");
-        let mut out = LimitedWriter { buf: Vec::new(), limit: MAX_EXPRESSION_OUTPUT };
-        if let Ok(captured) = compiled.render_captured_to(context.clone(), &mut out) {
-            let fuel = captured.state().fuel_levels().map_or(0, |(consumed, _)| consumed);
-            text.constant = String::from_utf8(out.buf).ok().map(|output| Constant { output, fuel });
-        }
-    };
-    fn walk(piece: &mut Piece, render: &dyn Fn(&mut CompiledText)) {
-        match piece {
-            Piece::Text(text) => render(text),
-            Piece::Seq(items) => items.iter_mut().for_each(|i| walk_item(i, render)),
-            Piece::Map(entries) => entries.iter_mut().for_each(|(_, p)| walk(p, render)),
-            Piece::Literal(_) | Piece::ValueRef { .. } => {}
-        }
-    }
-    fn walk_item(item: &mut SeqItem, render: &dyn Fn(&mut CompiledText)) {
-        if let Some(when) = &mut item.when {
-            render(when);
-        }
-        walk(&mut item.piece, render);
-    }
-    let spec = &mut template.inject;
-    spec.labels.iter_mut().chain(spec.annotations.iter_mut()).for_each(|(_, p)| walk(p, &render));
-    for list in spec.lists_mut() {
-        list.iter_mut().for_each(|i| walk_item(i, &render));
-    }
-}
-
-/// Renders every template against sample pods and a namespace when it is loaded, so that runtime
-/// errors (undefined values, runaway loops, huge output, items Kubernetes would reject) are found
-/// before any pod is admitted. The samples are the shapes that occur at admission ([`SAMPLE_SHAPES`]):
-/// a template that works for a named pod but fails for the pods controllers create would stop every
-/// Deployment from creating pods. Each sample satisfies the template's own selectors, so a template
-/// may rely on a label its podSelector requires.
-pub(crate) fn check(template: &Template) -> Result<(), TemplateError> {
-    let pod_labels = [("app".to_owned(), "example".to_owned())].into();
-    let pod_labels: BTreeMap<String, String> = match &template.pod_selector {
-        Some(selector) => selector.satisfying_labels(pod_labels),
-        None => pod_labels,
-    };
-    let namespace_labels = [(names::INJECT_LABEL.to_owned(), names::INJECT_ENABLED.to_owned())].into();
-    let namespace_labels = match &template.namespace_selector {
-        Some(selector) => selector.satisfying_labels(namespace_labels),
-        None => namespace_labels,
-    };
-    let namespace = NamespaceFacts::known("default", namespace_labels, BTreeMap::new());
-    for shape in SAMPLE_SHAPES {
-        let (pod, workload) = shape.sample(&pod_labels);
-        let subject = Subject::new(Arc::new(pod), &workload);
-        match render(template, &subject, &BTreeMap::new(), &namespace) {
-            Ok(rendered) => check_rendered(template, &rendered)
-                .map_err(|e| TemplateError { message: format!("{} (for {})", e.message, shape.description), ..e })?,
-            Err(RenderError::Template(e)) => {
-                return Err(TemplateError {
-                    message: format!("{} (while test-rendering for {})", e.message, shape.description),
-                    ..e
-                });
-            }
-            Err(RenderError::Override(o)) => return Err(TemplateError::at(&template.name, 0, o.message)),
-        }
-    }
-    Ok(())
-}
-
-/// A pod shape that templates meet at admission.
-pub struct SampleShape {
-    /// What it is, for messages.
-    pub description: &'static str,
-    kind: ShapeKind,
-}
-
-enum ShapeKind {
-    Named,
-    ControllerMade,
-    PodTemplate,
-}
-
-/// The shapes every template is test-rendered against (`check-templates`, the ConfigMap guard, hot
-/// reload): the README lists them.
-pub const SAMPLE_SHAPES: [SampleShape; 3] = [
-    SampleShape { description: "a named pod (metadata.name \"example\")", kind: ShapeKind::Named },
-    SampleShape {
-        description: "a pod a controller creates (a ReplicaSet's: generateName \"example-7d9f8c6b5-\", no name yet, an owner reference)",
-        kind: ShapeKind::ControllerMade,
-    },
-    SampleShape {
-        description: "a workload's pod template (no name, no generateName, no namespace, as `inject -f deployment.yaml` reads it)",
-        kind: ShapeKind::PodTemplate,
-    },
-];
-
-impl SampleShape {
-    /// The sample pod of this shape with these labels, and its workload.
-    pub fn sample(&self, labels: &BTreeMap<String, String>) -> (Value, Workload) {
-        let spec = serde_json::json!({"containers": [{"name": "app", "image": "example:latest"}]});
-        let (metadata, workload) = match self.kind {
-            ShapeKind::Named => (
-                serde_json::json!({"name": "example", "namespace": "default", "labels": labels}),
-                Workload { kind: "Pod".into(), name: "example".into() },
-            ),
-            ShapeKind::ControllerMade => {
-                let mut labels = labels.clone();
-                labels.insert("pod-template-hash".into(), "7d9f8c6b5".into());
-                let metadata = serde_json::json!({
-                    "generateName": "example-7d9f8c6b5-", "namespace": "default", "labels": labels,
-                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "example-7d9f8c6b5",
-                        "uid": "00000000-0000-0000-0000-000000000000", "controller": true, "blockOwnerDeletion": true}],
-                });
-                let pod = serde_json::json!({"metadata": metadata});
-                let workload = Workload::of_pod(&pod);
-                (metadata, workload)
-            }
-            ShapeKind::PodTemplate => {
-                (serde_json::json!({"labels": labels}), Workload { kind: "Deployment".into(), name: "example".into() })
-            }
-        };
-        (serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}), workload)
-    }
-}
-
-/// Checks that rendered items are what Kubernetes accepts in their place (a `Container`, a `Volume`,
-/// an `EnvVar`, a `VolumeMount`), with the field path of the first mismatch, and carry a name.
-pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -> Result<(), TemplateError> {
-    use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, LocalObjectReference, Volume, VolumeMount};
-
-    fn conforms<T: serde::de::DeserializeOwned>(item: &Value) -> Result<(), String> {
-        serde_path_to_error::deserialize::<_, T>(item).map(drop).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner().to_string();
-            if path == "." { inner } else { format!("{path}: {inner}") }
-        })
-    }
-    type Check = fn(&Value) -> Result<(), String>;
-    // (section, items, their type, whether they are identified by `name`)
-    let sections: [(&str, &[Value], Check, bool); 7] = [
-        ("inject.initContainers", &rendered.init_containers, conforms::<Container>, true),
-        ("inject.sidecars", &rendered.sidecars, conforms::<Container>, true),
-        ("inject.volumes", &rendered.volumes, conforms::<Volume>, true),
-        ("inject.imagePullSecrets", &rendered.image_pull_secrets, conforms::<LocalObjectReference>, true),
-        ("inject.appContainers.env", &rendered.env, conforms::<EnvVar>, true),
-        ("inject.appContainers.envFrom", &rendered.env_from, conforms::<EnvFromSource>, false),
-        ("inject.appContainers.volumeMounts", &rendered.volume_mounts, conforms::<VolumeMount>, true),
-    ];
-    for (section, items, conforms, named) in sections {
-        for (index, item) in items.iter().enumerate() {
-            let fail = |message: String| TemplateError::at(&template.name, 0, format!("{section}[{index}]{message}"));
-            conforms(item).map_err(|e| fail(format!(" is not valid: {e}")))?;
-            let identified = match named {
-                true => matches!(item.get("name"), Some(Value::String(s)) if !s.is_empty()),
-                false => super::inject::env_from_key(item).is_some(),
-            };
-            if !identified {
-                return Err(fail(match named {
-                    true => ".name must render to a non-empty string".to_owned(),
-                    false => " needs exactly one of configMapRef or secretRef, with a non-empty name".to_owned(),
-                }));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A lazy MiniJinja view of a JSON value: only the parts an expression touches are converted.
@@ -1215,28 +807,6 @@ inject:
     }
 
     #[test]
-    fn rendered_items_must_be_what_kubernetes_accepts() {
-        let cases = [
-            (
-                "values: {port: 80}\ninject:\n  sidecars:\n    - {name: s, ports: [{containerPort: \"{{ values.port }}x\"}]}\n",
-                "inject.sidecars[0] is not valid: ports[0].containerPort: invalid type: string \"80x\", expected i32",
-            ),
-            (
-                "values: {on: true}\ninject:\n  appContainers:\n    env:\n      - {name: E, value: \"{{ values.on }}\"}\n",
-                "inject.appContainers.env[0] is not valid: value: invalid type: boolean `true`, expected a string",
-            ),
-            (
-                "inject:\n  volumes:\n    - {name: v, emptyDir: []}\n",
-                "inject.volumes[0] is not valid: emptyDir: invalid type: sequence",
-            ),
-        ];
-        for (text, fragment) in cases {
-            let err = Template::load("k8s", text).unwrap_err();
-            assert!(err.message.contains(fragment), "expected {fragment:?} in {err}");
-        }
-    }
-
-    #[test]
     fn templates_are_checked_against_controller_made_pods_and_pod_templates() {
         // Fine for a named pod, but at admission a ReplicaSet's pod has no name: refused at load,
         // with the shape that fails.
@@ -1267,19 +837,6 @@ inject:
     }
 
     #[test]
-    fn the_sample_pod_satisfies_the_templates_selectors() {
-        // The podSelector guarantees the `team` label, so reading it without a default is fine...
-        template(
-            "team",
-            "podSelector:\n  matchExpressions:\n    - {key: team, operator: Exists}\n    - {key: tier, operator: In, values: [web]}\nnamespaceSelector: {matchLabels: {env: prod}}\ninject:\n  labels:\n    t: \"{{ pod.metadata.labels.team }}-{{ pod.metadata.labels.tier }}-{{ namespace.labels.env }}\"\n",
-        );
-        // ...and without that guarantee it is an error found at load time, not at admission.
-        let err =
-            Template::load("team", "inject:\n  labels:\n    t: \"{{ pod.metadata.labels.team }}\"\n").unwrap_err();
-        assert!(err.message.contains("undefined value") && err.message.contains("while test-rendering for"), "{err}");
-    }
-
-    #[test]
     fn expressions_that_read_only_values_are_rendered_once_and_still_follow_overrides() {
         let t = template(
             "pre",
@@ -1298,22 +855,5 @@ inject:
         let overridden =
             render_for(&t, pod(), &[(&crate::engine::names::override_annotation("pre", "port"), "41")]).unwrap();
         assert_eq!(overridden.annotations["fixed"], "pre-42", "an override bypasses the pre-rendered output");
-    }
-
-    #[test]
-    fn expression_detection() {
-        assert_eq!(value_reference("{{ values.a.b }}"), Some(vec!["a".to_owned(), "b".to_owned()]));
-        assert_eq!(value_reference(" {{- values.port -}} "), Some(vec!["port".to_owned()]));
-        for not_plain in [
-            "{{ values }}",
-            "{{ values.a }}x",
-            "{{ values.a | int }}",
-            "{{ values['a'] }}",
-            "{{ pod.a }}",
-            "{{ values.a }}{{ values.b }}",
-        ] {
-            assert_eq!(value_reference(not_plain), None, "{not_plain}");
-        }
-        assert!(has_expression("a {# c #}") && has_expression("{% if x %}y{% endif %}") && !has_expression("{ a }"));
     }
 }

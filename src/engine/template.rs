@@ -20,7 +20,7 @@ use kube::core::Selector;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::render::{self, CompiledText};
+use super::expression::{self, CompiledText};
 use super::yaml::{MapEntry, SourceNode, SourceValue};
 
 /// The longest template name: `<template>.<value>` must fit the 63 characters of an annotation name.
@@ -296,32 +296,19 @@ pub struct Template {
     /// formatting do not count); recorded in the status annotation to detect stale pods.
     pub hash: String,
     pub(crate) inject: InjectSpec,
-    pub(crate) expressions: render::Expressions,
+    pub(crate) expressions: expression::Expressions,
 }
 
-impl Template {
-    /// Parses, compiles and test-renders a template. The error names the template, the line and the
-    /// problem.
-    pub fn load(name: &str, source: &str) -> Result<Template, TemplateError> {
-        validate_template_name(name)?;
-        let root = SourceNode::parse(source).map_err(|e| TemplateError {
-            template: name.to_owned(),
-            line: e.line,
-            message: e.message,
-        })?;
-        let mut template = Compiler::new(name).template(&root)?;
-        render::check(&template)?;
-        render::prerender(&mut template);
-        template.warnings.extend(resource_warnings(&template.inject));
-        if template.enforced {
-            // Native or classic does not change what can be checked.
-            let unchecked = super::enforce::Requirements::of(&template, true).unchecked;
-            template.warnings.extend(unchecked.into_iter().map(|what| {
-                format!("enforced: while the injector is down, the enforcement policy checks less: {what}")
-            }));
-        }
-        Ok(template)
-    }
+/// Parses and compiles a template, without the checks that render it (`load` adds those: a
+/// template is used only once [`Template::load`] accepted it).
+pub(crate) fn compile(name: &str, source: &str) -> Result<Template, TemplateError> {
+    validate_template_name(name)?;
+    let root = SourceNode::parse(source).map_err(|e| TemplateError {
+        template: name.to_owned(),
+        line: e.line,
+        message: e.message,
+    })?;
+    Compiler::new(name).template(&root)
 }
 
 fn validate_template_name(name: &str) -> Result<(), TemplateError> {
@@ -352,12 +339,12 @@ fn is_identifier(key: &str) -> bool {
 /// Turns the line-annotated YAML tree into a [`Template`], reporting the first error with its line.
 struct Compiler<'a> {
     name: &'a str,
-    expressions: render::ExpressionsBuilder,
+    expressions: expression::ExpressionsBuilder,
 }
 
 impl<'a> Compiler<'a> {
     fn new(name: &'a str) -> Self {
-        Compiler { name, expressions: render::ExpressionsBuilder::default() }
+        Compiler { name, expressions: expression::ExpressionsBuilder::default() }
     }
 
     fn err(&self, line: u64, message: impl Into<String>) -> TemplateError {
@@ -380,7 +367,7 @@ impl<'a> Compiler<'a> {
             warnings: Vec::new(),
             hash: content_hash(root),
             inject: InjectSpec::default(),
-            expressions: render::Expressions::default(),
+            expressions: expression::Expressions::default(),
         };
         let mut overridable_node = None;
         for MapEntry { key, key_line, value: node } in entries {
@@ -569,7 +556,7 @@ impl<'a> Compiler<'a> {
     fn override_warnings(&self, template: &Template) -> Vec<String> {
         let risky: Vec<&Overridable> = template.overridable.iter().filter(|o| !o.is_constrained()).collect();
         let mut warnings = Vec::new();
-        for (line, source) in render::expression_sources(&template.inject) {
+        for (line, source) in expression_sources(&template.inject) {
             let config_language = ["yaml:", "json:"].iter().any(|p| source.contains(p)) || source.contains('\n');
             if !config_language {
                 continue;
@@ -806,7 +793,7 @@ impl<'a> Compiler<'a> {
 
     fn condition(&mut self, node: &SourceNode) -> Result<CompiledText, TemplateError> {
         let expression = match &node.value {
-            SourceValue::String(s) => render::single_expression(s).ok_or_else(|| {
+            SourceValue::String(s) => expression::single_expression(s).ok_or_else(|| {
                 self.err(
                     node.line,
                     format!("when must be exactly one expression, like \"{{{{ values.enabled }}}}\", not {s:?}"),
@@ -820,14 +807,16 @@ impl<'a> Compiler<'a> {
                 ));
             }
         };
-        self.expressions.condition(self.name, node.line, &expression)
+        self.expressions.condition(node.line, &expression).map_err(|message| self.err(node.line, message))
     }
 
     fn piece(&mut self, node: &SourceNode) -> Result<Piece, TemplateError> {
         let piece = match &node.value {
-            SourceValue::String(s) if render::has_expression(s) => match render::value_reference(s) {
+            SourceValue::String(s) if expression::has_expression(s) => match expression::value_reference(s) {
                 Some(path) => Piece::ValueRef { line: node.line, path },
-                None => Piece::Text(self.expressions.text(self.name, node.line, s)?),
+                None => {
+                    Piece::Text(self.expressions.text(node.line, s).map_err(|message| self.err(node.line, message))?)
+                }
             },
             SourceValue::Seq(items) => {
                 let items = items.iter().map(|i| self.seq_item(i)).collect::<Result<Vec<_>, _>>()?;
@@ -886,17 +875,42 @@ impl<'a> Compiler<'a> {
         let mut refs = Vec::new();
         spec.labels.iter().chain(&spec.annotations).for_each(|(_, p)| collect(p, &mut refs));
         spec.lists().iter().flat_map(|list| list.iter()).for_each(|i| collect(&i.piece, &mut refs));
-        match refs.into_iter().find(|(_, path)| render::lookup_path(values, path).is_none()) {
+        match refs.into_iter().find(|(_, path)| expression::lookup_path(values, path).is_none()) {
             Some((line, path)) => Err(self.err(line, format!("values.{} is not defined in values", path.join(".")))),
             None => Ok(()),
         }
     }
 }
 
+/// Every expression string of a compiled `inject` tree with its line (`when:` conditions included),
+/// for the checks made when a template is loaded.
+pub(crate) fn expression_sources(spec: &InjectSpec) -> Vec<(u64, &str)> {
+    fn walk<'a>(piece: &'a Piece, out: &mut Vec<(u64, &'a str)>) {
+        match piece {
+            Piece::Text(text) => out.push((text.line, &text.source)),
+            Piece::Seq(items) => items.iter().for_each(|i| walk_item(i, out)),
+            Piece::Map(entries) => entries.iter().for_each(|(_, p)| walk(p, out)),
+            Piece::Literal(_) | Piece::ValueRef { .. } => {}
+        }
+    }
+    fn walk_item<'a>(item: &'a SeqItem, out: &mut Vec<(u64, &'a str)>) {
+        if let Some(when) = &item.when {
+            out.push((when.line, &when.source));
+        }
+        walk(&item.piece, out);
+    }
+    let mut out = Vec::new();
+    spec.labels.iter().chain(&spec.annotations).for_each(|(_, p)| walk(p, &mut out));
+    for list in spec.lists() {
+        list.iter().for_each(|i| walk_item(i, &mut out));
+    }
+    out
+}
+
 /// A warning for each injected container that does not set cpu and memory requests and limits: a
 /// namespace whose ResourceQuota counts one of them refuses pods with a container that lacks it,
 /// unless the namespace's LimitRange gives a default.
-fn resource_warnings(spec: &InjectSpec) -> Vec<String> {
+pub(crate) fn resource_warnings(spec: &InjectSpec) -> Vec<String> {
     /// Whether the compiled item sets a field at `path` (whatever its value renders to).
     fn sets(piece: &Piece, path: &[&str]) -> bool {
         match (piece, path.split_first()) {

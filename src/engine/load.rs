@@ -1,0 +1,244 @@
+//! Loading a template: compiled (`template`), test-rendered for the pod shapes that occur at
+//! admission (`render`), its constant expressions rendered once, and its warnings collected.
+//!
+//! This is the one place that needs both the compiler and the renderer, so neither of them depends
+//! on the other.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use minijinja::Value as JinjaValue;
+use minijinja::value::Serde;
+use serde_json::Value;
+
+use super::expression::CompiledText;
+use super::facts::NamespaceFacts;
+use super::names;
+use super::render::{RenderError, RenderedTemplate, Subject, render};
+use super::template::{self, Piece, SeqItem, Template, TemplateError};
+use super::workload::Workload;
+
+impl Template {
+    /// Parses, compiles and test-renders a template. The error names the template, the line and the
+    /// problem.
+    pub fn load(name: &str, source: &str) -> Result<Template, TemplateError> {
+        let mut template = template::compile(name, source)?;
+        check(&template)?;
+        prerender(&mut template);
+        template.warnings.extend(template::resource_warnings(&template.inject));
+        if template.enforced {
+            // Native or classic does not change what can be checked.
+            let unchecked = super::enforce::Requirements::of(&template, true).unchecked;
+            template.warnings.extend(unchecked.into_iter().map(|what| {
+                format!("enforced: while the injector is down, the enforcement policy checks less: {what}")
+            }));
+        }
+        Ok(template)
+    }
+}
+
+/// Renders, once, every expression of `template` that reads neither `pod` nor `namespace`, with its
+/// default values, and keeps the result in the compiled text. Called when a template is loaded.
+fn prerender(template: &mut Template) {
+    let values = JinjaValue::from(Serde(&template.values));
+    let context = JinjaValue::from_pairs([
+        ("values", values),
+        ("template", JinjaValue::from_pairs([("name", JinjaValue::from(&*template.name))])),
+    ]);
+    let expressions = template.expressions.clone();
+    let render = |text: &mut CompiledText| expressions.precompute(text, &context);
+    fn walk(piece: &mut Piece, render: &dyn Fn(&mut CompiledText)) {
+        match piece {
+            Piece::Text(text) => render(text),
+            Piece::Seq(items) => items.iter_mut().for_each(|i| walk_item(i, render)),
+            Piece::Map(entries) => entries.iter_mut().for_each(|(_, p)| walk(p, render)),
+            Piece::Literal(_) | Piece::ValueRef { .. } => {}
+        }
+    }
+    fn walk_item(item: &mut SeqItem, render: &dyn Fn(&mut CompiledText)) {
+        if let Some(when) = &mut item.when {
+            render(when);
+        }
+        walk(&mut item.piece, render);
+    }
+    let spec = &mut template.inject;
+    spec.labels.iter_mut().chain(spec.annotations.iter_mut()).for_each(|(_, p)| walk(p, &render));
+    for list in spec.lists_mut() {
+        list.iter_mut().for_each(|i| walk_item(i, &render));
+    }
+}
+
+/// Renders every template against sample pods and a namespace when it is loaded, so that runtime
+/// errors (undefined values, runaway loops, huge output, items Kubernetes would reject) are found
+/// before any pod is admitted. The samples are the shapes that occur at admission ([`SAMPLE_SHAPES`]):
+/// a template that works for a named pod but fails for the pods controllers create would stop every
+/// Deployment from creating pods. Each sample satisfies the template's own selectors, so a template
+/// may rely on a label its podSelector requires.
+fn check(template: &Template) -> Result<(), TemplateError> {
+    let pod_labels = [("app".to_owned(), "example".to_owned())].into();
+    let pod_labels: BTreeMap<String, String> = match &template.pod_selector {
+        Some(selector) => selector.satisfying_labels(pod_labels),
+        None => pod_labels,
+    };
+    let namespace_labels = [(names::INJECT_LABEL.to_owned(), names::INJECT_ENABLED.to_owned())].into();
+    let namespace_labels = match &template.namespace_selector {
+        Some(selector) => selector.satisfying_labels(namespace_labels),
+        None => namespace_labels,
+    };
+    let namespace = NamespaceFacts::known("default", namespace_labels, BTreeMap::new());
+    for shape in SAMPLE_SHAPES {
+        let (pod, workload) = shape.sample(&pod_labels);
+        let subject = Subject::new(Arc::new(pod), &workload);
+        match render(template, &subject, &BTreeMap::new(), &namespace) {
+            Ok(rendered) => check_rendered(template, &rendered)
+                .map_err(|e| TemplateError { message: format!("{} (for {})", e.message, shape.description), ..e })?,
+            Err(RenderError::Template(e)) => {
+                return Err(TemplateError {
+                    message: format!("{} (while test-rendering for {})", e.message, shape.description),
+                    ..e
+                });
+            }
+            Err(RenderError::Override(o)) => return Err(TemplateError::at(&template.name, 0, o.message)),
+        }
+    }
+    Ok(())
+}
+
+/// A pod shape that templates meet at admission.
+pub struct SampleShape {
+    /// What it is, for messages.
+    pub description: &'static str,
+    kind: ShapeKind,
+}
+
+enum ShapeKind {
+    Named,
+    ControllerMade,
+    PodTemplate,
+}
+
+/// The shapes every template is test-rendered against (`check-templates`, the ConfigMap guard, hot
+/// reload): the README lists them.
+pub const SAMPLE_SHAPES: [SampleShape; 3] = [
+    SampleShape { description: "a named pod (metadata.name \"example\")", kind: ShapeKind::Named },
+    SampleShape {
+        description: "a pod a controller creates (a ReplicaSet's: generateName \"example-7d9f8c6b5-\", no name yet, an owner reference)",
+        kind: ShapeKind::ControllerMade,
+    },
+    SampleShape {
+        description: "a workload's pod template (no name, no generateName, no namespace, as `inject -f deployment.yaml` reads it)",
+        kind: ShapeKind::PodTemplate,
+    },
+];
+
+impl SampleShape {
+    /// The sample pod of this shape with these labels, and its workload.
+    pub fn sample(&self, labels: &BTreeMap<String, String>) -> (Value, Workload) {
+        let spec = serde_json::json!({"containers": [{"name": "app", "image": "example:latest"}]});
+        let (metadata, workload) = match self.kind {
+            ShapeKind::Named => (
+                serde_json::json!({"name": "example", "namespace": "default", "labels": labels}),
+                Workload { kind: "Pod".into(), name: "example".into() },
+            ),
+            ShapeKind::ControllerMade => {
+                let mut labels = labels.clone();
+                labels.insert("pod-template-hash".into(), "7d9f8c6b5".into());
+                let metadata = serde_json::json!({
+                    "generateName": "example-7d9f8c6b5-", "namespace": "default", "labels": labels,
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "example-7d9f8c6b5",
+                        "uid": "00000000-0000-0000-0000-000000000000", "controller": true, "blockOwnerDeletion": true}],
+                });
+                let pod = serde_json::json!({"metadata": metadata});
+                let workload = Workload::of_pod(&pod);
+                (metadata, workload)
+            }
+            ShapeKind::PodTemplate => {
+                (serde_json::json!({"labels": labels}), Workload { kind: "Deployment".into(), name: "example".into() })
+            }
+        };
+        (serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}), workload)
+    }
+}
+
+/// Checks that rendered items are what Kubernetes accepts in their place (a `Container`, a `Volume`,
+/// an `EnvVar`, a `VolumeMount`), with the field path of the first mismatch, and carry a name.
+pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -> Result<(), TemplateError> {
+    use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, LocalObjectReference, Volume, VolumeMount};
+
+    fn conforms<T: serde::de::DeserializeOwned>(item: &Value) -> Result<(), String> {
+        serde_path_to_error::deserialize::<_, T>(item).map(drop).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            if path == "." { inner } else { format!("{path}: {inner}") }
+        })
+    }
+    type Check = fn(&Value) -> Result<(), String>;
+    // (section, items, their type, whether they are identified by `name`)
+    let sections: [(&str, &[Value], Check, bool); 7] = [
+        ("inject.initContainers", &rendered.init_containers, conforms::<Container>, true),
+        ("inject.sidecars", &rendered.sidecars, conforms::<Container>, true),
+        ("inject.volumes", &rendered.volumes, conforms::<Volume>, true),
+        ("inject.imagePullSecrets", &rendered.image_pull_secrets, conforms::<LocalObjectReference>, true),
+        ("inject.appContainers.env", &rendered.env, conforms::<EnvVar>, true),
+        ("inject.appContainers.envFrom", &rendered.env_from, conforms::<EnvFromSource>, false),
+        ("inject.appContainers.volumeMounts", &rendered.volume_mounts, conforms::<VolumeMount>, true),
+    ];
+    for (section, items, conforms, named) in sections {
+        for (index, item) in items.iter().enumerate() {
+            let fail = |message: String| TemplateError::at(&template.name, 0, format!("{section}[{index}]{message}"));
+            conforms(item).map_err(|e| fail(format!(" is not valid: {e}")))?;
+            let identified = match named {
+                true => matches!(item.get("name"), Some(Value::String(s)) if !s.is_empty()),
+                false => super::inject::env_from_key(item).is_some(),
+            };
+            if !identified {
+                return Err(fail(match named {
+                    true => ".name must render to a non-empty string".to_owned(),
+                    false => " needs exactly one of configMapRef or secretRef, with a non-empty name".to_owned(),
+                }));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::test_support::template;
+
+    #[test]
+    fn rendered_items_must_be_what_kubernetes_accepts() {
+        let cases = [
+            (
+                "values: {port: 80}\ninject:\n  sidecars:\n    - {name: s, ports: [{containerPort: \"{{ values.port }}x\"}]}\n",
+                "inject.sidecars[0] is not valid: ports[0].containerPort: invalid type: string \"80x\", expected i32",
+            ),
+            (
+                "values: {on: true}\ninject:\n  appContainers:\n    env:\n      - {name: E, value: \"{{ values.on }}\"}\n",
+                "inject.appContainers.env[0] is not valid: value: invalid type: boolean `true`, expected a string",
+            ),
+            (
+                "inject:\n  volumes:\n    - {name: v, emptyDir: []}\n",
+                "inject.volumes[0] is not valid: emptyDir: invalid type: sequence",
+            ),
+        ];
+        for (text, fragment) in cases {
+            let err = Template::load("k8s", text).unwrap_err();
+            assert!(err.message.contains(fragment), "expected {fragment:?} in {err}");
+        }
+    }
+
+    #[test]
+    fn the_sample_pod_satisfies_the_templates_selectors() {
+        // The podSelector guarantees the `team` label, so reading it without a default is fine...
+        template(
+            "team",
+            "podSelector:\n  matchExpressions:\n    - {key: team, operator: Exists}\n    - {key: tier, operator: In, values: [web]}\nnamespaceSelector: {matchLabels: {env: prod}}\ninject:\n  labels:\n    t: \"{{ pod.metadata.labels.team }}-{{ pod.metadata.labels.tier }}-{{ namespace.labels.env }}\"\n",
+        );
+        // ...and without that guarantee it is an error found at load time, not at admission.
+        let err =
+            Template::load("team", "inject:\n  labels:\n    t: \"{{ pod.metadata.labels.team }}\"\n").unwrap_err();
+        assert!(err.message.contains("undefined value") && err.message.contains("while test-rendering for"), "{err}");
+    }
+}
