@@ -6,7 +6,8 @@
 //! - [`admission`]: AdmissionReview in, engine decision, AdmissionReview out (pure).
 //! - [`cli`]: the `inject`, `explain` and `check-templates` commands over files and stdin.
 //! - [`server`]: the actix-web + rustls listeners, certificate reload; [`cluster`]: kube-rs watches
-//!   of namespaces and template ConfigMaps, self-managed certificates; [`certs`]: certificate making.
+//!   of namespaces and template ConfigMaps, the self-managed certificate's Secret; [`certs`]: certificate
+//!   making and the rotation plan (pure).
 //! - [`config`], [`telemetry`]: settings, logs, traces and metrics.
 
 pub mod admission;

@@ -202,15 +202,15 @@ async fn certificate(
         }
         TlsMode::SelfManaged => {
             let client = client.context("tls.mode self-managed needs a cluster")?;
-            let material = cluster::certs::ensure_secret(client, namespace, settings)
+            let material = cluster::cert_secret::ensure_secret(client, namespace, settings)
                 .await
                 .with_context(|| format!("managing the certificate Secret {namespace}/{}", settings.secret_name))?;
-            if let Err(error) = cluster::certs::publish_ca_bundle(client, settings, &material.ca_bundle).await {
+            if let Err(error) = cluster::cert_secret::publish_ca_bundle(client, settings, &material.ca_bundle).await {
                 metrics.certificate_reload_errors.inc();
                 tracing::error!(%error, "could not write the CA into the webhook configurations");
             }
             let store = Arc::new(CertStore::new(&material.serving)?);
-            tokio::spawn(cluster::certs::maintain(
+            tokio::spawn(cluster::cert_secret::maintain(
                 client.clone(),
                 namespace.to_owned(),
                 settings.clone(),

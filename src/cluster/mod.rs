@@ -1,6 +1,6 @@
 //! The cluster shell: kube-rs reflectors for namespaces (metadata only, cluster-wide) and for the
 //! template ConfigMaps (the injector's namespace, by label only — never a cluster-wide ConfigMap
-//! watch), the cluster version, and the self-managed certificate (`certs`).
+//! watch), the cluster version, and where the self-managed certificate is kept (`cert_secret`).
 //!
 //! Admission requests read namespace labels from the reflector's store, never from an API call.
 //! Watches reconnect with backoff; while the API server is away the stores keep their last state and
@@ -11,7 +11,7 @@
 //! by 6 s (measured in the e2e outage scenario). Two watches retrying once a second — one
 //! namespaced ConfigMap watch, one metadata-only namespace watch — cost the API server nothing.
 
-pub mod certs;
+pub mod cert_secret;
 pub mod enforcement;
 
 use std::collections::BTreeMap;

@@ -1,33 +1,21 @@
-//! Self-managed certificates, for clusters without cert-manager: a CA and a serving certificate for
-//! `<service>.<namespace>.svc` kept in a Secret in the injector's namespace, the CA written into the
-//! `caBundle` of the injector's own webhook configurations, and rotation before expiry.
-//!
-//! Race-free across replicas: the Secret is created with `create` (a replica that loses the race
-//! gets 409 and reads the winner's), and rotated with `replace` carrying the `resourceVersion` it
-//! read (a replica that loses gets 409 and starts over). What to do is decided by the pure
-//! [`plan`], so every case is unit-tested without a cluster.
+//! Deciding what the self-managed certificate needs, from what the Secret holds now: keep it,
+//! create it, or rotate the serving certificate or the CA. Pure (the clock and the published
+//! bundles are arguments), so every case is unit-tested without a cluster;
+//! `cluster::cert_secret` reads and writes the Secret and the webhook configurations.
 //!
 //! A CA rotation takes two steps, so the API server never meets a certificate it does not trust:
 //! first the new CA is added to the Secret as the *next* CA and to the bundle (old and new), while
 //! serving stays on the old CA; every replica publishes that bundle. Only when every webhook
 //! configuration's `caBundle` holds the next CA is it promoted and the serving certificate
-//! re-issued from it. Replicas publish before they switch what they serve.
+//! re-issued from it.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Client, Resource};
-use time::{Duration as TimeDuration, OffsetDateTime};
+use time::{Duration, OffsetDateTime};
 
-use crate::certs::{self, CertError, Pem};
+use super::{CertError, Pem};
 use crate::config::TlsSettings;
-use crate::server::tls::CertStore;
-use crate::telemetry::Metrics;
 
 /// Secret keys.
 const CA_CERT: &str = "ca.crt";
@@ -54,7 +42,8 @@ pub struct Material {
 }
 
 impl Material {
-    fn to_data(&self) -> BTreeMap<String, ByteString> {
+    /// The Secret's `data`.
+    pub fn to_data(&self) -> BTreeMap<String, ByteString> {
         let next = self.next_ca.iter().flat_map(|n| [(NEXT_CA_CERT, &n.cert), (NEXT_CA_KEY, &n.key)]);
         [
             (CA_CERT, &self.ca.cert),
@@ -136,9 +125,9 @@ pub fn plan(
     now: OffsetDateTime,
     published: &[String],
 ) -> Result<Plan, CertError> {
-    let renew_before = TimeDuration::days(i64::from(settings.rotate_before_days));
-    let new_ca = || certs::generate_ca("sidecar-injector CA", now, settings.ca_validity_days);
-    let serve = |ca: &Pem| certs::issue(ca, hosts, now, settings.certificate_validity_days);
+    let renew_before = Duration::days(i64::from(settings.rotate_before_days));
+    let new_ca = || super::generate_ca("sidecar-injector CA", now, settings.ca_validity_days);
+    let serve = |ca: &Pem| super::issue(ca, hosts, now, settings.certificate_validity_days);
     let Some(data) = existing else {
         let ca = new_ca()?;
         return Ok(Plan::Create(Material { ca_bundle: ca.cert.clone(), serving: serve(&ca)?, ca, next_ca: None }));
@@ -150,7 +139,7 @@ pub fn plan(
             "the Secret is incomplete".into(),
         ));
     };
-    let expires_soon = |pem: &str| certs::not_after(pem).map_or(true, |t| t - now < renew_before);
+    let expires_soon = |pem: &str| super::not_after(pem).map_or(true, |t| t - now < renew_before);
     if let Some(next) = &current.next_ca {
         let trusted = published.iter().all(|bundle| bundle.contains(next.cert.trim()));
         if !trusted {
@@ -193,171 +182,16 @@ pub fn plan(
 fn strip_expired(bundle: &str, now: OffsetDateTime) -> String {
     bundle
         .split_inclusive("-----END CERTIFICATE-----\n")
-        .filter(|pem| certs::not_after(pem).is_ok_and(|t| t > now))
+        .filter(|pem| super::not_after(pem).is_ok_and(|t| t > now))
         .collect()
-}
-
-/// Applies [`plan`] to the Secret until it holds current material; returns it.
-pub async fn ensure_secret(client: &Client, namespace: &str, settings: &TlsSettings) -> anyhow::Result<Material> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let hosts = service_hosts(settings, namespace);
-    for _ in 0..5 {
-        let existing = secrets.get_opt(&settings.secret_name).await?;
-        let data = existing.as_ref().map(|s| s.data.clone().unwrap_or_default());
-        let published = published_bundles(client, settings).await?;
-        let result = match plan(data.as_ref(), &hosts, settings, OffsetDateTime::now_utc(), &published)? {
-            Plan::Keep(material) => return Ok(material),
-            Plan::Create(material) => {
-                let secret = Secret {
-                    metadata: ObjectMeta {
-                        name: Some(settings.secret_name.clone()),
-                        namespace: Some(namespace.into()),
-                        ..Default::default()
-                    },
-                    data: Some(material.to_data()),
-                    type_: Some("Opaque".into()),
-                    ..Default::default()
-                };
-                secrets.create(&PostParams::default(), &secret).await.map(|_| {
-                    tracing::info!(secret = %settings.secret_name, "created the CA and serving certificate");
-                    material
-                })
-            }
-            Plan::Replace(material, reason) => {
-                let mut secret = existing.expect("replace implies an existing Secret");
-                secret.data = Some(material.to_data());
-                secrets.replace(&settings.secret_name, &PostParams::default(), &secret).await.map(|_| {
-                    tracing::info!(secret = %settings.secret_name, %reason, "rotated the certificate");
-                    material
-                })
-            }
-        };
-        match result {
-            Ok(material) => return Ok(material),
-            // Another replica created or rotated it first: read theirs.
-            Err(kube::Error::Api(e)) if e.code == 409 => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    anyhow::bail!("the Secret {} kept changing under us (5 conflicts in a row)", settings.secret_name)
-}
-
-/// The `caBundle` of every webhook of the named webhook configurations that exist.
-async fn published_bundles(client: &Client, settings: &TlsSettings) -> anyhow::Result<Vec<String>> {
-    let mut bundles = Vec::new();
-    let text =
-        |b: &Option<ByteString>| b.as_ref().map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
-    for name in &settings.webhook_configurations {
-        let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-        if let Some(config) = mutating.get_opt(name).await? {
-            bundles.extend(config.webhooks.iter().flatten().map(|w| text(&w.client_config.ca_bundle)));
-        }
-        let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-        if let Some(config) = validating.get_opt(name).await? {
-            bundles.extend(config.webhooks.iter().flatten().map(|w| text(&w.client_config.ca_bundle)));
-        }
-    }
-    Ok(bundles)
-}
-
-/// Writes `ca_bundle` into every webhook of the named Mutating and Validating webhook configurations.
-pub async fn publish_ca_bundle(client: &Client, settings: &TlsSettings, ca_bundle: &str) -> anyhow::Result<()> {
-    for name in &settings.webhook_configurations {
-        update_bundle::<MutatingWebhookConfiguration>(client, name, ca_bundle, |c| {
-            c.webhooks.iter_mut().flatten().map(|w| &mut w.client_config.ca_bundle).collect()
-        })
-        .await?;
-        update_bundle::<ValidatingWebhookConfiguration>(client, name, ca_bundle, |c| {
-            c.webhooks.iter_mut().flatten().map(|w| &mut w.client_config.ca_bundle).collect()
-        })
-        .await?;
-    }
-    Ok(())
-}
-
-async fn update_bundle<K>(
-    client: &Client,
-    name: &str,
-    ca_bundle: &str,
-    bundles: impl Fn(&mut K) -> Vec<&mut Option<ByteString>>,
-) -> anyhow::Result<()>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + serde::Serialize,
-{
-    let api: Api<K> = Api::all(client.clone());
-    let want = ByteString(ca_bundle.as_bytes().to_vec());
-    for _ in 0..5 {
-        let Some(mut config) = api.get_opt(name).await? else {
-            tracing::debug!(kind = %K::kind(&()), name, "webhook configuration not found; nothing to update");
-            return Ok(());
-        };
-        if bundles(&mut config).iter().all(|b| b.as_ref() == Some(&want)) {
-            return Ok(());
-        }
-        // A JSON patch of the caBundles alone (RBAC: `patch`, not `update`), each guarded by a
-        // `test` of its webhook's name, so a configuration changed meanwhile is never half-written.
-        let value = serde_json::to_value(&config)?;
-        let webhooks = value.get("webhooks").and_then(serde_json::Value::as_array).cloned().unwrap_or_default();
-        let encoded = serde_json::to_value(&want)?;
-        let mut operations = Vec::new();
-        for (index, webhook) in webhooks.iter().enumerate() {
-            operations.push(
-                serde_json::json!({"op": "test", "path": format!("/webhooks/{index}/name"), "value": webhook["name"]}),
-            );
-            operations.push(serde_json::json!({"op": "add", "path": format!("/webhooks/{index}/clientConfig/caBundle"), "value": encoded}));
-        }
-        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(operations))?;
-        match api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)).await {
-            Ok(_) => {
-                tracing::info!(kind = %K::kind(&()), name, "wrote the CA into caBundle");
-                return Ok(());
-            }
-            // The configuration changed between the read and the patch: read it again.
-            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 422 => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    anyhow::bail!("{} {name} kept changing under us (5 conflicts in a row)", K::kind(&()))
-}
-
-/// Keeps the certificate current: checks the Secret every `tls.check_interval_seconds`, serves a
-/// rotated certificate (whichever replica rotated it) and keeps the caBundles current.
-pub async fn maintain(
-    client: Client,
-    namespace: String,
-    settings: TlsSettings,
-    store: Arc<CertStore>,
-    metrics: Arc<Metrics>,
-) {
-    let mut ticker = tokio::time::interval(Duration::from_secs(settings.check_interval_seconds));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
-    loop {
-        ticker.tick().await;
-        let result = async {
-            let material = ensure_secret(&client, &namespace, &settings).await?;
-            // Publish first: the bundle already trusts whatever the Secret's serving certificate
-            // is signed by, and a replica must never serve what the API server does not trust yet.
-            publish_ca_bundle(&client, &settings, &material.ca_bundle).await?;
-            let expiry = store.replace(&material.serving)?;
-            metrics.certificate_expiry.set(expiry.unix_timestamp());
-            anyhow::Ok(())
-        }
-        .await;
-        if let Err(error) = result {
-            metrics.certificate_reload_errors.inc();
-            tracing::error!(%error, "certificate maintenance failed; the current certificate keeps serving");
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::certs;
 
     fn settings() -> TlsSettings {
         TlsSettings {
@@ -386,13 +220,10 @@ mod tests {
         assert!(covers_hosts(&first.serving.cert, &hosts));
         let stored = data(&created);
 
-        assert!(matches!(
-            plan(Some(&stored), &hosts, &settings, t0 + TimeDuration::days(59), &[]).unwrap(),
-            Plan::Keep(_)
-        ));
+        assert!(matches!(plan(Some(&stored), &hosts, &settings, t0 + Duration::days(59), &[]).unwrap(), Plan::Keep(_)));
 
         let Plan::Replace(rotated, reason) =
-            plan(Some(&stored), &hosts, &settings, t0 + TimeDuration::days(61), &[]).unwrap()
+            plan(Some(&stored), &hosts, &settings, t0 + Duration::days(61), &[]).unwrap()
         else {
             panic!()
         };
@@ -404,14 +235,10 @@ mod tests {
         let Plan::Replace(_, reason) = plan(Some(&stored), &more_hosts, &settings, t0, &[]).unwrap() else { panic!() };
         assert_eq!(reason, "the serving certificate does not cover the service's names");
 
-        let Plan::Replace(step1, reason) = plan(
-            Some(&stored),
-            &hosts,
-            &settings,
-            t0 + TimeDuration::days(3630),
-            std::slice::from_ref(&first.ca_bundle),
-        )
-        .unwrap() else {
+        let Plan::Replace(step1, reason) =
+            plan(Some(&stored), &hosts, &settings, t0 + Duration::days(3630), std::slice::from_ref(&first.ca_bundle))
+                .unwrap()
+        else {
             panic!()
         };
         assert_eq!(reason, "the CA expires soon: publishing the new CA before serving from it");
@@ -432,7 +259,7 @@ mod tests {
     #[test]
     fn expired_previous_cas_leave_the_bundle() {
         let now = OffsetDateTime::now_utc();
-        let old = certs::generate_ca("old", now - TimeDuration::days(10), 5).unwrap();
+        let old = certs::generate_ca("old", now - Duration::days(10), 5).unwrap();
         let current = certs::generate_ca("current", now, 100).unwrap();
         assert_eq!(strip_expired(&format!("{}{}", current.cert, old.cert), now), current.cert);
     }
@@ -451,7 +278,7 @@ mod tests {
         let verifier =
             rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build().unwrap();
         let leaf = CertificateDer::from_pem_slice(serving.as_bytes()).unwrap();
-        let at = UnixTime::since_unix_epoch(Duration::from_secs(now.unix_timestamp() as u64));
+        let at = UnixTime::since_unix_epoch(std::time::Duration::from_secs(now.unix_timestamp() as u64));
         verifier.verify_server_cert(&leaf, &[], &ServerName::try_from(host.to_owned()).unwrap(), &[], at).is_ok()
     }
 
@@ -470,7 +297,7 @@ mod tests {
         // A check every 10 days for 300 days; publishing lags one check behind on the second
         // configuration (a replica that failed to write it).
         for day in (10..=300).step_by(10) {
-            let now = t0 + TimeDuration::days(day);
+            let now = t0 + Duration::days(day);
             let material = match plan(Some(&secret), &hosts, &settings, now, &published).unwrap() {
                 Plan::Keep(m) => m,
                 Plan::Replace(m, reason) => {

@@ -1,6 +1,8 @@
 //! Certificates made by the injector itself: a CA, and serving certificates it signs. Used for the
-//! self-managed mode (kept in a Secret) and the self-signed laptop mode. Pure: the clock is an
-//! argument.
+//! self-managed mode (kept in a Secret, rotated as [`rotation`] decides) and the self-signed laptop
+//! mode. Pure: the clock is an argument; `cluster::cert_secret` does the cluster's reads and writes.
+
+pub mod rotation;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
