@@ -12,7 +12,7 @@
 use std::io::{self, Write};
 use std::sync::Arc;
 
-use minijinja::value::ValueKind;
+use minijinja::value::{Serde, ValueKind};
 use minijinja::{Environment, UndefinedBehavior, Value as JinjaValue};
 use serde_json::Value;
 
@@ -106,6 +106,9 @@ pub(crate) struct Constant {
 #[derive(Default, Clone)]
 pub(crate) struct Expressions {
     env: Option<Arc<Environment<'static>>>,
+    /// The template's default `values` as expressions see them, converted once: what every pod
+    /// that overrides nothing renders with.
+    pub(crate) default_values: JinjaValue,
 }
 
 impl std::fmt::Debug for Expressions {
@@ -180,8 +183,12 @@ impl ExpressionsBuilder {
         self.add(line, &display, format!("{{% if ({expression}) %}}true{{% endif %}}"))
     }
 
-    pub(crate) fn build(self) -> Expressions {
-        Expressions { env: (self.count > 0).then(|| Arc::new(self.env)) }
+    /// The compiled expressions of a template whose default values are `values`.
+    pub(crate) fn build(self, values: &serde_json::Map<String, Value>) -> Expressions {
+        Expressions {
+            env: (self.count > 0).then(|| Arc::new(self.env)),
+            default_values: JinjaValue::from(Serde(values)),
+        }
     }
 }
 

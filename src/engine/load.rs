@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use minijinja::Value as JinjaValue;
-use minijinja::value::Serde;
 use serde_json::Value;
 
 use super::expression::CompiledText;
@@ -40,9 +39,8 @@ impl Template {
 /// Renders, once, every expression of `template` that reads neither `pod` nor `namespace`, with its
 /// default values, and keeps the result in the compiled text. Called when a template is loaded.
 fn prerender(template: &mut Template) {
-    let values = JinjaValue::from(Serde(&template.values));
     let context = JinjaValue::from_pairs([
-        ("values", values),
+        ("values", template.expressions.default_values.clone()),
         ("template", JinjaValue::from_pairs([("name", JinjaValue::from(&*template.name))])),
     ]);
     let expressions = template.expressions.clone();

@@ -14,6 +14,7 @@
 //! `overridable`; the annotation text is converted to the default's scalar type (a number stays a
 //! number, a boolean a boolean, anything else a string) and is never parsed as YAML.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -149,7 +150,12 @@ fn render_with(
     let own = annotations_for(template, pod_annotations);
     let values = effective_values(template, &own, &mut warnings).map_err(RenderError::Override)?;
     let (targets, sidecar_mode) = pod_choices(template, &own, &mut warnings).map_err(RenderError::Override)?;
-    let overridden = values != template.values;
+    let overridden = matches!(values, Cow::Owned(_));
+    // Most pods override nothing: their values are the defaults, converted once at load.
+    let values_view = match &values {
+        Cow::Borrowed(_) => template.expressions.default_values.clone(),
+        Cow::Owned(values) => JinjaValue::from(Serde(values)),
+    };
     let context = JinjaValue::from_pairs([
         ("pod", subject.pod.clone()),
         (
@@ -167,7 +173,7 @@ fn render_with(
                 ("annotations", JinjaValue::from(Serde(&namespace.annotations))),
             ]),
         ),
-        ("values", JinjaValue::from(Serde(&values))),
+        ("values", values_view),
         ("template", JinjaValue::from_pairs([("name", JinjaValue::from(&*template.name))])),
     ]);
     let mut renderer = Renderer {
@@ -287,13 +293,13 @@ pub(crate) fn check_chosen_containers(
     }
 }
 
-/// Defaults with the pod's overrides applied.
-fn effective_values(
-    template: &Template,
+/// Defaults with the pod's overrides applied; borrowed when the pod overrides nothing.
+fn effective_values<'t>(
+    template: &'t Template,
     own: &[(&String, &str, &String)],
     warnings: &mut Vec<String>,
-) -> Result<serde_json::Map<String, Value>, InvalidOverride> {
-    let mut values = template.values.clone();
+) -> Result<Cow<'t, serde_json::Map<String, Value>>, InvalidOverride> {
+    let mut values = Cow::Borrowed(&template.values);
     for &(key, value_name, text) in own {
         if value_name == APP_CONTAINERS_CHOICE || value_name == SIDECAR_MODE_CHOICE {
             continue;
@@ -328,7 +334,7 @@ fn effective_values(
             annotation: key.clone(),
             message: format!("{message} in template {:?}", template.name),
         })?;
-        values.insert(value_name.to_owned(), value);
+        values.to_mut().insert(value_name.to_owned(), value);
     }
     Ok(values)
 }

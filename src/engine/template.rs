@@ -429,7 +429,7 @@ impl<'a> Compiler<'a> {
         }
         self.check_value_refs(&template.inject, &template.values)?;
         template.warnings = self.override_warnings(&template);
-        template.expressions = self.expressions.build();
+        template.expressions = self.expressions.build(&template.values);
         Ok(template)
     }
 
