@@ -102,8 +102,8 @@ pub(crate) struct Constant {
     pub(crate) fuel: u64,
 }
 
-/// The compiled expressions of one template (cheap to clone: the environment is shared).
-#[derive(Default, Clone)]
+/// The compiled expressions of one template.
+#[derive(Default)]
 pub(crate) struct Expressions {
     env: Option<Arc<Environment<'static>>>,
     /// The template's default `values` as expressions see them, converted once: what every pod

@@ -10,11 +10,10 @@ use std::sync::Arc;
 use minijinja::Value as JinjaValue;
 use serde_json::Value;
 
-use super::expression::CompiledText;
 use super::facts::NamespaceFacts;
 use super::names;
 use super::render::{RenderError, RenderedTemplate, Subject, render};
-use super::template::{self, Piece, SeqItem, Template, TemplateError};
+use super::template::{self, Template, TemplateError};
 use super::workload::Workload;
 
 impl Template {
@@ -43,26 +42,8 @@ fn prerender(template: &mut Template) {
         ("values", template.expressions.default_values.clone()),
         ("template", JinjaValue::from_pairs([("name", JinjaValue::from(&*template.name))])),
     ]);
-    let expressions = template.expressions.clone();
-    let render = |text: &mut CompiledText| expressions.precompute(text, &context);
-    fn walk(piece: &mut Piece, render: &dyn Fn(&mut CompiledText)) {
-        match piece {
-            Piece::Text(text) => render(text),
-            Piece::Seq(items) => items.iter_mut().for_each(|i| walk_item(i, render)),
-            Piece::Map(entries) => entries.iter_mut().for_each(|(_, p)| walk(p, render)),
-            Piece::Literal(_) | Piece::ValueRef { .. } => {}
-        }
-    }
-    fn walk_item(item: &mut SeqItem, render: &dyn Fn(&mut CompiledText)) {
-        if let Some(when) = &mut item.when {
-            render(when);
-        }
-        walk(&mut item.piece, render);
-    }
-    let spec = &mut template.inject;
-    spec.labels.iter_mut().chain(spec.annotations.iter_mut()).for_each(|(_, p)| walk(p, &render));
-    for list in spec.lists_mut() {
-        list.iter_mut().for_each(|i| walk_item(i, &render));
+    for text in template.inject.texts_mut() {
+        template.expressions.precompute(text, &context);
     }
 }
 

@@ -224,17 +224,58 @@ impl InjectSpec {
         ]
     }
 
-    /// Every list of items, to change them in place.
-    pub(crate) fn lists_mut(&mut self) -> [&mut Vec<SeqItem>; 7] {
-        [
-            &mut self.init_containers,
-            &mut self.sidecars,
-            &mut self.volumes,
-            &mut self.env,
-            &mut self.env_from,
-            &mut self.volume_mounts,
-            &mut self.image_pull_secrets,
-        ]
+    /// Every compiled expression of the tree, `when:` conditions included.
+    pub(crate) fn texts(&self) -> Vec<&CompiledText> {
+        fn walk<'a>(piece: &'a Piece, out: &mut Vec<&'a CompiledText>) {
+            match piece {
+                Piece::Text(text) => out.push(text),
+                Piece::Seq(items) => items.iter().for_each(|i| walk_item(i, out)),
+                Piece::Map(entries) => entries.iter().for_each(|(_, p)| walk(p, out)),
+                Piece::Literal(_) | Piece::ValueRef { .. } => {}
+            }
+        }
+        fn walk_item<'a>(item: &'a SeqItem, out: &mut Vec<&'a CompiledText>) {
+            out.extend(&item.when);
+            walk(&item.piece, out);
+        }
+        let mut out = Vec::new();
+        self.labels.iter().chain(&self.annotations).for_each(|(_, p)| walk(p, &mut out));
+        self.lists().into_iter().flatten().for_each(|i| walk_item(i, &mut out));
+        out
+    }
+
+    /// Every compiled expression of the tree, to change in place (see [`InjectSpec::texts`]).
+    pub(crate) fn texts_mut(&mut self) -> Vec<&mut CompiledText> {
+        fn walk<'a>(piece: &'a mut Piece, out: &mut Vec<&'a mut CompiledText>) {
+            match piece {
+                Piece::Text(text) => out.push(text),
+                Piece::Seq(items) => items.iter_mut().for_each(|i| walk_item(i, out)),
+                Piece::Map(entries) => entries.iter_mut().for_each(|(_, p)| walk(p, out)),
+                Piece::Literal(_) | Piece::ValueRef { .. } => {}
+            }
+        }
+        fn walk_item<'a>(item: &'a mut SeqItem, out: &mut Vec<&'a mut CompiledText>) {
+            out.extend(&mut item.when);
+            walk(&mut item.piece, out);
+        }
+        let mut out = Vec::new();
+        let InjectSpec {
+            labels,
+            annotations,
+            init_containers,
+            sidecars,
+            volumes,
+            env,
+            env_from,
+            volume_mounts,
+            image_pull_secrets,
+            ..
+        } = self;
+        labels.iter_mut().chain(annotations.iter_mut()).for_each(|(_, p)| walk(p, &mut out));
+        for list in [init_containers, sidecars, volumes, env, env_from, volume_mounts, image_pull_secrets] {
+            list.iter_mut().for_each(|i| walk_item(i, &mut out));
+        }
+        out
     }
 }
 
@@ -556,7 +597,8 @@ impl<'a> Compiler<'a> {
     fn override_warnings(&self, template: &Template) -> Vec<String> {
         let risky: Vec<&Overridable> = template.overridable.iter().filter(|o| !o.is_constrained()).collect();
         let mut warnings = Vec::new();
-        for (line, source) in expression_sources(&template.inject) {
+        for text in template.inject.texts() {
+            let (line, source) = (text.line, text.source.as_str());
             let config_language = ["yaml:", "json:"].iter().any(|p| source.contains(p)) || source.contains('\n');
             if !config_language {
                 continue;
@@ -880,31 +922,6 @@ impl<'a> Compiler<'a> {
             None => Ok(()),
         }
     }
-}
-
-/// Every expression string of a compiled `inject` tree with its line (`when:` conditions included),
-/// for the checks made when a template is loaded.
-pub(crate) fn expression_sources(spec: &InjectSpec) -> Vec<(u64, &str)> {
-    fn walk<'a>(piece: &'a Piece, out: &mut Vec<(u64, &'a str)>) {
-        match piece {
-            Piece::Text(text) => out.push((text.line, &text.source)),
-            Piece::Seq(items) => items.iter().for_each(|i| walk_item(i, out)),
-            Piece::Map(entries) => entries.iter().for_each(|(_, p)| walk(p, out)),
-            Piece::Literal(_) | Piece::ValueRef { .. } => {}
-        }
-    }
-    fn walk_item<'a>(item: &'a SeqItem, out: &mut Vec<(u64, &'a str)>) {
-        if let Some(when) = &item.when {
-            out.push((when.line, &when.source));
-        }
-        walk(&item.piece, out);
-    }
-    let mut out = Vec::new();
-    spec.labels.iter().chain(&spec.annotations).for_each(|(_, p)| walk(p, &mut out));
-    for list in spec.lists() {
-        list.iter().for_each(|i| walk_item(i, &mut out));
-    }
-    out
 }
 
 /// A warning for each injected container that does not set cpu and memory requests and limits: a
