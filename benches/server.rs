@@ -534,13 +534,16 @@ async fn on_a_cluster(
     writeln!(md, "## C. Pod creation through the API server ({} pods per row)\n", durations.pods)?;
     writeln!(
         md,
-        "Rows alternate within each round, {POD_ROUNDS} rounds per concurrency, after a warm-up of {WARM_UP_PODS} pods per row that \
-         is not counted. The null webhook (`e2e/controlplane/cmd/nullwebhook`, Go \
+        "The rows take turns in slices of {} pods (1 at a time) and {} pods (8 at a time), forward in one slice and \
+         backward in the next, so that the cluster's leftover work and drift fall on every row alike; the round means are \
+         the {POD_ROUNDS} consecutive quarters of the run. A warm-up of {WARM_UP_PODS} pods per row is not counted. The null webhook (`e2e/controlplane/cmd/nullwebhook`, Go \
          standard library) answers every pod with the very JSONPatch the injector returns for this pod, so the API server \
          does the same work on the answer; it speaks HTTP/1.1, as the API server does with any webhook behind a Service \
          (and with ours here), except in the HTTP/2 row. Its namespaces are opted in like ours, so the \
          ValidatingAdmissionPolicy checks their pods as it checks ours: only the webhooks differ. The injector runs with 200 templates loaded (from part B). Pods have \
-         `automountServiceAccountToken: false`, so the null webhook's fixed patch fits every one of them.\n"
+         `automountServiceAccountToken: false`, so the null webhook's fixed patch fits every one of them.\n",
+        slice_pods(1),
+        slice_pods(8),
     )?;
     writeln!(
         md,
@@ -816,7 +819,14 @@ struct PodCreates {
     latencies_ms: BTreeMap<&'static str, Vec<f64>>,
     /// The mean of each round, per namespace: the spread between rounds.
     round_means_ms: BTreeMap<&'static str, Vec<f64>>,
-    phases: BTreeMap<&'static str, Vec<(f64, f64)>>,
+    /// Per namespace, measured apart from the rows' turns.
+    phases: BTreeMap<&'static str, PhaseBlock>,
+}
+
+/// The (sum, count) of each of [`ADMISSION_PHASES`] over one block of pods, and how many pods.
+struct PhaseBlock {
+    totals: Vec<(f64, f64)>,
+    pods: usize,
 }
 
 impl PodCreates {
@@ -852,11 +862,14 @@ impl PodCreates {
              (calls per pod in brackets):\n"
         )?;
         writeln!(md, "| phase | not opted in | opted in |\n| --- | --- | --- |")?;
-        let pods = self.latencies_ms["plain"].len() as f64;
         for (i, (what, ..)) in ADMISSION_PHASES.iter().enumerate() {
-            let cell = |namespace: &str| match self.phases[namespace][i] {
-                (_, 0.0) => "–".to_owned(),
-                (sum, count) => format!("{:.2} ms ({:.2})", sum * 1000.0 / pods, count / pods),
+            let cell = |namespace: &str| {
+                let block = &self.phases[namespace];
+                let pods = block.pods as f64;
+                match block.totals[i] {
+                    (_, 0.0) => "–".to_owned(),
+                    (sum, count) => format!("{:.2} ms ({:.2})", sum * 1000.0 / pods, count / pods),
+                }
             };
             writeln!(md, "| {what} | {} | {} |", cell("plain"), cell("shop"))?;
         }
@@ -864,10 +877,17 @@ impl PodCreates {
     }
 }
 
-/// Creates `pods` pods in each of [`ROWS`]' namespaces, `concurrency` at a time, alternating
-/// namespaces in [`POD_ROUNDS`] rounds so that drift over the run favours none, after
+/// Creates `pods` pods in each of [`ROWS`]' namespaces, `concurrency` at a time, after
 /// [`WARM_UP_PODS`] uncounted pods per namespace (the first pods after a configuration change are
 /// slower, and would otherwise all fall on the first row).
+///
+/// The rows take turns in short slices ([`slice_pods`]), in forward order in one slice and backward
+/// in the next, so that what the cluster is still doing for earlier pods (scheduling them, the
+/// simulated kubelet's status updates) and any drift over the run fall on every row alike instead
+/// of on whichever row runs next; [`POD_ROUNDS`] consecutive quarters give the round-by-round
+/// spread. The API server's phase breakdown is measured apart, on one block each of the
+/// not-opted-in and the full-install rows, so that reading the metrics between slices does not
+/// give the following row a rested cluster.
 async fn create_pods(
     client: &kube::Client,
     plane: &ControlPlane,
@@ -878,53 +898,80 @@ async fn create_pods(
     let mut result =
         PodCreates { latencies_ms: BTreeMap::new(), round_means_ms: BTreeMap::new(), phases: BTreeMap::new() };
     for namespace in ROWS.iter().map(|r| r.0) {
-        let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        for i in 0..WARM_UP_PODS {
-            let mut pod = bench_pod(&format!("bench-warm-c{concurrency}-{i}-"));
-            if namespace == "policy" {
-                without_templates_annotation(&mut pod);
-            }
-            api.create(&PostParams::default(), &serde_json::from_value(pod)?).await?;
-        }
+        create_batch(client, namespace, &format!("bench-warm-c{concurrency}"), WARM_UP_PODS, concurrency).await?;
     }
+    let per_round = pods / POD_ROUNDS;
+    let slice = slice_pods(concurrency).min(per_round);
+    let mut slice_index = 0;
     for round in 0..POD_ROUNDS {
-        for (namespace, _) in ROWS {
-            let before = admission_times(plane, injector)?;
-            let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-            let latencies: Vec<Result<Duration>> = futures::stream::iter(0..pods / POD_ROUNDS)
-                .map(|i| {
-                    let api = api.clone();
-                    async move {
-                        let mut pod = bench_pod(&format!("bench-c{concurrency}-{round}-{i}-"));
-                        if namespace == "policy" {
-                            without_templates_annotation(&mut pod);
-                        }
-                        let pod: Pod = serde_json::from_value(pod)?;
-                        let started = Instant::now();
-                        let stored = api.create(&PostParams::default(), &pod).await?;
-                        let patched =
-                            stored.metadata.annotations.unwrap_or_default().contains_key("sidecar-injector.io/status");
-                        if patched != (namespace != "plain") {
-                            bail!("{namespace}: patched = {patched}");
-                        }
-                        Ok(started.elapsed())
-                    }
-                })
-                .buffer_unordered(concurrency)
-                .collect()
-                .await;
-            let latencies = latencies.into_iter().collect::<Result<Vec<_>>>()?;
-            let ms: Vec<f64> = latencies.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        let mut round_ms: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        for start in (0..per_round).step_by(slice) {
+            let count = slice.min(per_round - start);
+            let mut order: Vec<&str> = ROWS.iter().map(|r| r.0).collect();
+            if slice_index % 2 == 1 {
+                order.reverse();
+            }
+            slice_index += 1;
+            for namespace in order {
+                let prefix = format!("bench-c{concurrency}-{round}-{start}");
+                let ms = create_batch(client, namespace, &prefix, count, concurrency).await?;
+                round_ms.entry(namespace).or_default().extend(ms);
+            }
+        }
+        for (namespace, ms) in round_ms {
             result.round_means_ms.entry(namespace).or_default().push(ms.iter().sum::<f64>() / ms.len() as f64);
             result.latencies_ms.entry(namespace).or_default().extend(ms);
-            let after = admission_times(plane, injector)?;
-            let totals = result.phases.entry(namespace).or_insert_with(|| vec![(0.0, 0.0); ADMISSION_PHASES.len()]);
-            for ((total, b), a) in totals.iter_mut().zip(&before).zip(&after) {
-                *total = (total.0 + a.0 - b.0, total.1 + a.1 - b.1);
-            }
         }
     }
+    for namespace in ["plain", "shop"] {
+        let before = admission_times(plane, injector)?;
+        create_batch(client, namespace, &format!("bench-phases-c{concurrency}"), per_round, concurrency).await?;
+        let after = admission_times(plane, injector)?;
+        let totals = before.iter().zip(&after).map(|(b, a)| (a.0 - b.0, a.1 - b.1)).collect();
+        result.phases.insert(namespace, PhaseBlock { totals, pods: per_round });
+    }
     Ok(result)
+}
+
+/// Pods per row in one slice of part C: enough for `concurrency` to be reached and held for a
+/// while (a slice starts and ends with fewer in flight), few enough for the rows to take many turns.
+fn slice_pods(concurrency: usize) -> usize {
+    (8 * concurrency).max(25)
+}
+
+/// Creates `count` bench pods in `namespace`, `concurrency` at a time; their latencies in ms.
+async fn create_batch(
+    client: &kube::Client,
+    namespace: &'static str,
+    prefix: &str,
+    count: usize,
+    concurrency: usize,
+) -> Result<Vec<f64>> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let latencies: Vec<Result<Duration>> = futures::stream::iter(0..count)
+        .map(|i| {
+            let api = api.clone();
+            let name = format!("{prefix}-{i}-");
+            async move {
+                let mut pod = bench_pod(&name);
+                if namespace == "policy" {
+                    without_templates_annotation(&mut pod);
+                }
+                let pod: Pod = serde_json::from_value(pod)?;
+                let started = Instant::now();
+                let stored = api.create(&PostParams::default(), &pod).await?;
+                let patched =
+                    stored.metadata.annotations.unwrap_or_default().contains_key("sidecar-injector.io/status");
+                if patched != (namespace != "plain") {
+                    bail!("{namespace}: patched = {patched}");
+                }
+                Ok(started.elapsed())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    latencies.into_iter().map(|l| l.map(|d| d.as_secs_f64() * 1000.0)).collect()
 }
 
 /// A percentile chart of the fixed-rate runs.
