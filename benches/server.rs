@@ -912,8 +912,8 @@ async fn create_pods(
                 order.reverse();
             }
             slice_index += 1;
+            let prefix = format!("bench-c{concurrency}-{round}-{start}");
             for namespace in order {
-                let prefix = format!("bench-c{concurrency}-{round}-{start}");
                 let ms = create_batch(client, namespace, &prefix, count, concurrency).await?;
                 round_ms.entry(namespace).or_default().extend(ms);
             }

@@ -404,7 +404,7 @@ fn fixed_value(template: &Template, piece: &Piece) -> Option<Value> {
 /// The output of an expression string that reads neither the pod nor the namespace nor a value a
 /// pod may override.
 fn fixed_text(template: &Template, text: &super::expression::CompiledText) -> Option<String> {
-    let may_be_overridden = text.reads_values() && !template.overridable.is_empty();
+    let may_be_overridden = text.reads_values && !template.overridable.is_empty();
     match may_be_overridden {
         true => None,
         false => text.constant_output().map(str::to_owned),

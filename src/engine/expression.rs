@@ -60,8 +60,10 @@ pub(crate) fn lookup_path<'v>(values: &'v serde_json::Map<String, Value>, path: 
 /// A compiled expression string: its line and its name in the template's environment.
 #[derive(Debug, Clone)]
 pub(crate) struct CompiledText {
+    /// Its line in the template.
     pub(crate) line: u64,
     id: String,
+    /// The expression as written in the template (`{{ ... }}` included).
     pub(crate) source: String,
     /// Whether it reads `pod`: its result may differ between the mutating call and a later look at
     /// the stored pod (the API server fills `metadata.name` from `generateName` in between, other
@@ -77,16 +79,6 @@ pub(crate) struct CompiledText {
 }
 
 impl CompiledText {
-    /// Whether it reads `values` (so an override may change it).
-    pub(crate) fn reads_values(&self) -> bool {
-        self.reads_values
-    }
-
-    /// The expression as written in the template (`{{ ... }}` included).
-    pub(crate) fn source(&self) -> &str {
-        &self.source
-    }
-
     /// Its output with the default values when it reads neither `pod` nor `namespace` (and
     /// rendered without error when the template was loaded).
     pub(crate) fn constant_output(&self) -> Option<&str> {

@@ -304,10 +304,10 @@ impl Cx<'_> {
             }
         }
         let mut out = Vec::new();
-        if let Ok(Stmt::Template(root)) = parse(when.source())
+        if let Ok(Stmt::Template(root)) = parse(&when.source)
             && let [Stmt::EmitExpr(emit)] = root.children.as_slice()
         {
-            walk(&ExprCompiler { cx: self, source: when.source() }, &emit.expr, &mut out);
+            walk(&ExprCompiler { cx: self, source: &when.source }, &emit.expr, &mut out);
         }
         out
     }
@@ -315,7 +315,7 @@ impl Cx<'_> {
     /// A text's output when it is the same for every pod the policy handles: pre-rendered with
     /// the defaults, unless it reads values a pod may override.
     fn constant<'c>(&self, text: &'c CompiledText) -> Option<&'c str> {
-        text.constant_output().filter(|_| self.overrides.is_empty() || !text.reads_values())
+        text.constant_output().filter(|_| self.overrides.is_empty() || !text.reads_values)
     }
 
     /// When the pod's annotations for this template are ones the policy can follow: its overrides
@@ -514,8 +514,8 @@ fn text_cel(cx: &Cx<'_>, text: &CompiledText) -> Result<String, String> {
     if let Some(constant) = cx.constant(text) {
         return Ok(lit(constant));
     }
-    let compiler = ExprCompiler { cx, source: text.source() };
-    let Stmt::Template(root) = parse(text.source())? else { unreachable!("parse returns a template") };
+    let compiler = ExprCompiler { cx, source: &text.source };
+    let Stmt::Template(root) = parse(&text.source)? else { unreachable!("parse returns a template") };
     let mut parts = Vec::new();
     for child in &root.children {
         parts.push(match child {
@@ -534,8 +534,8 @@ fn when_cel(cx: &Cx<'_>, when: Option<&CompiledText>) -> Result<Option<String>, 
     if let Some(constant) = cx.constant(when) {
         return Ok((constant != "true").then(|| "false".to_owned()));
     }
-    let compiler = ExprCompiler { cx, source: when.source() };
-    let Stmt::Template(root) = parse(when.source())? else { unreachable!("parse returns a template") };
+    let compiler = ExprCompiler { cx, source: &when.source };
+    let Stmt::Template(root) = parse(&when.source)? else { unreachable!("parse returns a template") };
     match root.children.as_slice() {
         [Stmt::EmitExpr(emit)] => Ok(Some(compiler.truthy(compiler.expr(&emit.expr)?))),
         _ => Err(compiler.outside("a when: condition must be one expression")),
