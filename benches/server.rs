@@ -261,9 +261,97 @@ fn standalone(
         fixtures["huge"].1 as f64 / fixtures["injected"].1 as f64
     )?;
     writeln!(md, "- peak RSS of the server: **{peak:.1} MiB**\n")?;
+    match instructions_per_request(binary, fixtures)? {
+        Some(counts) => {
+            writeln!(
+                md,
+                "User-space instructions per request (callgrind, one worker, one connection; the same from run to run for the same binary, the kernel's share left out):\n"
+            )?;
+            writeln!(md, "| path | instructions per request |\n| --- | --- |")?;
+            for (name, _) in COUNTED_REQUESTS {
+                writeln!(md, "| {name} | {:.0} k |", counts[name] / 1000.0)?;
+            }
+            writeln!(md, "\n- no-op / injected instructions: **{:.2}**\n", counts["noop"] / counts["injected"])?;
+        }
+        None => writeln!(md, "(Instruction counts skipped: valgrind is not installed.)\n")?,
+    }
     report.target(format!("injected-path throughput ≥ 0.7 × no-op: {injected_ratio:.2}"), injected_ratio >= 0.7);
     report.target(format!("huge pod ≤ 5 × the typical pod's cost: {huge_ratio:.2}"), huge_ratio <= 5.0);
     Ok(())
+}
+
+/// Requests per path for the instruction counts (the huge pod costs ten times as much).
+const COUNTED_REQUESTS: [(&str, u32); 4] = [("noop", 1000), ("injected", 1000), ("huge", 100), ("validate", 1000)];
+
+/// User-space instructions per request of each part-A path, counted by callgrind in one server
+/// with one worker: after a warm-up, the counters are zeroed, a fixed number of requests is sent
+/// on one connection and the counters are dumped. Unlike requests per second, the count is the
+/// same from run to run on the same binary, whatever else the machine is doing, so it shows the
+/// effect of a change that throughput on two shared cores cannot; it leaves out the kernel's
+/// share (the socket), which throughput includes. `None` when valgrind is not installed.
+fn instructions_per_request(
+    binary: &Path,
+    fixtures: &BTreeMap<&'static str, (PathBuf, usize)>,
+) -> Result<Option<BTreeMap<&'static str, f64>>> {
+    if Command::new("callgrind_control").arg("--version").output().is_err() {
+        return Ok(None);
+    }
+    let dir = tempfile::tempdir()?;
+    let ca = dir.path().join("ca.pem");
+    let (https, http) = (free_port(), free_port());
+    let out = dir.path().join("callgrind.out");
+    let mut command = Command::new("valgrind");
+    command
+        .args(["--tool=callgrind", "--collect-atstart=yes"])
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(binary)
+        .arg("serve")
+        .env("SIDECAR_INJECTOR__CLUSTER__MODE", "off")
+        .env("SIDECAR_INJECTOR__SERVER__WORKERS", "1")
+        .env("SIDECAR_INJECTOR__SERVER__ADDRESS", "127.0.0.1")
+        .env("SIDECAR_INJECTOR__SERVER__HTTPS_PORT", https.to_string())
+        .env("SIDECAR_INJECTOR__SERVER__HTTP_PORT", http.to_string())
+        .env("SIDECAR_INJECTOR__TELEMETRY__LOG_LEVEL", "warn")
+        .env("SIDECAR_INJECTOR__TLS__SELF_SIGNED_CA_FILE", &ca);
+    let mut server = Process::spawn("callgrind-server", command, dir.path())?;
+    controlplane::wait_for("the server under callgrind", Duration::from_secs(180), &mut server, || {
+        controlplane::curl(&format!("http://127.0.0.1:{http}/readyz"), None, None).is_some()
+    })?;
+    let pid = server_pid(&server)?.to_string();
+    let send = |name: &str, count: u32| -> Result<()> {
+        let endpoint = if name == "validate" { "validate" } else { "mutate" };
+        let output = Command::new("oha")
+            .args(["--no-tui", "-m", "POST", "-T", "application/json", "-c", "1", "-n", &count.to_string()])
+            .arg("-D")
+            .arg(&fixtures[name].0)
+            .arg("--cacert")
+            .arg(&ca)
+            .arg(format!("https://localhost:{https}/{endpoint}"))
+            .output()?;
+        ensure!(output.status.success(), "oha failed: {}", String::from_utf8_lossy(&output.stderr));
+        Ok(())
+    };
+    let control = |what: &str| -> Result<()> {
+        let output = Command::new("callgrind_control").args([what, &pid]).output()?;
+        ensure!(output.status.success(), "callgrind_control {what}: {}", String::from_utf8_lossy(&output.stderr));
+        Ok(())
+    };
+    let mut counts = BTreeMap::new();
+    for (dump, (name, count)) in (1..).zip(COUNTED_REQUESTS) {
+        send(name, count / 10)?;
+        control("-z")?;
+        send(name, count)?;
+        control("-d")?;
+        let file = PathBuf::from(format!("{}.{dump}", out.display()));
+        let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        let total: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("totals:").or_else(|| l.strip_prefix("summary:")))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .with_context(|| format!("no totals in {}", file.display()))?;
+        counts.insert(name, total / f64::from(count));
+    }
+    Ok(Some(counts))
 }
 
 fn server_pid(process: &Process) -> Result<u32> {
