@@ -287,3 +287,20 @@ fn validate_checks_injected_pods_and_template_configmaps() {
     ));
     assert!(validate_body(shop, &opted_in()).0, "only the injector's namespace holds templates");
 }
+
+#[test]
+fn the_patch_is_written_as_standard_padded_base64_of_its_json_at_every_length() {
+    use base64::Engine as _;
+    // Values of 0 to 5 bytes give patch texts of every length modulo 3 (no, one and two `=`),
+    // and one needs JSON escaping inside the patch (which base64 then carries unchanged).
+    for value in ["", "a", "ab", "abc", "a\"b\\", "héllo"] {
+        let operations: Vec<json_patch::PatchOperation> =
+            serde_json::from_value(json!([{"op": "add", "path": "/metadata/labels/x", "value": value}])).unwrap();
+        let body = encode(AdmissionResponse::invalid("unused"), Some(&operations));
+        let answer: Value = serde_json::from_slice(&body).unwrap();
+        let text = answer["response"]["patch"].as_str().unwrap();
+        let decoded = base64::engine::general_purpose::STANDARD.decode(text).unwrap();
+        assert_eq!(decoded, serde_json::to_vec(&operations).unwrap(), "value {value:?}");
+        assert_eq!(answer["response"]["patchType"], "JSONPatch");
+    }
+}
