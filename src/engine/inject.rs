@@ -67,11 +67,12 @@ pub enum Earlier<'s> {
 }
 
 /// Plans the injection of `templates` into `pod` over what an `earlier` injection left.
-/// `reason_if_none` is recorded in the status when `templates` is empty.
+/// `reason_if_none` is recorded in the status when `templates` is empty. The rendered containers,
+/// volumes and pull secrets the injection adds are moved into the patch, not copied.
 pub fn plan(
     pod: &Value,
     earlier: Earlier<'_>,
-    templates: &[PlannedTemplate],
+    mut templates: Vec<PlannedTemplate>,
     reason_if_none: Option<String>,
 ) -> Result<Injection, PodShapeError> {
     let empty = InjectionStatus::default();
@@ -192,6 +193,9 @@ pub fn plan(
     let mut taken_pull_secrets = Taken::by_pod(&pull_secret_names, &removed_pull_secrets);
     taken_pull_secrets.keep(&kept.image_pull_secrets);
     let mut new_pull_secrets = Vec::new();
+    // The templates' whole items, out of the templates: the claims below borrow their names, and
+    // once claiming is over the items the injection adds are moved from here into the patch.
+    let mut whole_items: Vec<WholeItems> = templates.iter_mut().map(|t| WholeItems::out_of(&mut t.rendered)).collect();
     // The keys of the templates' `envFrom` sources, borrowed by the lists while claiming.
     let template_env_from_keys: Vec<Vec<String>> =
         templates.iter().map(|t| t.rendered.env_from.iter().filter_map(env_from_key).collect()).collect();
@@ -202,9 +206,10 @@ pub fn plan(
     let mut new_init = Vec::new();
     let mut new_containers = Vec::new();
     let mut new_volumes = Vec::new();
-    for (template_index, planned) in templates.iter().enumerate() {
+    for (template_index, (planned, items)) in templates.iter().zip(&whole_items).enumerate() {
         let t = &planned.rendered;
         let owner = Owner::Template(&t.name);
+        let pick = |kind, index| Pick { kind, template: template_index, index };
         let mut skip = |kind: ItemKind, name: &str, container: Option<&str>, by: Owner| {
             status.skipped.push(Skipped {
                 template: t.name.clone(),
@@ -232,19 +237,19 @@ pub fn plan(
                 Err(by) => skip(ItemKind::Annotation, key, None, by),
             }
         }
-        for container in &t.init_containers {
+        for (index, container) in items.init_containers.iter().enumerate() {
             let name = rendered_name(container);
             match taken_containers.claim(name, owner) {
                 Ok(claimed) => {
                     status.init_containers.push(name.to_owned());
                     if claimed == Claimed::New {
-                        new_init.push(container.clone());
+                        new_init.push(pick(WholeKind::InitContainer, index));
                     }
                 }
                 Err(by) => skip(ItemKind::InitContainer, name, None, by),
             }
         }
-        for sidecar in &t.sidecars {
+        for (index, sidecar) in items.sidecars.iter().enumerate() {
             let name = rendered_name(sidecar);
             let claimed = match taken_containers.claim(name, owner) {
                 Ok(claimed) => claimed,
@@ -257,36 +262,34 @@ pub fn plan(
                 status.init_containers.push(name.to_owned());
                 status.native_sidecars.push(name.to_owned());
                 if claimed == Claimed::New {
-                    let mut native = sidecar.clone();
-                    native["restartPolicy"] = Value::from("Always");
-                    new_init.push(native);
+                    new_init.push(pick(WholeKind::NativeSidecar, index));
                 }
             } else {
                 status.containers.push(name.to_owned());
                 if claimed == Claimed::New {
-                    new_containers.push(sidecar.clone());
+                    new_containers.push(pick(WholeKind::Sidecar, index));
                 }
             }
         }
-        for volume in &t.volumes {
+        for (index, volume) in items.volumes.iter().enumerate() {
             let name = rendered_name(volume);
             match taken_volumes.claim(name, owner) {
                 Ok(claimed) => {
                     status.volumes.push(name.to_owned());
                     if claimed == Claimed::New {
-                        new_volumes.push(volume.clone());
+                        new_volumes.push(pick(WholeKind::Volume, index));
                     }
                 }
                 Err(by) => skip(ItemKind::Volume, name, None, by),
             }
         }
-        for secret in &t.image_pull_secrets {
+        for (index, secret) in items.image_pull_secrets.iter().enumerate() {
             let name = rendered_name(secret);
             // Err: already referenced, so the pod can pull with it; nothing to add or report.
             if let Ok(claimed) = taken_pull_secrets.claim(name, owner) {
                 status.image_pull_secrets.push(name.to_owned());
                 if claimed == Claimed::New {
-                    new_pull_secrets.push(secret.clone());
+                    new_pull_secrets.push(pick(WholeKind::PullSecret, index));
                 }
             }
         }
@@ -308,6 +311,12 @@ pub fn plan(
             }
         }
     }
+    // Claiming is over: the added items leave the templates.
+    let mut take = |picks: Vec<Pick>| -> Vec<Value> {
+        picks.into_iter().map(|pick| whole_items[pick.template].take(pick.kind, pick.index)).collect()
+    };
+    let (mut new_init, mut new_containers) = (take(new_init), take(new_containers));
+    let (new_volumes, new_pull_secrets) = (take(new_volumes), take(new_pull_secrets));
     if !new_init.is_empty() || !new_containers.is_empty() {
         let kept_containers = containers.iter().enumerate().filter(|(i, _)| !removed_containers.contains(i));
         let kept_init = init_containers.into_iter().flatten().enumerate().filter(|(i, _)| !removed_init.contains(i));
@@ -412,6 +421,60 @@ pub fn plan(
 }
 
 use super::ownership::SERVICE_ACCOUNT_TOKEN_PATH;
+
+/// A template's containers, init containers, volumes and pull secrets, taken out of its rendering
+/// for `plan`.
+struct WholeItems {
+    init_containers: Vec<Value>,
+    sidecars: Vec<Value>,
+    volumes: Vec<Value>,
+    image_pull_secrets: Vec<Value>,
+}
+
+/// Which list of [`WholeItems`] an added item comes from, and how it goes into the pod.
+#[derive(Clone, Copy)]
+enum WholeKind {
+    InitContainer,
+    /// A sidecar that runs as a native sidecar: an init container with `restartPolicy: Always`.
+    NativeSidecar,
+    Sidecar,
+    Volume,
+    PullSecret,
+}
+
+/// An item `plan` adds: its list, its template's position in the plan and its own in the list.
+#[derive(Clone, Copy)]
+struct Pick {
+    kind: WholeKind,
+    template: usize,
+    index: usize,
+}
+
+impl WholeItems {
+    fn out_of(rendered: &mut RenderedTemplate) -> Self {
+        WholeItems {
+            init_containers: std::mem::take(&mut rendered.init_containers),
+            sidecars: std::mem::take(&mut rendered.sidecars),
+            volumes: std::mem::take(&mut rendered.volumes),
+            image_pull_secrets: std::mem::take(&mut rendered.image_pull_secrets),
+        }
+    }
+
+    /// Moves one item out (each is added at most once: its name is claimed once).
+    fn take(&mut self, kind: WholeKind, index: usize) -> Value {
+        let list = match kind {
+            WholeKind::InitContainer => &mut self.init_containers,
+            WholeKind::NativeSidecar | WholeKind::Sidecar => &mut self.sidecars,
+            WholeKind::Volume => &mut self.volumes,
+            WholeKind::PullSecret => &mut self.image_pull_secrets,
+        };
+        let mut item = std::mem::take(&mut list[index]);
+        if matches!(kind, WholeKind::NativeSidecar) {
+            item["restartPolicy"] = Value::from("Always");
+        }
+        item
+    }
+}
 
 /// The names of the pod's items by list, as `plan` found them.
 struct PodItems<'a> {

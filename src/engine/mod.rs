@@ -215,15 +215,15 @@ impl Engine {
             // Same versions: the items that hold stay where they are, anything missing is added.
             // Up to date when that adds nothing.
             let planned: Vec<PlannedTemplate> = renderings
-                .iter()
+                .into_iter()
                 .zip(selected)
                 .filter_map(|(r, t)| {
-                    r.clone().map(|rendered| PlannedTemplate { native_sidecars: native(t, &rendered), rendered })
+                    r.map(|rendered| PlannedTemplate { native_sidecars: native(t, &rendered), rendered })
                 })
                 .collect();
             if planned.len() == selected.len() {
                 let reason = planned.is_empty().then(|| choice.summary_of_none());
-                match inject::plan(pod, inject::Earlier::Keep(&assessed.present), &planned, reason) {
+                match inject::plan(pod, inject::Earlier::Keep(&assessed.present), planned, reason) {
                     Ok(fresh) if fresh.status == *claim && assessed.all_present => {
                         return ClaimCheck::Decided(Outcome::UpToDate(claim.clone()));
                     }
@@ -427,7 +427,7 @@ impl Engine {
             }
         }
         let reason = planned.is_empty().then(|| choice.summary_of_none());
-        match inject::plan(pod, inject::Earlier::Replace(&owned), &planned, reason) {
+        match inject::plan(pod, inject::Earlier::Replace(&owned), planned, reason) {
             Ok(injection) => decision(Some(choice), Outcome::Inject(injection), warnings),
             Err(e) => decision(Some(choice), Outcome::Denied(Denial::Shape(e)), warnings),
         }
