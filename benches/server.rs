@@ -180,34 +180,54 @@ impl Report {
 const PART_A: [&str; 4] = ["noop", "injected", "huge", "validate"];
 
 /// Part A: the server alone.
+/// The server without a cluster, on loopback ports of its own, with a self-signed CA.
+struct Standalone {
+    process: Process,
+    https: u16,
+    /// The CA that signed its certificate (for oha's `--cacert`).
+    ca: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Standalone {
+    /// Starts `serve` through `command` (the binary itself, or a tool that runs it) and waits up to
+    /// `timeout` for it to be ready.
+    fn start(name: &str, mut command: Command, timeout: Duration) -> Result<Standalone> {
+        let dir = tempfile::tempdir()?;
+        let ca = dir.path().join("ca.pem");
+        let (https, http) = (free_port(), free_port());
+        command
+            .arg("serve")
+            .env("SIDECAR_INJECTOR__CLUSTER__MODE", "off")
+            .env("SIDECAR_INJECTOR__SERVER__ADDRESS", "127.0.0.1")
+            .env("SIDECAR_INJECTOR__SERVER__HTTPS_PORT", https.to_string())
+            .env("SIDECAR_INJECTOR__SERVER__HTTP_PORT", http.to_string())
+            .env("SIDECAR_INJECTOR__TELEMETRY__LOG_LEVEL", "warn")
+            .env("SIDECAR_INJECTOR__TLS__SELF_SIGNED_CA_FILE", &ca);
+        let mut process = Process::spawn(name, command, dir.path())?;
+        controlplane::wait_for(name, timeout, &mut process, || {
+            controlplane::curl(&format!("http://127.0.0.1:{http}/readyz"), None, None).is_some()
+        })?;
+        Ok(Standalone { process, https, ca, _dir: dir })
+    }
+
+    /// The endpoint a part-A request kind is sent to.
+    fn url(&self, name: &str) -> String {
+        let endpoint = if name == "validate" { "validate" } else { "mutate" };
+        format!("https://localhost:{}/{endpoint}", self.https)
+    }
+}
+
 fn standalone(
     binary: &Path,
     fixtures: &BTreeMap<&'static str, (PathBuf, usize)>,
     durations: &Durations,
     report: &mut Report,
 ) -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let ca = dir.path().join("ca.pem");
-    let tls = TlsFiles { ca: ca.clone(), client: None };
-    let (https, http) = (free_port(), free_port());
-    let mut command = Command::new(binary);
-    command
-        .arg("serve")
-        .env("SIDECAR_INJECTOR__CLUSTER__MODE", "off")
-        .env("SIDECAR_INJECTOR__SERVER__ADDRESS", "127.0.0.1")
-        .env("SIDECAR_INJECTOR__SERVER__HTTPS_PORT", https.to_string())
-        .env("SIDECAR_INJECTOR__SERVER__HTTP_PORT", http.to_string())
-        .env("SIDECAR_INJECTOR__TELEMETRY__LOG_LEVEL", "warn")
-        .env("SIDECAR_INJECTOR__TLS__SELF_SIGNED_CA_FILE", &ca);
-    let mut server = Process::spawn("bench-server", command, dir.path())?;
-    controlplane::wait_for("the server", Duration::from_secs(20), &mut server, || {
-        controlplane::curl(&format!("http://127.0.0.1:{http}/readyz"), None, None).is_some()
-    })?;
-    let url = |name: &str| {
-        let endpoint = if name == "validate" { "validate" } else { "mutate" };
-        format!("https://localhost:{https}/{endpoint}")
-    };
-    let pid = server_pid(&server)?;
+    let server = Standalone::start("bench-server", Command::new(binary), Duration::from_secs(20))?;
+    let tls = TlsFiles { ca: server.ca.clone(), client: None };
+    let url = |name: &str| server.url(name);
+    let pid = server_pid(&server.process)?;
 
     let mut saturation = BTreeMap::new();
     for name in PART_A {
@@ -296,37 +316,24 @@ fn instructions_per_request(
     if Command::new("callgrind_control").arg("--version").output().is_err() {
         return Ok(None);
     }
-    let dir = tempfile::tempdir()?;
-    let ca = dir.path().join("ca.pem");
-    let (https, http) = (free_port(), free_port());
-    let out = dir.path().join("callgrind.out");
+    let dumps = tempfile::tempdir()?;
+    let out = dumps.path().join("callgrind.out");
     let mut command = Command::new("valgrind");
     command
         .args(["--tool=callgrind", "--collect-atstart=yes"])
         .arg(format!("--callgrind-out-file={}", out.display()))
         .arg(binary)
-        .arg("serve")
-        .env("SIDECAR_INJECTOR__CLUSTER__MODE", "off")
-        .env("SIDECAR_INJECTOR__SERVER__WORKERS", "1")
-        .env("SIDECAR_INJECTOR__SERVER__ADDRESS", "127.0.0.1")
-        .env("SIDECAR_INJECTOR__SERVER__HTTPS_PORT", https.to_string())
-        .env("SIDECAR_INJECTOR__SERVER__HTTP_PORT", http.to_string())
-        .env("SIDECAR_INJECTOR__TELEMETRY__LOG_LEVEL", "warn")
-        .env("SIDECAR_INJECTOR__TLS__SELF_SIGNED_CA_FILE", &ca);
-    let mut server = Process::spawn("callgrind-server", command, dir.path())?;
-    controlplane::wait_for("the server under callgrind", Duration::from_secs(180), &mut server, || {
-        controlplane::curl(&format!("http://127.0.0.1:{http}/readyz"), None, None).is_some()
-    })?;
-    let pid = server_pid(&server)?.to_string();
+        .env("SIDECAR_INJECTOR__SERVER__WORKERS", "1");
+    let server = Standalone::start("callgrind-server", command, Duration::from_secs(180))?;
+    let pid = server_pid(&server.process)?.to_string();
     let send = |name: &str, count: u32| -> Result<()> {
-        let endpoint = if name == "validate" { "validate" } else { "mutate" };
         let output = Command::new("oha")
             .args(["--no-tui", "-m", "POST", "-T", "application/json", "-c", "1", "-n", &count.to_string()])
             .arg("-D")
             .arg(&fixtures[name].0)
             .arg("--cacert")
-            .arg(&ca)
-            .arg(format!("https://localhost:{https}/{endpoint}"))
+            .arg(&server.ca)
+            .arg(server.url(name))
             .output()?;
         ensure!(output.status.success(), "oha failed: {}", String::from_utf8_lossy(&output.stderr));
         Ok(())
