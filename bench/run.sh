@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the load benchmark: builds the release binary (the Dockerfile's command), then
 # `cargo bench --bench server`, which writes bench/results/results.md and latency.svg.
-#   bench/run.sh              full run (about 6 minutes on 2 cores, plus the release build)
+#   bench/run.sh              full run (about 6.5 minutes on 2 cores, plus the release and bench builds)
 #   bench/run.sh --quick      shorter runs, 100 pods
 #   bench/run.sh --no-cluster only the server-alone part (no Go needed)
 set -euo pipefail
