@@ -179,7 +179,6 @@ impl Report {
 /// Part A's request kinds, in the order they run: the first three on `/mutate`.
 const PART_A: [&str; 4] = ["noop", "injected", "huge", "validate"];
 
-/// Part A: the server alone.
 /// The server without a cluster, on loopback ports of its own, with a self-signed CA.
 struct Standalone {
     process: Process,
@@ -218,6 +217,7 @@ impl Standalone {
     }
 }
 
+/// Part A: the server alone.
 fn standalone(
     binary: &Path,
     fixtures: &BTreeMap<&'static str, (PathBuf, usize)>,
@@ -328,7 +328,8 @@ fn instructions_per_request(
     let pid = server_pid(&server.process)?.to_string();
     let send = |name: &str, count: u32| -> Result<()> {
         let output = Command::new("oha")
-            .args(["--no-tui", "-m", "POST", "-T", "application/json", "-c", "1", "-n", &count.to_string()])
+            .args(["--no-tui", "--output-format", "json", "-m", "POST", "-T", "application/json", "-c", "1"])
+            .args(["-n", &count.to_string()])
             .arg("-D")
             .arg(&fixtures[name].0)
             .arg("--cacert")
@@ -336,6 +337,10 @@ fn instructions_per_request(
             .arg(server.url(name))
             .output()?;
         ensure!(output.status.success(), "oha failed: {}", String::from_utf8_lossy(&output.stderr));
+        // Every request must have taken the path it stands for, not an error path.
+        let report: Value = serde_json::from_slice(&output.stdout)?;
+        let ok = report["statusCodeDistribution"]["200"].as_u64().unwrap_or(0);
+        ensure!(ok == u64::from(count), "{name}: {ok} of {count} requests answered 200 under callgrind");
         Ok(())
     };
     let control = |what: &str| -> Result<()> {
