@@ -636,7 +636,8 @@ async fn on_a_cluster(
         md,
         "The rows take turns in slices of {} pods (1 at a time) and {} pods (8 at a time), forward in one slice and \
          backward in the next, so that the cluster's leftover work and drift fall on every row alike; the round means are \
-         the {POD_ROUNDS} consecutive quarters of the run. A warm-up of {WARM_UP_PODS} pods per row is not counted. The null webhook (`e2e/controlplane/cmd/nullwebhook`, Go \
+         the {POD_ROUNDS} consecutive quarters of the run, and the 90% intervals of the ratios come from resampling the \
+         slices {BOOTSTRAP_RESAMPLES} times (both rows of a ratio draw the same slices). A warm-up of {WARM_UP_PODS} pods per row is not counted. The null webhook (`e2e/controlplane/cmd/nullwebhook`, Go \
          standard library) answers every pod with the very JSONPatch the injector returns for this pod, so the API server \
          does the same work on the answer; it speaks HTTP/1.1, as the API server does with any webhook behind a Service \
          (and with ours here), except in the HTTP/2 row. Its namespaces are opted in like ours, so the \
@@ -667,10 +668,16 @@ async fn on_a_cluster(
     for (concurrency, round) in &rounds {
         let mean = |namespace: &str| round.latency(namespace).0;
         let (full, pair) = (mean("shop") / mean("null-mv"), mean("lean") / mean("null-m"));
+        let interval = |ours: &str, null: &str| {
+            let (low, high) = round.ratio_interval(ours, null);
+            format!("{low:.2}–{high:.2}")
+        };
+        let (full_interval, pair_interval) = (interval("shop", "null-mv"), interval("lean", "null-m"));
         writeln!(
             report.md,
-            "- {concurrency} at a time: ours / null with the same configuration: full (mutating + validating + policy) **{full:.2}×**, \
-             lean (mutating + policy) **{pair:.2}×** (target ≤ 1.1); round by round: full {}, lean {}; with / without any webhook: \
+            "- {concurrency} at a time: ours / null with the same configuration: full (mutating + validating + policy) **{full:.2}×** \
+             (90% interval {full_interval}), lean (mutating + policy) **{pair:.2}×** (90% interval {pair_interval}) (target ≤ 1.1); \
+             round by round: full {}, lean {}; with / without any webhook: \
              full {:.2}×, lean {:.2}×, null pair {:.2}×; added latency: full +{:.2} ms, lean +{:.2} ms, null pair +{:.2} ms, \
              null mutating +{:.2} ms",
             round.round_ratios("shop", "null-mv"),
@@ -707,8 +714,18 @@ async fn on_a_cluster(
                 policy_added <= 0.5,
             );
         }
-        report.target(format!("full install / null pair ({concurrency} at a time) ≤ 1.1: {full:.2}"), full <= 1.1);
-        report.target(format!("lean install / null mutating ({concurrency} at a time) ≤ 1.1: {pair:.2}"), pair <= 1.1);
+        report.target(
+            format!(
+                "full install / null pair ({concurrency} at a time) ≤ 1.1: {full:.2} (90% interval {full_interval})"
+            ),
+            full <= 1.1,
+        );
+        report.target(
+            format!(
+                "lean install / null mutating ({concurrency} at a time) ≤ 1.1: {pair:.2} (90% interval {pair_interval})"
+            ),
+            pair <= 1.1,
+        );
     }
     for (concurrency, round) in &rounds {
         round.write_phases(&mut report.md, *concurrency)?;
@@ -721,6 +738,8 @@ async fn on_a_cluster(
 
 /// Rounds of part C per concurrency; the rows alternate within each.
 const POD_ROUNDS: usize = 4;
+/// Resamples of the slices for the ratios' intervals ([`PodCreates::ratio_interval`]).
+const BOOTSTRAP_RESAMPLES: usize = 2000;
 /// Pods created in each namespace before part C measures, not counted.
 const WARM_UP_PODS: usize = 10;
 
@@ -919,6 +938,8 @@ struct PodCreates {
     latencies_ms: BTreeMap<&'static str, Vec<f64>>,
     /// The mean of each round, per namespace: the spread between rounds.
     round_means_ms: BTreeMap<&'static str, Vec<f64>>,
+    /// The (sum, count) of each slice's latencies, per namespace: the rows' turns, side by side.
+    slice_sums_ms: BTreeMap<&'static str, Vec<(f64, usize)>>,
     /// Per namespace, measured apart from the rows' turns.
     phases: BTreeMap<&'static str, PhaseBlock>,
 }
@@ -944,6 +965,36 @@ impl PodCreates {
             .map(|(ours, null)| format!("{:.2}", ours / null))
             .collect();
         ratios.join(" / ")
+    }
+
+    /// A 90% interval for the ratio of two rows' means, by a paired bootstrap over the slices:
+    /// the same slices are drawn for both rows (they took their turns side by side), so drift
+    /// between slices stays out of the ratio while the variation within them shows.
+    fn ratio_interval(&self, ours: &str, null: &str) -> (f64, f64) {
+        let (ours, null) = (&self.slice_sums_ms[ours], &self.slice_sums_ms[null]);
+        let slices = ours.len().min(null.len());
+        // A fixed-seed xorshift: the interval is a function of the measurements alone.
+        let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut ratios: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
+            .map(|_| {
+                let (mut sum_ours, mut n_ours, mut sum_null, mut n_null) = (0.0, 0, 0.0, 0);
+                for _ in 0..slices {
+                    let i = (next() % slices as u64) as usize;
+                    (sum_ours, n_ours) = (sum_ours + ours[i].0, n_ours + ours[i].1);
+                    (sum_null, n_null) = (sum_null + null[i].0, n_null + null[i].1);
+                }
+                (sum_ours / n_ours as f64) / (sum_null / n_null as f64)
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let at = |p: f64| ratios[((ratios.len() as f64 * p) as usize).min(ratios.len() - 1)];
+        (at(0.05), at(0.95))
     }
 
     /// Mean, p50 and p99 in milliseconds.
@@ -995,8 +1046,12 @@ async fn create_pods(
     concurrency: usize,
     pods: usize,
 ) -> Result<PodCreates> {
-    let mut result =
-        PodCreates { latencies_ms: BTreeMap::new(), round_means_ms: BTreeMap::new(), phases: BTreeMap::new() };
+    let mut result = PodCreates {
+        latencies_ms: BTreeMap::new(),
+        round_means_ms: BTreeMap::new(),
+        slice_sums_ms: BTreeMap::new(),
+        phases: BTreeMap::new(),
+    };
     for namespace in ROWS.iter().map(|r| r.0) {
         create_batch(client, namespace, &format!("bench-warm-c{concurrency}"), WARM_UP_PODS, concurrency).await?;
     }
@@ -1015,6 +1070,7 @@ async fn create_pods(
             let prefix = format!("bench-c{concurrency}-{round}-{start}");
             for namespace in order {
                 let ms = create_batch(client, namespace, &prefix, count, concurrency).await?;
+                result.slice_sums_ms.entry(namespace).or_default().push((ms.iter().sum(), ms.len()));
                 round_ms.entry(namespace).or_default().extend(ms);
             }
         }
