@@ -410,7 +410,9 @@ async fn wait_gauge(injector: &Injector, name: &str, want: f64, timeout: Duratio
 }
 
 /// Where the API server spends its time on a pod create, from its own histograms: the figures that
-/// explain part C. Each entry is (what, metric, label filters).
+/// explain part C. Each entry is (what, metric, label filters); a filter may list alternatives
+/// separated by `|` (the injector's webhooks or the null ones: only one row's pods are created while
+/// the phases are measured), and `{null}` stands for the null webhook's port.
 const ADMISSION_PHASES: &[(&str, &str, &[&str])] = &[
     ("whole request (server side)", "apiserver_request_duration_seconds", &["verb=\"POST\"", "resource=\"pods\""]),
     (
@@ -426,17 +428,17 @@ const ADMISSION_PHASES: &[(&str, &str, &[&str])] = &[
     (
         "mutating webhook call",
         "apiserver_admission_webhook_admission_duration_seconds",
-        &["name=\"inject.sidecar-injector.io\""],
+        &["name=\"inject.sidecar-injector.io\"|name=\"null-mutate.bench.example.com\""],
     ),
     (
         "validating webhook call",
         "apiserver_admission_webhook_admission_duration_seconds",
-        &["name=\"validate-pods.sidecar-injector.io\""],
+        &["name=\"validate-pods.sidecar-injector.io\"|name=\"null-validate.bench.example.com\""],
     ),
     (
         "webhook HTTP round trip (API server's client)",
         "rest_client_request_duration_seconds",
-        &["host=\"127.0.0.1:18443\""],
+        &["host=\"127.0.0.1:18443\"|host=\"127.0.0.1:{null}\""],
     ),
     (
         "injector: /mutate, body in to answer out",
@@ -456,15 +458,25 @@ const ADMISSION_PHASES: &[(&str, &str, &[&str])] = &[
 ];
 
 /// Sum and count of each of [`ADMISSION_PHASES`] in the API server's and the injector's metrics.
-fn admission_times(plane: &ControlPlane, injector: &Injector) -> Result<Vec<(f64, f64)>> {
+fn admission_times(plane: &ControlPlane, injector: &Injector, null_port: u16) -> Result<Vec<(f64, f64)>> {
     let text = plane.kubectl(&["get", "--raw", "/metrics"])? + &injector.metrics();
     let mut totals = vec![(0.0, 0.0); ADMISSION_PHASES.len()];
+    let filters: Vec<Vec<Vec<String>>> = ADMISSION_PHASES
+        .iter()
+        .map(|(_, _, filters)| {
+            let alternatives = |f: &str| f.split('|').map(|a| a.replace("{null}", &null_port.to_string())).collect();
+            filters.iter().map(|f| alternatives(f)).collect()
+        })
+        .collect();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let (series, value) = line.rsplit_once(' ').context("a metrics line without a value")?;
         let value: f64 = value.parse().unwrap_or(0.0);
-        for ((_, metric, filters), (sum, count)) in ADMISSION_PHASES.iter().zip(&mut totals) {
+        for (((_, metric, _), filters), (sum, count)) in ADMISSION_PHASES.iter().zip(&filters).zip(&mut totals) {
             let labels = |suffix: &str| series.strip_prefix(metric).and_then(|r| r.strip_prefix(suffix));
-            let matches = |labels: &str| labels.starts_with('{') && filters.iter().all(|f| labels.contains(f));
+            let matches = |labels: &str| {
+                labels.starts_with('{')
+                    && filters.iter().all(|f| f.iter().any(|alternative| labels.contains(alternative)))
+            };
             match (labels("_sum"), labels("_count")) {
                 (Some(l), _) if matches(l) => *sum += value,
                 (_, Some(l)) if matches(l) => *count += value,
@@ -617,7 +629,7 @@ async fn on_a_cluster(
         }
     }
     not_for_the_injector(&plane, &["policy", "null-p", "null-m", "null-mv", "null-m2"])?;
-    let _null = null_webhooks(&plane, &ca, &dir.path().join("null"), &client).await?;
+    let (_null, null_port) = null_webhooks(&plane, &ca, &dir.path().join("null"), &client).await?;
     // Lean: the pod validating webhook does not see the "lean" namespace (the policy still does).
     plane.kubectl(&[
         "patch",
@@ -652,7 +664,7 @@ async fn on_a_cluster(
     )?;
     let mut rounds = Vec::new();
     for concurrency in [1, 8] {
-        let round = create_pods(&client, &plane, &injector, concurrency, durations.pods).await?;
+        let round = create_pods(&client, &plane, (&injector, null_port), concurrency, durations.pods).await?;
         for (namespace, label) in ROWS {
             let (mean, p50, p99) = round.latency(namespace);
             let spread: Vec<String> = round.round_means(namespace).iter().map(|m| format!("{m:.2}")).collect();
@@ -841,7 +853,13 @@ fn not_for_the_injector(plane: &ControlPlane, rows: &[&str]) -> Result<()> {
 /// settings as the injector's own entries, over HTTP/1.1 as the API server speaks to a webhook
 /// behind a Service; and once more, mutating for `null-m2`, on a port that offers HTTP/2 too (which
 /// the API server uses for a loopback URL only).
-async fn null_webhooks(plane: &ControlPlane, injector_ca: &Path, dir: &Path, client: &kube::Client) -> Result<Process> {
+/// The null webhooks' process and the port of their HTTP/1.1 listener.
+async fn null_webhooks(
+    plane: &ControlPlane,
+    injector_ca: &Path,
+    dir: &Path,
+    client: &kube::Client,
+) -> Result<(Process, u16)> {
     std::fs::create_dir_all(dir)?;
     // The injector's answer for the bench pod, as the API server would send it.
     let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
@@ -900,7 +918,7 @@ async fn null_webhooks(plane: &ControlPlane, injector_ca: &Path, dir: &Path, cli
     plane.kubectl_as(&plane.admin_kubeconfig, &["apply", "-f", "-"], Some(&list.to_string()))?;
     wait_for_injection(client, "null-m", bench_pod("probe-"), "the null webhook").await?;
     wait_for_injection(client, "null-m2", bench_pod("probe-"), "the null webhook over HTTP/2").await?;
-    Ok(process)
+    Ok((process, port))
 }
 
 /// Polls a server-side dry run of `pod` in `namespace` until it comes back with a status
@@ -1012,7 +1030,8 @@ impl PodCreates {
             "\nWhere the API server spent the time with {concurrency} at a time, per pod, from its own metrics \
              (calls per pod in brackets):\n"
         )?;
-        writeln!(md, "| phase | not opted in | opted in |\n| --- | --- | --- |")?;
+        writeln!(md, "| phase | not opted in | null pair (mutating + validating) | ours (full install) |")?;
+        writeln!(md, "| --- | --- | --- | --- |")?;
         for (i, (what, ..)) in ADMISSION_PHASES.iter().enumerate() {
             let cell = |namespace: &str| {
                 let block = &self.phases[namespace];
@@ -1022,7 +1041,8 @@ impl PodCreates {
                     (sum, count) => format!("{:.2} ms ({:.2})", sum * 1000.0 / pods, count / pods),
                 }
             };
-            writeln!(md, "| {what} | {} | {} |", cell("plain"), cell("shop"))?;
+            let [plain, null, ours] = PHASE_ROWS.map(cell);
+            writeln!(md, "| {what} | {plain} | {null} | {ours} |")?;
         }
         Ok(())
     }
@@ -1042,7 +1062,7 @@ impl PodCreates {
 async fn create_pods(
     client: &kube::Client,
     plane: &ControlPlane,
-    injector: &Injector,
+    (injector, null_port): (&Injector, u16),
     concurrency: usize,
     pods: usize,
 ) -> Result<PodCreates> {
@@ -1079,15 +1099,18 @@ async fn create_pods(
             result.latencies_ms.entry(namespace).or_default().extend(ms);
         }
     }
-    for namespace in ["plain", "shop"] {
-        let before = admission_times(plane, injector)?;
+    for namespace in PHASE_ROWS {
+        let before = admission_times(plane, injector, null_port)?;
         create_batch(client, namespace, &format!("bench-phases-c{concurrency}"), per_round, concurrency).await?;
-        let after = admission_times(plane, injector)?;
+        let after = admission_times(plane, injector, null_port)?;
         let totals = before.iter().zip(&after).map(|(b, a)| (a.0 - b.0, a.1 - b.1)).collect();
         result.phases.insert(namespace, PhaseBlock { totals, pods: per_round });
     }
     Ok(result)
 }
+
+/// The rows whose API-server phases part C measures: not opted in, the null pair, the full install.
+const PHASE_ROWS: [&str; 3] = ["plain", "null-mv", "shop"];
 
 /// Pods per row in one slice of part C: enough for `concurrency` to be reached and held for a
 /// while (a slice starts and ends with fewer in flight), few enough for the rows to take many turns.
