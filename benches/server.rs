@@ -664,7 +664,7 @@ async fn on_a_cluster(
     )?;
     let mut rounds = Vec::new();
     for concurrency in [1, 8] {
-        let round = create_pods(&client, &plane, (&injector, null_port), concurrency, durations.pods).await?;
+        let round = create_pods(&client, &plane, &injector, null_port, concurrency, durations.pods).await?;
         for (namespace, label) in ROWS {
             let (mean, p50, p99) = round.latency(namespace);
             let spread: Vec<String> = round.round_means(namespace).iter().map(|m| format!("{m:.2}")).collect();
@@ -853,7 +853,7 @@ fn not_for_the_injector(plane: &ControlPlane, rows: &[&str]) -> Result<()> {
 /// settings as the injector's own entries, over HTTP/1.1 as the API server speaks to a webhook
 /// behind a Service; and once more, mutating for `null-m2`, on a port that offers HTTP/2 too (which
 /// the API server uses for a loopback URL only).
-/// The null webhooks' process and the port of their HTTP/1.1 listener.
+/// Returns the null webhooks' process and the port of their HTTP/1.1 listener.
 async fn null_webhooks(
     plane: &ControlPlane,
     injector_ca: &Path,
@@ -1056,13 +1056,14 @@ impl PodCreates {
 /// in the next, so that what the cluster is still doing for earlier pods (scheduling them, the
 /// simulated kubelet's status updates) and any drift over the run fall on every row alike instead
 /// of on whichever row runs next; [`POD_ROUNDS`] consecutive quarters give the round-by-round
-/// spread. The API server's phase breakdown is measured apart, on one block each of the
-/// not-opted-in and the full-install rows, so that reading the metrics between slices does not
-/// give the following row a rested cluster.
+/// spread. The API server's phase breakdown is measured apart, on one block each of
+/// [`PHASE_ROWS`], so that reading the metrics between slices does not give the following row a
+/// rested cluster.
 async fn create_pods(
     client: &kube::Client,
     plane: &ControlPlane,
-    (injector, null_port): (&Injector, u16),
+    injector: &Injector,
+    null_port: u16,
     concurrency: usize,
     pods: usize,
 ) -> Result<PodCreates> {
