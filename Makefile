@@ -1,5 +1,5 @@
 # The commands the README names. `make test` is what CI runs (through .ci/run).
-.PHONY: test lint unit kubectl-yaml e2e scale hostile-load release golden bench fuzz
+.PHONY: test lint unit kubectl-yaml e2e node-e2e scale hostile-load release golden bench fuzz
 
 test: lint unit kubectl-yaml e2e hostile-load
 
@@ -26,6 +26,12 @@ release:
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 e2e: release
 	SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_BIN=$(TARGET_DIR)/release/sidecar-injector cargo test --locked --test e2e
+
+# End to end on a real node: kubelet, containerd, runc, the CNI bridge and kube-proxy beside the
+# control plane (e2e/node/build.sh builds them), the injector installed from its image with
+# `kubectl apply -k` and injected sidecars really running (tests/node_e2e; needs root).
+node-e2e: release
+	SIDECAR_INJECTOR_NODE_E2E=1 SIDECAR_INJECTOR_BIN=$(TARGET_DIR)/release/sidecar-injector cargo test --locked --test node_e2e
 
 # The scale run (not in `make test`): 10,000 pods in 1,000 namespaces; prints memory, sync time,
 # drift-gauge and admission-cost figures (tests/e2e/scale.rs; about 5 minutes).

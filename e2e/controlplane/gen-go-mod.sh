@@ -34,6 +34,7 @@ go_directive=$(grep -m1 '^go ' "$gomod")
 } > go.mod
 rm -f go.sum
 go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$k8s" "k8s.io/kubernetes/cmd/kubectl@$k8s" \
-  "k8s.io/kubernetes/cmd/kube-controller-manager@$k8s" "k8s.io/kubernetes/cmd/kube-scheduler@$k8s"
+  "k8s.io/kubernetes/cmd/kube-controller-manager@$k8s" "k8s.io/kubernetes/cmd/kube-scheduler@$k8s" \
+  "k8s.io/kubernetes/cmd/kubelet@$k8s" "k8s.io/kubernetes/cmd/kube-proxy@$k8s"
 go mod tidy
 echo "go.mod regenerated for k8s.io/kubernetes@$k8s ($(echo "$modules" | wc -l) staging modules replaced)"

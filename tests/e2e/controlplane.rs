@@ -128,13 +128,33 @@ pub struct ControlPlane {
 }
 
 const ADMIN_TOKEN: &str = "e2e-admin-token";
+/// The real node's kubelet credential (`system:node:<node>`, group `system:nodes`).
+pub const NODE_TOKEN: &str = "e2e-node-token";
+/// kube-proxy's credential (`system:kube-proxy`, bound to `system:node-proxier` by default).
+pub const PROXY_TOKEN: &str = "e2e-kube-proxy-token";
+/// The ClusterIP of the `kubernetes` Service: the first address of `--service-cluster-ip-range`.
+pub const KUBERNETES_SERVICE_IP: &str = "10.0.0.1";
 
 impl ControlPlane {
     /// Starts the whole cluster in `dir` with binaries from `bin`: etcd and kube-apiserver (returns
     /// once `/readyz` is ok), then the controllers, the scheduler and KWOK's nodes.
     pub fn start(bin: &Path, dir: &Path) -> Result<ControlPlane> {
         let mut plane = ControlPlane::start_api_only(bin, dir)?;
-        plane.start_components()?;
+        plane.start_controllers()?;
+        plane.start_kwok()?;
+        Ok(plane)
+    }
+
+    /// The control plane of a real node (`tests/node_e2e`), in the node suite's own network
+    /// namespace: kube-apiserver listens on every address of that namespace and advertises the
+    /// node's address, so the `kubernetes` Service leads pods to it through kube-proxy; it
+    /// authenticates the kubelet and kube-proxy by token (`system:node:<node>` in `system:nodes`,
+    /// `system:kube-proxy`) and reaches kubelets by their InternalIP with a client certificate.
+    /// Controllers and the scheduler run; KWOK does not.
+    #[allow(dead_code)]
+    pub fn start_for_node(bin: &Path, dir: &Path, node: &str, node_ip: &str) -> Result<ControlPlane> {
+        let mut plane = ControlPlane::start_api(bin, dir, Some((node, node_ip)))?;
+        plane.start_controllers()?;
         Ok(plane)
     }
 
@@ -142,10 +162,19 @@ impl ControlPlane {
     /// taking CPU from it.
     #[allow(dead_code)]
     pub fn start_api_only(bin: &Path, dir: &Path) -> Result<ControlPlane> {
+        ControlPlane::start_api(bin, dir, None)
+    }
+
+    fn start_api(bin: &Path, dir: &Path, node: Option<(&str, &str)>) -> Result<ControlPlane> {
         let now = time::OffsetDateTime::now_utc();
         let ca = certs::generate_ca("e2e cluster CA", now, 2)?;
-        let serving =
-            certs::issue(&ca, &["127.0.0.1".into(), "localhost".into(), "kubernetes.default.svc".into()], now, 1)?;
+        let mut hosts = vec!["127.0.0.1".to_owned(), "localhost".into(), "kubernetes.default.svc".into()];
+        if let Some((_, node_ip)) = node {
+            // Pods reach the API server through the `kubernetes` Service (its ClusterIP, the first
+            // address of the service range) or the node's address.
+            hosts.extend([KUBERNETES_SERVICE_IP.to_owned(), node_ip.to_owned()]);
+        }
+        let serving = certs::issue(&ca, &hosts, now, 1)?;
         let service_accounts = rcgen::KeyPair::generate()?;
         let write = |name: &str, text: &str| -> Result<PathBuf> {
             let path = dir.join(name);
@@ -157,7 +186,13 @@ impl ControlPlane {
         // The key pair that signs service-account tokens (kubectl create token).
         let sa_key = write("sa.key", &service_accounts.serialize_pem())?;
         let sa_pub = write("sa.pub", &service_accounts.public_key_pem())?;
-        let tokens = write("tokens.csv", &format!("{ADMIN_TOKEN},admin,admin,system:masters\n"))?;
+        let mut token_lines = format!("{ADMIN_TOKEN},admin,admin,system:masters\n");
+        if let Some((node, _)) = node {
+            token_lines += &format!(
+                "{NODE_TOKEN},system:node:{node},node,system:nodes\n{PROXY_TOKEN},system:kube-proxy,kube-proxy\n"
+            );
+        }
+        let tokens = write("tokens.csv", &token_lines)?;
         // The API server authenticates itself to webhooks with a client certificate, as a
         // production control plane can (AdmissionConfiguration → kubeconfig per webhook host).
         let webhook_client_ca = certs::generate_ca("e2e webhook client CA", now, 2)?;
@@ -208,17 +243,12 @@ impl ControlPlane {
             curl(&health, None, None).is_some_and(|b| b.contains("\"health\":\"true\""))
         })?;
 
-        let apiserver_args = vec![
+        let mut apiserver_args = vec![
             format!("--etcd-servers=http://127.0.0.1:{client_port}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            // The endpoint reconciler refuses a loopback address; there is no Service network anyway.
-            "--endpoint-reconciler-type=none".into(),
             format!("--secure-port={secure_port}"),
             format!("--tls-cert-file={}", cert.display()),
             format!("--tls-private-key-file={}", key.display()),
             format!("--token-auth-file={}", tokens.display()),
-            "--authorization-mode=RBAC".into(),
             "--service-cluster-ip-range=10.0.0.0/24".into(),
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             format!("--service-account-key-file={}", sa_pub.display()),
@@ -227,6 +257,31 @@ impl ControlPlane {
             "--profiling=false".into(),
             format!("--admission-control-config-file={}", admission.display()),
         ];
+        match node {
+            None => apiserver_args.extend([
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                // The endpoint reconciler refuses a loopback address; there is no Service network anyway.
+                "--endpoint-reconciler-type=none".into(),
+                "--authorization-mode=RBAC".into(),
+            ]),
+            Some((_, node_ip)) => {
+                let kubelet_client = certs::issue_client(&ca, "kube-apiserver-kubelet-client", now, 1)?;
+                apiserver_args.extend([
+                    // Only the node suite's network namespace has these addresses.
+                    "--bind-address=0.0.0.0".into(),
+                    format!("--advertise-address={node_ip}"),
+                    "--authorization-mode=Node,RBAC".into(),
+                    // logs, exec and port-forward dial the kubelet at its InternalIP, not by name.
+                    "--kubelet-preferred-address-types=InternalIP".into(),
+                    format!(
+                        "--kubelet-client-certificate={}",
+                        write("kubelet-client.crt", &kubelet_client.cert)?.display()
+                    ),
+                    format!("--kubelet-client-key={}", write("kubelet-client.key", &kubelet_client.key)?.display()),
+                ]);
+            }
+        }
         let url = format!("https://127.0.0.1:{secure_port}");
         let admin_kubeconfig = dir.join("admin.kubeconfig");
         std::fs::write(&admin_kubeconfig, kubeconfig(&url, &ca_file, ADMIN_TOKEN, "default"))?;
@@ -246,9 +301,9 @@ impl ControlPlane {
         Ok(plane)
     }
 
-    /// Starts kube-controller-manager, kube-scheduler and KWOK (all with the admin kubeconfig, no
-    /// leader election, no serving port of their own) and registers [`NODES`] simulated nodes.
-    fn start_components(&mut self) -> Result<()> {
+    /// Starts kube-controller-manager and kube-scheduler (with the admin kubeconfig, no leader
+    /// election, no serving port of their own).
+    fn start_controllers(&mut self) -> Result<()> {
         let kubeconfig = format!("--kubeconfig={}", self.admin_kubeconfig.display());
         let mut controllers = Command::new(self.bin.join("kube-controller-manager"));
         controllers.args([
@@ -266,6 +321,12 @@ impl ControlPlane {
         let mut scheduler = Command::new(self.bin.join("kube-scheduler"));
         scheduler.args([kubeconfig.as_str(), "--leader-elect=false", "--secure-port=0"]);
         self.components.push(Process::spawn("kube-scheduler", scheduler, &self.dir)?);
+        Ok(())
+    }
+
+    /// Starts KWOK and registers [`NODES`] simulated nodes; returns once they are Ready.
+    fn start_kwok(&mut self) -> Result<()> {
+        let kubeconfig = format!("--kubeconfig={}", self.admin_kubeconfig.display());
         let mut kwok = Command::new(self.bin.join("kwok"));
         kwok.args([
             kubeconfig.as_str(),

@@ -1,0 +1,196 @@
+//! End to end on a **real node**: the control plane of the e2e suite plus kubelet, containerd,
+//! runc, the CNI bridge and kube-proxy, all built from the package registries
+//! (`e2e/node/build.sh`). The injector runs from its image (assembled like the Dockerfile's final
+//! stage, `e2e/node/injector-image.sh`) as the Deployment `kubectl apply -k` installs, behind its
+//! Service; the scenarios assert on what really ran: processes, logs, exec, exit codes.
+//!
+//! Runs when `SIDECAR_INJECTOR_NODE_E2E=1` (`make node-e2e`, part of `make test`); needs root. The
+//! process splits in two: the parent stays in the host's namespaces, removes what a crashed earlier
+//! run left, snapshots the host, runs the suite in a child with its own mount and network
+//! namespaces (see `sandbox`), then kills whatever the child left, and fails unless the host is as
+//! it was.
+
+#[path = "../e2e/controlplane.rs"]
+#[allow(dead_code)]
+mod controlplane;
+mod node;
+mod sandbox;
+mod scenarios;
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use controlplane::ControlPlane;
+use node::Node;
+
+/// Set in the child that runs inside the sandbox.
+const CHILD: &str = "SIDECAR_INJECTOR_NODE_E2E_CHILD";
+/// Where the child writes how many scenarios passed, for the parent's closing line.
+const PASSED_FILE: &str = "SIDECAR_INJECTOR_NODE_E2E_PASSED_FILE";
+
+fn main() -> ExitCode {
+    if std::env::var_os("SIDECAR_INJECTOR_NODE_E2E").is_none() {
+        println!("node-e2e: not run (set SIDECAR_INJECTOR_NODE_E2E=1, or run `make node-e2e`)");
+        return ExitCode::SUCCESS;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::env::set_current_dir(root).unwrap();
+    let outcome = if std::env::var_os(CHILD).is_some() { child(root) } else { parent() };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("node-e2e: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// In the host's namespaces: build, clean, snapshot, run the child, clean, compare.
+fn parent() -> Result<()> {
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the real node needs root (kubelet, containerd, namespaces, cgroups): run as root");
+    }
+    for script in ["e2e/controlplane/build.sh", "e2e/node/build.sh"] {
+        let status = Command::new("bash").arg(script).status().with_context(|| format!("running {script}"))?;
+        if !status.success() {
+            bail!("{script} failed (see above)");
+        }
+    }
+    let leftovers = sandbox::remove_leftovers()?;
+    if leftovers > 0 {
+        println!("node-e2e: killed {leftovers} process(es) an earlier run left behind");
+    }
+    let before = sandbox::HostState::read();
+    let processes_before = sandbox::node_processes();
+    let started = Instant::now();
+    let passed_file = tempfile::NamedTempFile::new()?;
+    let mut command = Command::new(std::env::current_exe()?);
+    command.env(CHILD, "1").env(PASSED_FILE, passed_file.path());
+    // SAFETY: unshare is async-signal-safe; the closure touches no memory of the parent.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let status = command.status().context("starting the sandboxed suite")?;
+    let killed = sandbox::remove_leftovers()?;
+    let after = sandbox::HostState::read();
+    let mut problems = after.differences(&before);
+    let stray: Vec<_> = sandbox::node_processes().difference(&processes_before).cloned().collect();
+    if !stray.is_empty() {
+        problems.push(format!("processes left running: {stray:?}"));
+    }
+    println!(
+        "node-e2e: host checks: {} ({killed} process(es) killed at teardown, {:.1} s in all)",
+        if problems.is_empty() {
+            "kernel tunables, iptables, links, routes, mounts, paths, cgroups as before"
+        } else {
+            "FAILED"
+        },
+        started.elapsed().as_secs_f64()
+    );
+    for problem in &problems {
+        println!("  host: {problem}");
+    }
+    if !status.success() {
+        bail!("the suite failed (see above)");
+    }
+    if !problems.is_empty() {
+        bail!("the suite left traces on the host");
+    }
+    let passed = std::fs::read_to_string(passed_file.path())?;
+    println!("node-e2e: {} scenarios passed", passed.trim());
+    Ok(())
+}
+
+/// Inside the sandbox: the cluster, the node, the injector, the scenarios. Returns how many passed.
+fn child(root: &Path) -> Result<()> {
+    let dir = tempfile::Builder::new().prefix("sidecar-injector-node-e2e-").tempdir()?;
+    sandbox::enter(dir.path()).context("entering the sandbox")?;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let result = run(root, dir.path());
+    if result.is_err() {
+        println!("node-e2e: logs kept in {}", dir.keep().display());
+    }
+    let passed = result?;
+    if let Some(file) = std::env::var_os(PASSED_FILE) {
+        std::fs::write(file, passed.to_string())?;
+    }
+    Ok(())
+}
+
+fn run(root: &Path, dir: &Path) -> Result<usize> {
+    let setup = Instant::now();
+    let bin = root.join("e2e/bin");
+    let plane = ControlPlane::start_for_node(&bin, dir, node::NODE_NAME, sandbox::NODE_IP)?;
+    println!("node-e2e: control plane ready after {:.1} s", setup.elapsed().as_secs_f64());
+    let binary: PathBuf = std::env::var_os("SIDECAR_INJECTOR_BIN")
+        .map_or_else(|| env!("CARGO_BIN_EXE_sidecar-injector").into(), Into::into);
+    let injector_image = dir.join("injector.tar");
+    sandbox::run(
+        "bash",
+        &[
+            "e2e/node/injector-image.sh",
+            &binary.display().to_string(),
+            scenarios::INJECTOR_IMAGE,
+            &injector_image.display().to_string(),
+        ],
+    )
+    .context("assembling the injector's image")?;
+    let images_dir = bin.join("node/images");
+    let mut images: Vec<PathBuf> =
+        ["pause", "busybox", "fluent-bit", "agent"].iter().map(|i| images_dir.join(format!("{i}.tar"))).collect();
+    images.push(injector_image);
+    let node = Node::start(&plane, &bin.join("node"), &images)?;
+    println!("node-e2e: node and images ready after {:.1} s", setup.elapsed().as_secs_f64());
+    let mut ctx = Ctx { plane, node, binary };
+
+    use scenarios::*;
+    let all: Vec<(&str, Scenario)> = vec![
+        ("n1_install", n1_install),
+        ("n2_workloads", n2_workloads),
+        ("n3_jobs_complete", n3_jobs_complete),
+        ("n4_drift_restart", n4_drift_restart),
+        ("n5_injector_down", n5_injector_down),
+    ];
+    // `SIDECAR_INJECTOR_E2E_ONLY=n1,n2` runs only the scenarios whose names start with these.
+    let only: Vec<String> = std::env::var("SIDECAR_INJECTOR_E2E_ONLY")
+        .map(|v| v.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+        .unwrap_or_default();
+    let mut passed = 0;
+    let mut failed = Vec::new();
+    for (name, scenario) in all {
+        if !only.is_empty() && !only.iter().any(|o| name.starts_with(o.as_str())) {
+            continue;
+        }
+        let started = Instant::now();
+        match scenario(&mut ctx) {
+            Ok(()) => {
+                passed += 1;
+                println!("  ok    {name} ({:.1} s)", started.elapsed().as_secs_f64());
+            }
+            Err(error) => {
+                println!("  FAIL  {name} ({:.1} s): {error:#}", started.elapsed().as_secs_f64());
+                failed.push(name);
+            }
+        }
+    }
+    if !failed.is_empty() {
+        println!("{}", ctx.node.tails(30));
+        if let Ok(logs) = ctx.plane.kubectl(&["-n", "sidecar-injector", "logs", "deploy/sidecar-injector", "--tail=30"])
+        {
+            println!("--- injector log (last 30 lines)\n{logs}");
+        }
+        bail!("{} scenario(s) failed: {}", failed.len(), failed.join(", "));
+    }
+    ctx.teardown();
+    Ok(passed)
+}

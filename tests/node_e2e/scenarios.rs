@@ -1,0 +1,521 @@
+//! The real-node scenarios. Each asserts on what really ran: container processes and their cgroups,
+//! logs, `kubectl exec`, exit codes, endpoints answering on pod IPs.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use serde_json::Value;
+
+use crate::controlplane::{ControlPlane, curl};
+use crate::node::Node;
+
+/// The injector's image as the suite assembles and imports it (`deploy/overlays/node-e2e`).
+pub const INJECTOR_IMAGE: &str = "localhost/sidecar-injector-e2e/sidecar-injector:e2e";
+const BUSYBOX: &str = "localhost/sidecar-injector-e2e/busybox:1";
+const FLUENT_BIT: &str = "localhost/sidecar-injector-e2e/fluent-bit:1";
+const AGENT: &str = "localhost/sidecar-injector-e2e/agent:1";
+/// The opted-in namespace of the workloads.
+const SHOP: &str = "node-shop";
+const INJECTOR_NS: &str = "sidecar-injector";
+const INJECTOR_PODS: &str = "app.kubernetes.io/name=sidecar-injector,app.kubernetes.io/component=webhook";
+
+/// A scenario.
+pub type Scenario = fn(&mut Ctx) -> Result<()>;
+
+/// What the scenarios share.
+pub struct Ctx {
+    pub plane: ControlPlane,
+    pub node: Node,
+    /// The injector's binary (the release build), for its command-line tools.
+    pub binary: PathBuf,
+}
+
+impl Ctx {
+    fn kubectl(&self, args: &[&str]) -> Result<String> {
+        self.plane.kubectl(args)
+    }
+
+    fn apply(&self, yaml: &str) -> Result<String> {
+        self.plane.kubectl_as(&self.plane.admin_kubeconfig, &["apply", "-f", "-"], Some(yaml))
+    }
+
+    fn json(&self, args: &[&str]) -> Result<Value> {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        Ok(serde_json::from_str(&self.kubectl(&all)?)?)
+    }
+
+    /// The injector's command line with the admin's kubeconfig (as a user runs it).
+    fn cli(&self, args: &[&str]) -> Result<String> {
+        let out = std::process::Command::new(&self.binary)
+            .args(args)
+            .env("KUBECONFIG", &self.plane.admin_kubeconfig)
+            .output()
+            .context("running the injector's CLI")?;
+        ensure!(
+            out.status.success(),
+            "sidecar-injector {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The injector's pods.
+    fn injector_pods(&self) -> Result<Vec<Value>> {
+        let list = self.json(&["-n", INJECTOR_NS, "get", "pods", "-l", INJECTOR_PODS])?;
+        Ok(list["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The host PID of a container's first process, from containerd.
+    fn container_pid(&self, container_id: &str) -> Result<u32> {
+        let id = container_id.trim_start_matches("containerd://");
+        let tasks = self.node.ctr(&["tasks", "ls"])?;
+        tasks
+            .lines()
+            .find(|l| l.starts_with(id))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+            .with_context(|| format!("no running task for container {id}:\n{tasks}"))
+    }
+
+    /// Waits until the webhook injects pods created in `namespace` (server-side dry run), with the
+    /// log shipper's image `image`, several times in a row (so every replica serves it).
+    fn wait_for_injection(&self, namespace: &str, image: &str) -> Result<()> {
+        let pod = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: probe}}\nspec:\n  containers: [{{name: app, image: {BUSYBOX}}}]\n"
+        );
+        let mut in_a_row = 0;
+        eventually("the webhook injecting through its Service", Duration::from_secs(90), || {
+            let out = self.plane.kubectl_as(
+                &self.plane.admin_kubeconfig,
+                &["-n", namespace, "create", "--dry-run=server", "-o", "json", "-f", "-"],
+                Some(&pod),
+            );
+            let injected = out.ok().and_then(|o| serde_json::from_str::<Value>(&o).ok()).is_some_and(|p| {
+                p["spec"]["initContainers"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["name"] == "log-shipper" && c["image"] == image))
+            });
+            in_a_row = if injected { in_a_row + 1 } else { 0 };
+            if in_a_row < 6 {
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Ok((in_a_row >= 6).then_some(()))
+        })?;
+        Ok(())
+    }
+
+    fn opted_in_namespace(&self, name: &str) -> Result<()> {
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels: {{sidecar-injector.io/inject: enabled}}\n"
+        ))?;
+        eventually("the default ServiceAccount", Duration::from_secs(30), || {
+            Ok(self.kubectl(&["-n", name, "get", "serviceaccount", "default"]).ok().map(|_| ()))
+        })?;
+        Ok(())
+    }
+
+    /// The running pods of a workload, by label selector.
+    fn pods(&self, namespace: &str, selector: &str) -> Result<Vec<Value>> {
+        let list = self.json(&["-n", namespace, "get", "pods", "-l", selector])?;
+        Ok(list["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Stops the workloads so that kubelet stops their containers, then the node.
+    pub fn teardown(&mut self) {
+        let _ = self.kubectl(&["delete", "namespace", SHOP, "--wait=false"]);
+        let _ = self.kubectl(&["-n", INJECTOR_NS, "scale", "deployment/sidecar-injector", "--replicas=0"]);
+        let _ = eventually("pods gone", Duration::from_secs(60), || {
+            let left = self.kubectl(&["get", "pods", "-A", "-o", "name"])?;
+            Ok(left.trim().is_empty().then_some(()))
+        });
+        self.node.stop();
+    }
+}
+
+/// Polls `check` every 250 ms until it gives a value or `limit` passes.
+fn eventually<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    let start = Instant::now();
+    let mut last_error = None;
+    loop {
+        match check() {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => {}
+            Err(error) => last_error = Some(error),
+        }
+        if start.elapsed() > limit {
+            match last_error {
+                Some(error) => bail!("{what}: not within {limit:?} (last error: {error:#})"),
+                None => bail!("{what}: not within {limit:?}"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn ready(pod: &Value) -> bool {
+    pod["status"]["phase"] == "Running"
+        && pod["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+fn name(object: &Value) -> String {
+    object["metadata"]["name"].as_str().unwrap_or_default().to_owned()
+}
+
+/// 1. `kubectl apply -k` of `deploy/` with only the image pointed at the local one: both replicas
+///    Running and Ready under `enforce: restricted`, really non-root, read-only root, inside their
+///    memory limit's cgroup; certificates written and caBundles set; `/readyz` and `/metrics` on
+///    the pod IPs; the API server reaching `/mutate` through the Service.
+pub fn n1_install(ctx: &mut Ctx) -> Result<()> {
+    // The overlay changes nothing but the image (name, tag, pull policy).
+    let shipped = ctx.kubectl(&["kustomize", "deploy"])?;
+    let ours = ctx.kubectl(&["kustomize", "deploy/overlays/node-e2e"])?;
+    let ours_as_shipped = ours
+        .replace(INJECTOR_IMAGE, "ghcr.io/sidecar-injector/sidecar-injector:0.1.0")
+        .replace("        imagePullPolicy: Never\n", "");
+    ensure!(ours_as_shipped == shipped, "deploy/overlays/node-e2e changes more than the image");
+
+    ctx.kubectl(&["apply", "-k", "deploy/overlays/node-e2e"])?;
+    ctx.kubectl(&["-n", INJECTOR_NS, "rollout", "status", "deployment/sidecar-injector", "--timeout=180s"])?;
+    let enforce = ctx.kubectl(&[
+        "get",
+        "namespace",
+        INJECTOR_NS,
+        "-o",
+        "jsonpath={.metadata.labels.pod-security\\.kubernetes\\.io/enforce}",
+    ])?;
+    ensure!(enforce == "restricted", "the injector's namespace enforces {enforce:?}, not restricted");
+    // The level is really enforced there: a root pod is refused.
+    let refused = ctx.plane.kubectl_as(
+        &ctx.plane.admin_kubeconfig,
+        &["-n", INJECTOR_NS, "create", "--dry-run=server", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: root}}\nspec:\n  containers: [{{name: c, image: {BUSYBOX}, securityContext: {{runAsUser: 0}}}}]\n"
+        )),
+    );
+    ensure!(
+        refused.as_ref().is_err_and(|e| e.to_string().contains("violates PodSecurity \"restricted")),
+        "a root pod was not refused by Pod Security in the injector's namespace: {refused:?}"
+    );
+
+    let pods = ctx.injector_pods()?;
+    ensure!(pods.len() == 2, "{} injector pods, want 2", pods.len());
+    for pod in &pods {
+        ensure!(ready(pod), "injector pod {} is not Running and Ready", name(pod));
+        let status = &pod["status"]["containerStatuses"][0];
+        ensure!(status["restartCount"] == 0, "injector pod {} restarted: {status}", name(pod));
+        let pid = ctx.container_pid(status["containerID"].as_str().unwrap_or_default())?;
+        let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let uids = proc_status.lines().find(|l| l.starts_with("Uid:")).unwrap_or_default();
+        ensure!(uids.split_whitespace().skip(1).all(|u| u == "65532"), "the injector runs as {uids:?}, not 65532");
+        let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
+        let root = mountinfo
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.get(4) == Some(&"/"))
+            .context("no root mount")?;
+        ensure!(root[5].split(',').any(|o| o == "ro"), "the root filesystem is mounted {:?}", root[5]);
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+        let memory = cgroup.lines().find_map(|l| l.split_once(":memory:")).map(|(_, p)| p.to_owned());
+        let limit = std::fs::read_to_string(format!(
+            "/sys/fs/cgroup/memory{}/memory.limit_in_bytes",
+            memory.context("no memory cgroup")?
+        ))?;
+        ensure!(limit.trim() == (256u64 << 20).to_string(), "memory limit {limit:?}, want 256Mi");
+
+        let ip = pod["status"]["podIP"].as_str().context("no pod IP")?;
+        let readyz = curl(&format!("http://{ip}:8080/readyz"), None, None);
+        ensure!(readyz.is_some(), "/readyz on {ip}:8080 did not answer 200");
+        let metrics = curl(&format!("http://{ip}:8080/metrics"), None, None).unwrap_or_default();
+        ensure!(metrics.contains("sidecar_injector_"), "/metrics on {ip}:8080 has no sidecar_injector_ metrics");
+    }
+
+    let ca = ctx.kubectl(&[
+        "-n",
+        INJECTOR_NS,
+        "get",
+        "secret",
+        "sidecar-injector-tls",
+        "-o",
+        "jsonpath={.data.ca-bundle\\.crt}",
+    ])?;
+    ensure!(!ca.is_empty(), "the self-managed certificate Secret has no CA bundle");
+    for kind in ["mutatingwebhookconfiguration", "validatingwebhookconfiguration"] {
+        let bundles =
+            ctx.kubectl(&["get", kind, "sidecar-injector", "-o", "jsonpath={.webhooks[*].clientConfig.caBundle}"])?;
+        let bundles: Vec<&str> = bundles.split_whitespace().collect();
+        ensure!(bundles.len() == 2 && bundles.iter().all(|b| *b == ca), "{kind}: caBundle not the Secret's CA");
+    }
+    ctx.opted_in_namespace(SHOP)?;
+    ctx.wait_for_injection(SHOP, "cr.fluentbit.io/fluent/fluent-bit:3.2.10")?;
+    Ok(())
+}
+
+/// The operator's edit of the templates ConfigMap: the sidecar images pointed at the local
+/// stand-ins, and one more template (a native sidecar with a startup probe).
+fn use_local_images(ctx: &Ctx) -> Result<()> {
+    let mut configmap = ctx.json(&["-n", INJECTOR_NS, "get", "configmap", "sidecar-templates"])?;
+    let data = configmap["data"].as_object_mut().context("no data")?;
+    let edit = |text: &Value, from: &str, to: &str| -> Result<Value> {
+        let text = text.as_str().unwrap_or_default();
+        ensure!(text.contains(from), "the shipped template no longer says {from:?}");
+        Ok(Value::String(text.replace(from, to)))
+    };
+    data["log-shipper.yaml"] = edit(
+        &data["log-shipper.yaml"],
+        "image: cr.fluentbit.io/fluent/fluent-bit:3.2.10",
+        &format!("image: {FLUENT_BIT}"),
+    )?;
+    data["otel-agent.yaml"] = edit(
+        &data["otel-agent.yaml"],
+        "image: otel/opentelemetry-collector-contrib:0.120.0",
+        &format!("image: {AGENT}"),
+    )?;
+    data.insert(
+        "port-agent.yaml".into(),
+        Value::String(format!(
+            r#"description: An agent the app needs from its first instruction (a startup probe holds the app back)
+default: false
+sidecarMode: native
+values:
+  image: {BUSYBOX}
+inject:
+  sidecars:
+    - name: port-agent
+      image: "{{{{ values.image }}}}"
+      command: [/bin/sh, -c, "sleep 2; mkdir -p /tmp/www; echo agent-up > /tmp/www/index.html; exec httpd -f -p 8099 -h /tmp/www"]
+      startupProbe:
+        tcpSocket: {{port: 8099}}
+        periodSeconds: 1
+        failureThreshold: 30
+"#
+        )),
+    );
+    configmap["metadata"].as_object_mut().context("no metadata")?.remove("managedFields");
+    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["replace", "-f", "-"], Some(&configmap.to_string()))?;
+    ctx.wait_for_injection(SHOP, FLUENT_BIT)
+}
+
+/// 2. A Deployment whose app writes a line into the log directory the log-shipper template mounts:
+///    the injected (native) sidecar really reads it, and the env the otel-agent template injects
+///    is in the app container's environment, `$(VAR)` references expanded by kubelet.
+pub fn n2_workloads(ctx: &mut Ctx) -> Result<()> {
+    use_local_images(ctx)?;
+    ctx.apply(&format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web, namespace: {SHOP}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app.kubernetes.io/name: web}}}}
+  template:
+    metadata:
+      labels: {{app.kubernetes.io/name: web}}
+      annotations: {{sidecar-injector.io/templates: "log-shipper,otel-agent"}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: app
+          image: {BUSYBOX}
+          imagePullPolicy: Never
+          command: [/bin/sh, -c, 'echo "web app line from $(hostname)" >> /var/log/app/app.log; trap "exit 0" TERM; while true; do sleep 1; done']
+"#
+    ))?;
+    ctx.kubectl(&["-n", SHOP, "rollout", "status", "deployment/web", "--timeout=120s"])?;
+    let pods = ctx.pods(SHOP, "app.kubernetes.io/name=web")?;
+    let pod = pods.iter().find(|p| ready(p)).context("no Ready web pod")?;
+    let pod_name = name(pod);
+    let natives: Vec<&str> = pod["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["restartPolicy"] == "Always")
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    ensure!(natives.contains(&"log-shipper") && natives.contains(&"otel-agent"), "native sidecars: {natives:?}");
+    let line = format!("web app line from {pod_name}");
+    eventually("the app's line in the log shipper's output", Duration::from_secs(30), || {
+        let logs = ctx.kubectl(&["-n", SHOP, "logs", &pod_name, "-c", "log-shipper"])?;
+        Ok(logs.contains(&line).then_some(()))
+    })?;
+    let env = ctx.kubectl(&["-n", SHOP, "exec", &pod_name, "-c", "app", "--", "env"])?;
+    for want in [
+        "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317".to_owned(),
+        "OTEL_SERVICE_NAME=web".to_owned(),
+        format!("OTEL_RESOURCE_ATTRIBUTES=k8s.namespace.name={SHOP},k8s.pod.name={pod_name}"),
+    ] {
+        ensure!(env.lines().any(|l| l == want), "{want:?} not in the app container's environment:\n{env}");
+    }
+    // The agent stand-in is up beside the app, on the port the injected env names.
+    let agent = ctx.kubectl(&[
+        "-n",
+        SHOP,
+        "exec",
+        &pod_name,
+        "-c",
+        "app",
+        "--",
+        "sh",
+        "-c",
+        "nc -w 2 127.0.0.1 4317 </dev/null && echo open",
+    ]);
+    ensure!(agent.as_ref().is_ok_and(|o| o.contains("open")), "the agent's port is not open: {agent:?}");
+    Ok(())
+}
+
+/// A Job's pod spec: the app checks the startup-probed agent's port first thing and exits.
+fn job_template(templates: &str) -> String {
+    format!(
+        r#"    metadata:
+      annotations: {{sidecar-injector.io/templates: "{templates}"}}
+    spec:
+      restartPolicy: Never
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: app
+          image: {BUSYBOX}
+          imagePullPolicy: Never
+          command: [/bin/sh, -c, 'printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 2 127.0.0.1 8099 | grep -q agent-up && echo "agent serving at start" && echo "job line" >> /var/log/app/app.log']
+"#
+    )
+}
+
+/// 3. A Job and a CronJob-made Job whose pods get native sidecars complete (kubelet stops the
+///    sidecars once the app exits), and the startup-probed sidecar is serving before the app's
+///    first instruction.
+pub fn n3_jobs_complete(ctx: &mut Ctx) -> Result<()> {
+    let template = job_template("log-shipper,port-agent");
+    ctx.apply(&format!(
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {{name: report, namespace: {SHOP}}}\nspec:\n  backoffLimit: 0\n  template:\n{template}"
+    ))?;
+    let nested = template.lines().map(|l| format!("    {l}\n")).collect::<String>();
+    ctx.apply(&format!(
+        "apiVersion: batch/v1\nkind: CronJob\nmetadata: {{name: nightly, namespace: {SHOP}}}\nspec:\n  schedule: \"0 3 * * *\"\n  jobTemplate:\n    spec:\n      backoffLimit: 0\n      template:\n{nested}"
+    ))?;
+    ctx.kubectl(&["-n", SHOP, "create", "job", "nightly-now", "--from=cronjob/nightly"])?;
+    for job in ["report", "nightly-now"] {
+        let waited =
+            ctx.kubectl(&["-n", SHOP, "wait", "--for=condition=Complete", &format!("job/{job}"), "--timeout=120s"]);
+        if let Err(error) = waited {
+            let pods = ctx
+                .kubectl(&["-n", SHOP, "get", "pods", "-l", &format!("job-name={job}"), "-o", "wide"])
+                .unwrap_or_default();
+            bail!("job {job} did not complete: {error:#}\n{pods}");
+        }
+        let pods = ctx.pods(SHOP, &format!("job-name={job}"))?;
+        ensure!(pods.len() == 1, "job {job}: {} pods (the first one should have succeeded)", pods.len());
+        let pod = &pods[0];
+        ensure!(pod["status"]["phase"] == "Succeeded", "job {job}'s pod is {}", pod["status"]["phase"]);
+        // The app's first instruction reached the agent (without it the app fails, and the Job with it).
+        let logs = ctx.kubectl(&["-n", SHOP, "logs", &name(pod), "-c", "app"])?;
+        ensure!(logs.contains("agent serving at start"), "job {job}'s app did not find its agent serving: {logs:?}");
+        // kubelet stopped the native sidecars after the app exited.
+        for sidecar in pod["status"]["initContainerStatuses"].as_array().into_iter().flatten() {
+            ensure!(
+                sidecar["state"]["terminated"].is_object(),
+                "job {job}: sidecar {} was not stopped: {}",
+                sidecar["name"],
+                sidecar["state"]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// 4. A template edit in the ConfigMap → `drift` lists the Deployment's old pod → `drift --restart`
+///    → a new pod Running and Ready with the new template, the old one gone.
+pub fn n4_drift_restart(ctx: &mut Ctx) -> Result<()> {
+    let mut old: Vec<String> = ctx.pods(SHOP, "app.kubernetes.io/name=web")?.iter().map(name).collect();
+    old.sort();
+    ensure!(!old.is_empty(), "no web pods to drift");
+    let mut configmap = ctx.json(&["-n", INJECTOR_NS, "get", "configmap", "sidecar-templates"])?;
+    let text = configmap["data"]["log-shipper.yaml"].as_str().unwrap_or_default().to_owned();
+    ensure!(text.contains("flushSeconds: 1\n"), "log-shipper.yaml no longer says flushSeconds: 1");
+    configmap["data"]["log-shipper.yaml"] = Value::String(text.replace("flushSeconds: 1\n", "flushSeconds: 2\n"));
+    configmap["metadata"].as_object_mut().context("no metadata")?.remove("managedFields");
+    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["replace", "-f", "-"], Some(&configmap.to_string()))?;
+
+    // The old pod is listed as stale once the edit is in service.
+    let stale = |report: &Value| -> Vec<String> {
+        report
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|w| w["workload"].to_string().contains("\"web\""))
+            .flat_map(|w| w["stalePods"].as_array().cloned().unwrap_or_default())
+            .filter_map(|p| p.as_str().map(str::to_owned))
+            .collect()
+    };
+    eventually("drift listing the web pod as stale", Duration::from_secs(60), || {
+        let report: Value = serde_json::from_str(&ctx.cli(&["drift", "--namespace", SHOP, "-o", "json"])?)?;
+        let mut listed = stale(&report);
+        listed.sort();
+        Ok((listed == old).then_some(()))
+    })?;
+    let done = ctx.cli(&["drift", "--namespace", SHOP, "--restart", "--rollout-timeout", "120"])?;
+    ensure!(done.contains("deployment/web"), "drift --restart: {done}");
+    let fresh = eventually("the web pods replaced", Duration::from_secs(120), || {
+        let pods = ctx.pods(SHOP, "app.kubernetes.io/name=web")?;
+        let replaced = !pods.is_empty() && pods.iter().all(|p| ready(p) && !old.contains(&name(p)));
+        Ok(replaced.then_some(pods))
+    })?;
+    for pod in &fresh {
+        let args = pod["spec"]["initContainers"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "log-shipper"))
+            .map(|c| c["args"].to_string())
+            .unwrap_or_default();
+        ensure!(args.contains("--flush=2"), "pod {} does not carry the edited template: {args}", name(pod));
+    }
+    let after: Value = serde_json::from_str(&ctx.cli(&["drift", "--namespace", SHOP, "-o", "json"])?)?;
+    ensure!(stale(&after).is_empty(), "deployment/web still drifted after the restart: {after}");
+    Ok(())
+}
+
+/// 5. The injector scaled to zero: a pod in an opted-in namespace is refused by the
+///    ValidatingAdmissionPolicy with its message; scaled back, the same pod is created, injected
+///    and running.
+pub fn n5_injector_down(ctx: &mut Ctx) -> Result<()> {
+    ctx.kubectl(&["-n", INJECTOR_NS, "scale", "deployment/sidecar-injector", "--replicas=0"])?;
+    eventually("the injector's pods gone", Duration::from_secs(90), || {
+        Ok(ctx.injector_pods()?.is_empty().then_some(()))
+    })?;
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: lonely, namespace: {SHOP}}}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+    - name: app
+      image: {BUSYBOX}
+      imagePullPolicy: Never
+      command: [/bin/sh, -c, 'trap "exit 0" TERM; while true; do sleep 1; done']
+"#
+    );
+    let refused = ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["create", "-f", "-"], Some(&pod));
+    ensure!(
+        refused.as_ref().is_err_and(|e| e.to_string().contains("sidecar injection did not happen")),
+        "with the injector down the pod was not refused by the policy: {refused:?}"
+    );
+    ctx.kubectl(&["-n", INJECTOR_NS, "scale", "deployment/sidecar-injector", "--replicas=2"])?;
+    ctx.kubectl(&["-n", INJECTOR_NS, "rollout", "status", "deployment/sidecar-injector", "--timeout=120s"])?;
+    let created = eventually("the same pod created", Duration::from_secs(60), || {
+        Ok(ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["create", "-f", "-"], Some(&pod)).ok())
+    });
+    created?;
+    let running = eventually("the pod Running and Ready", Duration::from_secs(60), || {
+        let pod = ctx.json(&["-n", SHOP, "get", "pod", "lonely"])?;
+        Ok(ready(&pod).then_some(pod))
+    })?;
+    ensure!(
+        running["metadata"]["annotations"]["sidecar-injector.io/status"].is_string(),
+        "the pod created after the injector came back was not injected"
+    );
+    Ok(())
+}
