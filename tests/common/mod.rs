@@ -1,4 +1,5 @@
 #![allow(dead_code)]
+pub mod attacks;
 pub mod fixtures;
 pub mod process;
 pub mod server;

@@ -73,6 +73,18 @@ impl ServeProcess {
         move || client_builder_trusting(&ca_file)
     }
 
+    /// The attack target this process is (`tests/common/attacks.rs`).
+    pub fn target(&self) -> super::attacks::Target {
+        super::attacks::Target {
+            ip: std::net::Ipv4Addr::LOCALHOST.into(),
+            https: self.https,
+            http: self.http,
+            server_name: "localhost".into(),
+            ca_pem: std::fs::read(&self.ca_file).unwrap(),
+            namespace: "shop".into(),
+        }
+    }
+
     pub fn sigterm(&self) {
         // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };

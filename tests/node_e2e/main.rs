@@ -10,6 +10,8 @@
 //! namespaces (see `sandbox`), then kills whatever the child left, and fails unless the host is as
 //! it was.
 
+#[path = "../common/mod.rs"]
+mod common;
 #[path = "../e2e/controlplane.rs"]
 #[allow(dead_code)]
 mod controlplane;
@@ -160,6 +162,7 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
         ("n3_jobs_complete", n3_jobs_complete),
         ("n4_drift_restart", n4_drift_restart),
         ("n5_injector_down", n5_injector_down),
+        ("n6_attacks_on_the_pod", n6_attacks_on_the_pod),
     ];
     // `SIDECAR_INJECTOR_E2E_ONLY=n1,n2` runs only the scenarios whose names start with these.
     let only: Vec<String> = std::env::var("SIDECAR_INJECTOR_E2E_ONLY")
@@ -181,6 +184,21 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
                 println!("  FAIL  {name} ({:.1} s): {error:#}", started.elapsed().as_secs_f64());
                 failed.push(name);
             }
+        }
+    }
+    // For working on the suite: `SIDECAR_INJECTOR_NODE_E2E_HOLD=1` keeps the cluster up until the
+    // file it names is removed (`nsenter -t <pid> -m -n` enters the sandbox meanwhile).
+    if std::env::var_os("SIDECAR_INJECTOR_NODE_E2E_HOLD").is_some() {
+        let hold = dir.join("hold");
+        std::fs::write(&hold, "")?;
+        println!(
+            "node-e2e: holding; pid {}; kubeconfig {}; rm {} to go on",
+            std::process::id(),
+            ctx.plane.admin_kubeconfig.display(),
+            hold.display()
+        );
+        while hold.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(500));
         }
     }
     if !failed.is_empty() {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::Value;
 
+use crate::common::attacks;
 use crate::controlplane::{ControlPlane, curl};
 use crate::node::Node;
 
@@ -517,5 +518,65 @@ spec:
         running["metadata"]["annotations"]["sidecar-injector.io/status"].is_string(),
         "the pod created after the injector came back was not injected"
     );
+    Ok(())
+}
+
+/// 6. The attacks of `make hostile-load` sent to an injector **pod** (its pod IP), inside its real
+///    memory limit: the container is not OOM-killed or restarted, and the fresh-connection canary
+///    stays within the same p99 bound with no failure.
+pub fn n6_attacks_on_the_pod(ctx: &mut Ctx) -> Result<()> {
+    let pods = ctx.injector_pods()?;
+    let pod = pods.iter().find(|p| ready(p)).context("no Ready injector pod")?;
+    let status = &pod["status"]["containerStatuses"][0];
+    let (container, restarts) = (status["containerID"].clone(), status["restartCount"].clone());
+    let ip: std::net::IpAddr = pod["status"]["podIP"].as_str().context("no pod IP")?.parse()?;
+    let ca = ctx.kubectl(&[
+        "-n",
+        INJECTOR_NS,
+        "get",
+        "secret",
+        "sidecar-injector-tls",
+        "-o",
+        "jsonpath={.data.ca-bundle\\.crt}",
+    ])?;
+    use base64::Engine as _;
+    let target = attacks::Target {
+        ip,
+        https: 8443,
+        http: 8080,
+        server_name: format!("sidecar-injector.{INJECTOR_NS}.svc"),
+        ca_pem: base64::engine::general_purpose::STANDARD.decode(ca.trim())?,
+        namespace: SHOP.into(),
+    };
+    let fds = crate::common::raise_fd_limit(20_000);
+    ensure!(fds >= 16_000, "the attacks need 16,000 file descriptors, the limit is {fds}");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
+    let report = runtime.block_on(attacks::run(&target));
+    print!("{}", report.table());
+
+    let after = ctx.json(&["-n", INJECTOR_NS, "get", "pod", &name(pod)])?;
+    let status = &after["status"]["containerStatuses"][0];
+    let pid = ctx.container_pid(status["containerID"].as_str().unwrap_or_default())?;
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    let memory =
+        cgroup.lines().find_map(|l| l.split_once(":memory:")).map(|(_, p)| p.to_owned()).context("no memory cgroup")?;
+    let read = |file: &str| -> Result<u64> {
+        Ok(std::fs::read_to_string(format!("/sys/fs/cgroup/memory{memory}/{file}"))?.trim().parse()?)
+    };
+    let (peak, limit, failcnt) =
+        (read("memory.max_usage_in_bytes")?, read("memory.limit_in_bytes")?, read("memory.failcnt")?);
+    println!(
+        "      the pod's container over all attacks: peak {} MiB of its {} MiB limit (cgroup), {failcnt} allocation(s) over the limit",
+        peak >> 20,
+        limit >> 20
+    );
+    ensure!(
+        status["containerID"] == container && status["restartCount"] == restarts,
+        "the injector container restarted during the attacks: {}",
+        status
+    );
+    ensure!(status["lastState"]["terminated"].is_null(), "the container was terminated: {}", status["lastState"]);
+    ensure!(curl(&target.ready_url(), None, None).is_some(), "the pod is not ready after the attacks");
+    ensure!(report.failed.is_empty(), "the canary failed or was slow during: {:?}", report.failed);
     Ok(())
 }
