@@ -1,7 +1,7 @@
 # The commands the README names. `make test` is what CI runs (through .ci/run).
 .PHONY: test lint unit kubectl-yaml e2e node-e2e scale hostile-load release golden bench fuzz
 
-test: lint unit kubectl-yaml e2e hostile-load
+test: lint unit kubectl-yaml e2e hostile-load node-e2e
 
 lint:
 	cargo fmt --all -- --check

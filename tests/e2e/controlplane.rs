@@ -29,7 +29,8 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `command`, its output going to `<dir>/<name>.log`.
+    /// Starts `command`, its output going to `<dir>/<name>.log`. The child is killed when the
+    /// *thread* that started it ends (`PR_SET_PDEATHSIG`): start long-lived ones on the main thread.
     pub fn spawn(name: &str, mut command: Command, dir: &Path) -> Result<Process> {
         let log = dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log)?;

@@ -10,6 +10,7 @@
 //! namespaces (see `sandbox`), then kills whatever the child left, and fails unless the host is as
 //! it was.
 
+mod availability;
 #[path = "../common/mod.rs"]
 mod common;
 #[path = "../e2e/controlplane.rs"]
@@ -163,6 +164,7 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
         ("n4_drift_restart", n4_drift_restart),
         ("n5_injector_down", n5_injector_down),
         ("n6_attacks_on_the_pod", n6_attacks_on_the_pod),
+        ("n7_availability", n7_availability),
     ];
     // `SIDECAR_INJECTOR_E2E_ONLY=n1,n2` runs only the scenarios whose names start with these.
     let only: Vec<String> = std::env::var("SIDECAR_INJECTOR_E2E_ONLY")

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::Value;
 
+use crate::availability::{self, Row};
 use crate::common::attacks;
-use crate::controlplane::{ControlPlane, curl};
+use crate::controlplane::{ControlPlane, KUBERNETES_SERVICE_IP, curl};
 use crate::node::Node;
 
 /// The injector's image as the suite assembles and imports it (`deploy/overlays/node-e2e`).
@@ -33,15 +34,15 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    fn kubectl(&self, args: &[&str]) -> Result<String> {
+    pub(crate) fn kubectl(&self, args: &[&str]) -> Result<String> {
         self.plane.kubectl(args)
     }
 
-    fn apply(&self, yaml: &str) -> Result<String> {
+    pub(crate) fn apply(&self, yaml: &str) -> Result<String> {
         self.plane.kubectl_as(&self.plane.admin_kubeconfig, &["apply", "-f", "-"], Some(yaml))
     }
 
-    fn json(&self, args: &[&str]) -> Result<Value> {
+    pub(crate) fn json(&self, args: &[&str]) -> Result<Value> {
         let mut all = args.to_vec();
         all.extend(["-o", "json"]);
         Ok(serde_json::from_str(&self.kubectl(&all)?)?)
@@ -65,13 +66,13 @@ impl Ctx {
     }
 
     /// The injector's pods.
-    fn injector_pods(&self) -> Result<Vec<Value>> {
+    pub(crate) fn injector_pods(&self) -> Result<Vec<Value>> {
         let list = self.json(&["-n", INJECTOR_NS, "get", "pods", "-l", INJECTOR_PODS])?;
         Ok(list["items"].as_array().cloned().unwrap_or_default())
     }
 
     /// The host PID of a container's first process, from containerd.
-    fn container_pid(&self, container_id: &str) -> Result<u32> {
+    pub(crate) fn container_pid(&self, container_id: &str) -> Result<u32> {
         let id = container_id.trim_start_matches("containerd://");
         let tasks = self.node.ctr(&["tasks", "ls"])?;
         tasks
@@ -84,7 +85,7 @@ impl Ctx {
 
     /// Waits until the webhook injects pods created in `namespace` (server-side dry run), with the
     /// log shipper's image `image`, several times in a row (so every replica serves it).
-    fn wait_for_injection(&self, namespace: &str, image: &str) -> Result<()> {
+    pub(crate) fn wait_for_injection(&self, namespace: &str, image: Option<&str>) -> Result<()> {
         let pod = format!(
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: probe}}\nspec:\n  containers: [{{name: app, image: {BUSYBOX}}}]\n"
         );
@@ -96,9 +97,9 @@ impl Ctx {
                 Some(&pod),
             );
             let injected = out.ok().and_then(|o| serde_json::from_str::<Value>(&o).ok()).is_some_and(|p| {
-                p["spec"]["initContainers"]
-                    .as_array()
-                    .is_some_and(|c| c.iter().any(|c| c["name"] == "log-shipper" && c["image"] == image))
+                p["spec"]["initContainers"].as_array().is_some_and(|c| {
+                    c.iter().any(|c| c["name"] == "log-shipper" && image.is_none_or(|i| c["image"] == i))
+                })
             });
             in_a_row = if injected { in_a_row + 1 } else { 0 };
             if in_a_row < 6 {
@@ -109,7 +110,7 @@ impl Ctx {
         Ok(())
     }
 
-    fn opted_in_namespace(&self, name: &str) -> Result<()> {
+    pub(crate) fn opted_in_namespace(&self, name: &str) -> Result<()> {
         self.apply(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels: {{sidecar-injector.io/inject: enabled}}\n"
         ))?;
@@ -138,7 +139,7 @@ impl Ctx {
 }
 
 /// Polls `check` every 250 ms until it gives a value or `limit` passes.
-fn eventually<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+pub(crate) fn eventually<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Result<Option<T>>) -> Result<T> {
     let start = Instant::now();
     let mut last_error = None;
     loop {
@@ -229,6 +230,11 @@ pub fn n1_install(ctx: &mut Ctx) -> Result<()> {
         ))?;
         ensure!(limit.trim() == (256u64 << 20).to_string(), "memory limit {limit:?}, want 256Mi");
 
+        // In-cluster credentials, and the API server reached through the `kubernetes` Service.
+        let log = ctx.kubectl(&["-n", INJECTOR_NS, "logs", &name(pod)])?;
+        let service = format!("\"server\":\"https://{KUBERNETES_SERVICE_IP}/\"");
+        ensure!(log.contains(&service), "the injector did not use the kubernetes Service ({service}):\n{log}");
+
         let ip = pod["status"]["podIP"].as_str().context("no pod IP")?;
         let readyz = curl(&format!("http://{ip}:8080/readyz"), None, None);
         ensure!(readyz.is_some(), "/readyz on {ip}:8080 did not answer 200");
@@ -253,7 +259,7 @@ pub fn n1_install(ctx: &mut Ctx) -> Result<()> {
         ensure!(bundles.len() == 2 && bundles.iter().all(|b| *b == ca), "{kind}: caBundle not the Secret's CA");
     }
     ctx.opted_in_namespace(SHOP)?;
-    ctx.wait_for_injection(SHOP, "cr.fluentbit.io/fluent/fluent-bit:3.2.10")?;
+    ctx.wait_for_injection(SHOP, Some("cr.fluentbit.io/fluent/fluent-bit:3.2.10"))?;
     Ok(())
 }
 
@@ -299,7 +305,7 @@ inject:
     );
     configmap["metadata"].as_object_mut().context("no metadata")?.remove("managedFields");
     ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["replace", "-f", "-"], Some(&configmap.to_string()))?;
-    ctx.wait_for_injection(SHOP, FLUENT_BIT)
+    ctx.wait_for_injection(SHOP, Some(FLUENT_BIT))
 }
 
 /// 2. A Deployment whose app writes a line into the log directory the log-shipper template mounts:
@@ -578,5 +584,190 @@ pub fn n6_attacks_on_the_pod(ctx: &mut Ctx) -> Result<()> {
     ensure!(status["lastState"]["terminated"].is_null(), "the container was terminated: {}", status["lastState"]);
     ensure!(curl(&target.ready_url(), None, None).is_some(), "the pod is not ready after the attacks");
     ensure!(report.failed.is_empty(), "the canary failed or was slow during: {:?}", report.failed);
+    Ok(())
+}
+
+/// Sets the log-shipper template's `flushSeconds` in the templates ConfigMap (one operator edit).
+fn set_flush_seconds(ctx: &Ctx, seconds: u32) -> Result<()> {
+    let mut configmap = ctx.json(&["-n", INJECTOR_NS, "get", "configmap", "sidecar-templates"])?;
+    let text = configmap["data"]["log-shipper.yaml"].as_str().unwrap_or_default().to_owned();
+    let line = text.lines().find(|l| l.trim_start().starts_with("flushSeconds:")).context("no flushSeconds")?;
+    configmap["data"]["log-shipper.yaml"] = Value::String(text.replace(line, &format!("  flushSeconds: {seconds}")));
+    configmap["metadata"].as_object_mut().context("no metadata")?.remove("managedFields");
+    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["replace", "-f", "-"], Some(&configmap.to_string()))?;
+    Ok(())
+}
+
+/// Every pod carries one consistent version of the log-shipper template: the hash in its status
+/// annotation always goes with the same rendered `--flush` argument.
+fn one_version_each(pods: &[Value]) -> Result<()> {
+    let mut seen = std::collections::BTreeMap::<String, String>::new();
+    for pod in pods {
+        let status: Value = serde_json::from_str(
+            pod["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().context("a pod without status")?,
+        )?;
+        let hash = status["templates"]
+            .as_array()
+            .and_then(|t| t.iter().find(|t| t["name"] == "log-shipper"))
+            .map(|t| t["hash"].to_string())
+            .context("no log-shipper in the status")?;
+        let flush = pod["spec"]["initContainers"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "log-shipper"))
+            .and_then(|c| c["args"].as_array())
+            .and_then(|a| a.iter().filter_map(|a| a.as_str()).find(|a| a.starts_with("--flush=")))
+            .context("no --flush argument")?
+            .to_owned();
+        if let Some(other) = seen.insert(hash.clone(), flush.clone())
+            && other != flush
+        {
+            bail!("template version {hash} injected as both {other} and {flush}");
+        }
+    }
+    Ok(())
+}
+
+/// The injector's pods' (name, containerID, restartCount).
+fn injector_containers(ctx: &Ctx) -> Result<Vec<(String, String, u64)>> {
+    Ok(ctx
+        .injector_pods()?
+        .iter()
+        .map(|p| {
+            let status = &p["status"]["containerStatuses"][0];
+            (
+                name(p),
+                status["containerID"].as_str().unwrap_or_default().to_owned(),
+                status["restartCount"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+/// `/mutate` requests each injector pod has answered: (pod name, count).
+fn mutate_counts(ctx: &Ctx) -> Result<Vec<(String, f64)>> {
+    let mut counts = Vec::new();
+    for pod in ctx.injector_pods()? {
+        let ip = pod["status"]["podIP"].as_str().unwrap_or_default().to_owned();
+        let metrics = curl(&format!("http://{ip}:8080/metrics"), None, None).unwrap_or_default();
+        let count = metrics
+            .lines()
+            .filter(|l| l.starts_with("sidecar_injector_admission_requests_total{endpoint=\"mutate\""))
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+            .sum();
+        counts.push((name(&pod), count));
+    }
+    Ok(counts)
+}
+
+/// Sends `signal` to the process of the injector replica that serves the API server's requests
+/// now (the API server keeps its connections to one replica while one is enough), and waits
+/// until kubelet has restarted it and both replicas are Ready again.
+fn signal_a_replica(ctx: &Ctx, signal: i32) -> Result<()> {
+    let before = mutate_counts(ctx)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let after = mutate_counts(ctx)?;
+    let busiest = after
+        .iter()
+        .map(|(pod, n)| (pod, n - before.iter().find(|(p, _)| p == pod).map_or(0.0, |(_, b)| *b)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(pod, _)| pod.clone())
+        .context("no injector pod")?;
+    let (pod, container, restarts) =
+        injector_containers(ctx)?.into_iter().find(|(p, _, _)| *p == busiest).context("the busiest pod is gone")?;
+    let pid = ctx.container_pid(&container)?;
+    // SAFETY: kill(2) on a process id; no memory is shared.
+    ensure!(unsafe { libc::kill(pid as i32, signal) } == 0, "kill {signal} {pid} failed");
+    eventually("the replica restarted and both Ready", Duration::from_secs(120), || {
+        let now = injector_containers(ctx)?;
+        let restarted = now.iter().any(|(p, _, r)| *p == pod && *r > restarts);
+        let pods = ctx.injector_pods()?;
+        Ok((restarted && pods.len() == 2 && pods.iter().all(ready)).then_some(()))
+    })
+}
+
+fn rollout(ctx: &Ctx, change: &[&str]) -> Result<()> {
+    ctx.kubectl(change)?;
+    ctx.kubectl(&["-n", INJECTOR_NS, "rollout", "status", "deployment/sidecar-injector", "--timeout=180s"])?;
+    Ok(())
+}
+
+/// Creates that may fail when a replica dies or hangs: the ones in flight to it at that moment
+/// (the API server fails open and the policy refuses them). The README promises this figure.
+const KILLED_REPLICA_FAILURES: usize = 5;
+
+/// 7. Availability under load (20 pod creates per second, a quarter through a ReplicaSet) through
+///    upgrades, crashes, template edits and an API server restart; prints the table.
+pub fn n7_availability(ctx: &mut Ctx) -> Result<()> {
+    const NS: &str = "node-load";
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let client = runtime.block_on(ctx.plane.admin_client())?;
+    ctx.opted_in_namespace(NS)?;
+    ctx.wait_for_injection(NS, None)?;
+    let next_image = INJECTOR_IMAGE.replace(":e2e", ":e2e-next");
+    ctx.node.ctr(&["images", "tag", INJECTOR_IMAGE, &next_image])?;
+
+    let mut rows: Vec<Row> = Vec::new();
+    let mut failures: Vec<String> = Vec::new();
+    let record = |(row, pods): (Row, Vec<Value>),
+                  allowed: usize,
+                  versions: bool,
+                  failures: &mut Vec<String>,
+                  rows: &mut Vec<Row>| {
+        if row.without_injection > 0 {
+            failures.push(format!("{}: {} pods stored without injection", row.event, row.without_injection));
+        }
+        let failed = row.failed + row.replica_set_refusals as usize;
+        if failed > allowed {
+            failures
+                .push(format!("{}: {failed} failed creates, at most {allowed} allowed ({:?})", row.event, row.errors));
+        }
+        if versions && let Err(error) = one_version_each(&pods) {
+            failures.push(format!("{}: {error:#}", row.event));
+        }
+        println!("      {}", row.line());
+        rows.push(row);
+    };
+
+    let restart = &["-n", INJECTOR_NS, "rollout", "restart", "deployment/sidecar-injector"];
+    let m = availability::measure(ctx, &runtime, &client, NS, "rollout restart", |ctx| rollout(ctx, restart))?;
+    record(m, 0, false, &mut failures, &mut rows);
+    let image = format!("sidecar-injector={next_image}");
+    let set_image = &["-n", INJECTOR_NS, "set", "image", "deployment/sidecar-injector", image.as_str()];
+    let m = availability::measure(ctx, &runtime, &client, NS, "new image tag", |ctx| rollout(ctx, set_image))?;
+    record(m, 0, false, &mut failures, &mut rows);
+    let m = availability::measure(ctx, &runtime, &client, NS, "a replica SIGKILLed", |ctx| {
+        signal_a_replica(ctx, libc::SIGKILL)
+    })?;
+    record(m, KILLED_REPLICA_FAILURES, false, &mut failures, &mut rows);
+    let m = availability::measure(ctx, &runtime, &client, NS, "a replica hung (SIGSTOP)", |ctx| {
+        signal_a_replica(ctx, libc::SIGSTOP)
+    })?;
+    record(m, KILLED_REPLICA_FAILURES, false, &mut failures, &mut rows);
+    let m = availability::measure(ctx, &runtime, &client, NS, "a template edit", |ctx| set_flush_seconds(ctx, 3))?;
+    record(m, 0, true, &mut failures, &mut rows);
+    let m = availability::measure(ctx, &runtime, &client, NS, "10 template edits in 10 s", |ctx| {
+        for seconds in 10..20 {
+            set_flush_seconds(ctx, seconds)?;
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        Ok(())
+    })?;
+    record(m, 0, true, &mut failures, &mut rows);
+    let m = availability::measure(ctx, &runtime, &client, NS, "API server restarted", |ctx| {
+        ctx.plane.stop_apiserver();
+        std::thread::sleep(Duration::from_secs(2));
+        ctx.plane.start_apiserver()?;
+        Ok(())
+    })?;
+    record(m, usize::MAX, false, &mut failures, &mut rows);
+
+    println!("{}", availability::HEADER);
+    for row in &rows {
+        println!("{}", row.line());
+        for error in &row.errors {
+            println!("        e.g. {error}");
+        }
+    }
+    ensure!(failures.is_empty(), "{}", failures.join("; "));
     Ok(())
 }
