@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::availability::{self, Row};
 use crate::common::attacks;
@@ -691,6 +691,71 @@ fn rollout(ctx: &Ctx, change: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// A CA rotation of the self-managed certificates, as when the CA nears its end: the CA certificate
+/// in the Secret is re-signed (same key and name) to expire in 20 days, inside the 30 days before
+/// expiry in which the replicas rotate it; returns once both replicas serve a certificate of the
+/// new CA and every caBundle trusts it.
+fn rotate_the_ca(ctx: &Ctx) -> Result<()> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let secret = || ctx.json(&["-n", INJECTOR_NS, "get", "secret", "sidecar-injector-tls"]);
+    let field = |secret: &Value, key: &str| -> Result<String> {
+        Ok(String::from_utf8(b64.decode(secret["data"][key].as_str().unwrap_or_default())?)?)
+    };
+    let before = secret()?;
+    let (original, key) = (field(&before, "ca.crt")?, field(&before, "ca.key")?);
+    // The CA as `certs::generate_ca` makes it (its name, constraints and key usages), ending soon.
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name.push(rcgen::DnType::CommonName, "sidecar-injector CA");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::minutes(5);
+    params.not_after = now + time::Duration::days(20);
+    let ending = params.self_signed(&rcgen::KeyPair::from_pem(&key)?)?.pem();
+    let patch = json!({"data": {"ca.crt": b64.encode(&ending)}}).to_string();
+    ctx.kubectl(&["-n", INJECTOR_NS, "patch", "secret", "sidecar-injector-tls", "--type=merge", "-p", &patch])?;
+    let new_ca = eventually("the CA rotated (published, then promoted)", Duration::from_secs(90), || {
+        let now = secret()?;
+        let ca = field(&now, "ca.crt")?;
+        let done =
+            now["data"]["next-ca.crt"].is_null() && ca != ending && ca != original && field(&now, "ca.key")? != key;
+        Ok(done.then_some(ca))
+    })?;
+    let ca_file = std::env::temp_dir().join(format!("node-e2e-new-ca-{}.pem", std::process::id()));
+    std::fs::write(&ca_file, &new_ca)?;
+    let server = format!("sidecar-injector.{INJECTOR_NS}.svc");
+    let serving_new = eventually("both replicas serving from the new CA", Duration::from_secs(60), || {
+        let pods = ctx.injector_pods()?;
+        let all = pods.len() == 2
+            && pods.iter().all(|p| {
+                let ip = p["status"]["podIP"].as_str().unwrap_or_default();
+                std::process::Command::new("curl")
+                    .args(["-s", "-o", "/dev/null", "--max-time", "3", "--cacert"])
+                    .arg(&ca_file)
+                    .args(["--resolve", &format!("{server}:8443:{ip}"), &format!("https://{server}:8443/")])
+                    .status()
+                    .is_ok_and(|s| s.success())
+            });
+        Ok(all.then_some(()))
+    });
+    let _ = std::fs::remove_file(&ca_file);
+    serving_new?;
+    for kind in ["mutatingwebhookconfiguration", "validatingwebhookconfiguration"] {
+        let bundles =
+            ctx.kubectl(&["get", kind, "sidecar-injector", "-o", "jsonpath={.webhooks[*].clientConfig.caBundle}"])?;
+        for bundle in bundles.split_whitespace() {
+            let bundle = String::from_utf8(b64.decode(bundle)?)?;
+            ensure!(bundle.contains(new_ca.trim()), "{kind}: a caBundle does not hold the new CA");
+        }
+    }
+    Ok(())
+}
+
 /// Creates that may fail when a replica dies or hangs: the ones in flight to it at that moment
 /// (the API server fails open and the policy refuses them). The README promises this figure.
 const KILLED_REPLICA_FAILURES: usize = 5;
@@ -734,6 +799,11 @@ pub fn n7_availability(ctx: &mut Ctx) -> Result<()> {
     let image = format!("sidecar-injector={next_image}");
     let set_image = &["-n", INJECTOR_NS, "set", "image", "deployment/sidecar-injector", image.as_str()];
     let m = availability::measure(ctx, &runtime, &client, NS, "new image tag", |ctx| rollout(ctx, set_image))?;
+    record(m, 0, false, &mut failures, &mut rows);
+    // The replicas check the certificate Secret every 2 s instead of 5 min, so a rotation is quick.
+    let interval = "SIDECAR_INJECTOR__TLS__CHECK_INTERVAL_SECONDS=2";
+    rollout(ctx, &["-n", INJECTOR_NS, "set", "env", "deployment/sidecar-injector", interval])?;
+    let m = availability::measure(ctx, &runtime, &client, NS, "CA rotation", |ctx| rotate_the_ca(ctx))?;
     record(m, 0, false, &mut failures, &mut rows);
     let m = availability::measure(ctx, &runtime, &client, NS, "a replica SIGKILLed", |ctx| {
         signal_a_replica(ctx, libc::SIGKILL)
