@@ -8,7 +8,8 @@
 //! process splits in two: the parent stays in the host's namespaces, removes what a crashed earlier
 //! run left, snapshots the host, runs the suite in a child with its own mount and network
 //! namespaces (see `sandbox`), then kills whatever the child left, and fails unless the host is as
-//! it was.
+//! it was. The parent owns the run's scratch directory: removed after a clean run, kept (with every
+//! component's log) after a failed one, and removed by the next run after a crashed one.
 
 mod availability;
 #[path = "../common/mod.rs"]
@@ -32,8 +33,13 @@ use node::Node;
 
 /// Set in the child that runs inside the sandbox.
 const CHILD: &str = "SIDECAR_INJECTOR_NODE_E2E_CHILD";
-/// Where the child writes how many scenarios passed, for the parent's closing line.
-const PASSED_FILE: &str = "SIDECAR_INJECTOR_NODE_E2E_PASSED_FILE";
+/// The run's scratch directory, made by the parent, used by the child.
+const SCRATCH: &str = "SIDECAR_INJECTOR_NODE_E2E_DIR";
+/// Scratch directories are `<tmp>/<PREFIX>*`; the parent's pid file marks one in use.
+const PREFIX: &str = "sidecar-injector-node-e2e-";
+/// In the scratch directory: the parent's pid while it runs; how many scenarios passed.
+const PARENT_PID: &str = "parent.pid";
+const PASSED: &str = "passed";
 
 fn main() -> ExitCode {
     if std::env::var_os("SIDECAR_INJECTOR_NODE_E2E").is_none() {
@@ -67,12 +73,14 @@ fn parent() -> Result<()> {
     if leftovers > 0 {
         println!("node-e2e: killed {leftovers} process(es) an earlier run left behind");
     }
+    remove_crashed_scratch();
     let before = sandbox::HostState::read();
     let processes_before = sandbox::node_processes();
     let started = Instant::now();
-    let passed_file = tempfile::NamedTempFile::new()?;
+    let scratch = tempfile::Builder::new().prefix(PREFIX).tempdir()?;
+    std::fs::write(scratch.path().join(PARENT_PID), std::process::id().to_string())?;
     let mut command = Command::new(std::env::current_exe()?);
-    command.env(CHILD, "1").env(PASSED_FILE, passed_file.path());
+    command.env(CHILD, "1").env(SCRATCH, scratch.path());
     // SAFETY: unshare is async-signal-safe; the closure touches no memory of the parent.
     unsafe {
         command.pre_exec(|| {
@@ -103,30 +111,41 @@ fn parent() -> Result<()> {
     for problem in &problems {
         println!("  host: {problem}");
     }
-    if !status.success() {
+    let passed = std::fs::read_to_string(scratch.path().join(PASSED)).ok();
+    if !status.success() || passed.is_none() {
+        std::fs::remove_file(scratch.path().join(PARENT_PID))?;
+        println!("node-e2e: logs kept in {}", scratch.keep().display());
         bail!("the suite failed (see above)");
     }
     if !problems.is_empty() {
         bail!("the suite left traces on the host");
     }
-    let passed = std::fs::read_to_string(passed_file.path())?;
-    println!("node-e2e: {} scenarios passed", passed.trim());
+    println!("node-e2e: {} scenarios passed", passed.unwrap_or_default().trim());
     Ok(())
 }
 
-/// Inside the sandbox: the cluster, the node, the injector, the scenarios. Returns how many passed.
+/// Removes the scratch directories of runs whose parent was killed (their pid file names a process
+/// that is gone); a failed run's directory has no pid file and is kept for its logs.
+fn remove_crashed_scratch() {
+    for entry in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if !entry.file_name().to_string_lossy().starts_with(PREFIX) {
+            continue;
+        }
+        let Ok(pid) = std::fs::read_to_string(path.join(PARENT_PID)) else { continue };
+        if !Path::new(&format!("/proc/{}", pid.trim())).exists() {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
+/// Inside the sandbox: the cluster, the node, the injector, the scenarios.
 fn child(root: &Path) -> Result<()> {
-    let dir = tempfile::Builder::new().prefix("sidecar-injector-node-e2e-").tempdir()?;
-    sandbox::enter(dir.path()).context("entering the sandbox")?;
+    let dir = PathBuf::from(std::env::var_os(SCRATCH).context("no scratch directory from the parent")?);
+    sandbox::enter(&dir).context("entering the sandbox")?;
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let result = run(root, dir.path());
-    if result.is_err() {
-        println!("node-e2e: logs kept in {}", dir.keep().display());
-    }
-    let passed = result?;
-    if let Some(file) = std::env::var_os(PASSED_FILE) {
-        std::fs::write(file, passed.to_string())?;
-    }
+    let passed = run(root, &dir)?;
+    std::fs::write(dir.join(PASSED), passed.to_string())?;
     Ok(())
 }
 
