@@ -16,7 +16,6 @@ rootfs=$(mktemp -d)
 trap 'rm -rf "$rootfs"' EXIT
 mkdir -p "$rootfs/usr/local/bin" "$rootfs/etc/ssl/certs" "$rootfs/tmp" "$rootfs/home/nonroot"
 chmod 1777 "$rootfs/tmp"
-chown 65532:65532 "$rootfs/home/nonroot"
 cp "$binary" "$rootfs/usr/local/bin/sidecar-injector"
 # The shared libraries the binary needs, at the paths the dynamic loader looks them up.
 for lib in $(ldd "$binary" | grep -oE '/[^ ]+'); do

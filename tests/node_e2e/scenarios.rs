@@ -83,6 +83,37 @@ impl Ctx {
             .with_context(|| format!("no running task for container {id}:\n{tasks}"))
     }
 
+    /// The self-managed certificate Secret's data, decoded (`ca.crt`, `ca-bundle.crt`, ...).
+    pub(crate) fn certificate_secret(&self) -> Result<std::collections::BTreeMap<String, String>> {
+        use base64::Engine as _;
+        let secret = self.json(&["-n", INJECTOR_NS, "get", "secret", "sidecar-injector-tls"])?;
+        let mut data = std::collections::BTreeMap::new();
+        for (key, value) in secret["data"].as_object().into_iter().flatten() {
+            let bytes = base64::engine::general_purpose::STANDARD.decode(value.as_str().unwrap_or_default())?;
+            data.insert(key.clone(), String::from_utf8(bytes)?);
+        }
+        Ok(data)
+    }
+
+    /// The caBundle of every webhook of the injector's two webhook configurations, decoded.
+    pub(crate) fn ca_bundles(&self) -> Result<Vec<String>> {
+        use base64::Engine as _;
+        let mut bundles = Vec::new();
+        for kind in ["mutatingwebhookconfiguration", "validatingwebhookconfiguration"] {
+            let text = self.kubectl(&[
+                "get",
+                kind,
+                "sidecar-injector",
+                "-o",
+                "jsonpath={.webhooks[*].clientConfig.caBundle}",
+            ])?;
+            for bundle in text.split_whitespace() {
+                bundles.push(String::from_utf8(base64::engine::general_purpose::STANDARD.decode(bundle)?)?);
+            }
+        }
+        Ok(bundles)
+    }
+
     /// Waits until the webhook injects pods created in `namespace` (server-side dry run), with the
     /// log shipper's image `image`, several times in a row (so every replica serves it).
     pub(crate) fn wait_for_injection(&self, namespace: &str, image: Option<&str>) -> Result<()> {
@@ -136,6 +167,15 @@ impl Ctx {
         });
         self.node.stop();
     }
+}
+
+/// A file of the memory cgroup a process is in, as a number.
+fn memory_cgroup(pid: u32, file: &str) -> Result<u64> {
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    let path =
+        cgroup.lines().find_map(|l| l.split_once(":memory:")).map(|(_, p)| p.to_owned()).context("no memory cgroup")?;
+    let text = std::fs::read_to_string(format!("/sys/fs/cgroup/memory{path}/{file}"))?;
+    Ok(text.trim().parse()?)
 }
 
 /// Polls `check` every 250 ms until it gives a value or `limit` passes.
@@ -222,13 +262,8 @@ pub fn n1_install(ctx: &mut Ctx) -> Result<()> {
             .find(|f| f.get(4) == Some(&"/"))
             .context("no root mount")?;
         ensure!(root[5].split(',').any(|o| o == "ro"), "the root filesystem is mounted {:?}", root[5]);
-        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-        let memory = cgroup.lines().find_map(|l| l.split_once(":memory:")).map(|(_, p)| p.to_owned());
-        let limit = std::fs::read_to_string(format!(
-            "/sys/fs/cgroup/memory{}/memory.limit_in_bytes",
-            memory.context("no memory cgroup")?
-        ))?;
-        ensure!(limit.trim() == (256u64 << 20).to_string(), "memory limit {limit:?}, want 256Mi");
+        let limit = memory_cgroup(pid, "memory.limit_in_bytes")?;
+        ensure!(limit == 256 << 20, "memory limit {limit} bytes, want 256Mi");
 
         // In-cluster credentials, and the API server reached through the `kubernetes` Service.
         let log = ctx.kubectl(&["-n", INJECTOR_NS, "logs", &name(pod)])?;
@@ -242,22 +277,10 @@ pub fn n1_install(ctx: &mut Ctx) -> Result<()> {
         ensure!(metrics.contains("sidecar_injector_"), "/metrics on {ip}:8080 has no sidecar_injector_ metrics");
     }
 
-    let ca = ctx.kubectl(&[
-        "-n",
-        INJECTOR_NS,
-        "get",
-        "secret",
-        "sidecar-injector-tls",
-        "-o",
-        "jsonpath={.data.ca-bundle\\.crt}",
-    ])?;
-    ensure!(!ca.is_empty(), "the self-managed certificate Secret has no CA bundle");
-    for kind in ["mutatingwebhookconfiguration", "validatingwebhookconfiguration"] {
-        let bundles =
-            ctx.kubectl(&["get", kind, "sidecar-injector", "-o", "jsonpath={.webhooks[*].clientConfig.caBundle}"])?;
-        let bundles: Vec<&str> = bundles.split_whitespace().collect();
-        ensure!(bundles.len() == 2 && bundles.iter().all(|b| *b == ca), "{kind}: caBundle not the Secret's CA");
-    }
+    let ca = ctx.certificate_secret()?.remove("ca-bundle.crt").unwrap_or_default();
+    ensure!(ca.contains("BEGIN CERTIFICATE"), "the self-managed certificate Secret has no CA bundle");
+    let bundles = ctx.ca_bundles()?;
+    ensure!(bundles.len() == 4 && bundles.iter().all(|b| *b == ca), "a webhook's caBundle is not the Secret's CA");
     ctx.opted_in_namespace(SHOP)?;
     ctx.wait_for_injection(SHOP, Some("cr.fluentbit.io/fluent/fluent-bit:3.2.10"))?;
     Ok(())
@@ -536,22 +559,13 @@ pub fn n6_attacks_on_the_pod(ctx: &mut Ctx) -> Result<()> {
     let status = &pod["status"]["containerStatuses"][0];
     let (container, restarts) = (status["containerID"].clone(), status["restartCount"].clone());
     let ip: std::net::IpAddr = pod["status"]["podIP"].as_str().context("no pod IP")?.parse()?;
-    let ca = ctx.kubectl(&[
-        "-n",
-        INJECTOR_NS,
-        "get",
-        "secret",
-        "sidecar-injector-tls",
-        "-o",
-        "jsonpath={.data.ca-bundle\\.crt}",
-    ])?;
-    use base64::Engine as _;
+    let ca = ctx.certificate_secret()?.remove("ca-bundle.crt").context("no CA bundle")?;
     let target = attacks::Target {
         ip,
         https: 8443,
         http: 8080,
         server_name: format!("sidecar-injector.{INJECTOR_NS}.svc"),
-        ca_pem: base64::engine::general_purpose::STANDARD.decode(ca.trim())?,
+        ca_pem: ca.into_bytes(),
         namespace: SHOP.into(),
     };
     let fds = crate::common::raise_fd_limit(20_000);
@@ -563,12 +577,7 @@ pub fn n6_attacks_on_the_pod(ctx: &mut Ctx) -> Result<()> {
     let after = ctx.json(&["-n", INJECTOR_NS, "get", "pod", &name(pod)])?;
     let status = &after["status"]["containerStatuses"][0];
     let pid = ctx.container_pid(status["containerID"].as_str().unwrap_or_default())?;
-    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-    let memory =
-        cgroup.lines().find_map(|l| l.split_once(":memory:")).map(|(_, p)| p.to_owned()).context("no memory cgroup")?;
-    let read = |file: &str| -> Result<u64> {
-        Ok(std::fs::read_to_string(format!("/sys/fs/cgroup/memory{memory}/{file}"))?.trim().parse()?)
-    };
+    let read = |file: &str| memory_cgroup(pid, file);
     let (peak, limit, failcnt) =
         (read("memory.max_usage_in_bytes")?, read("memory.limit_in_bytes")?, read("memory.failcnt")?);
     println!(
@@ -698,12 +707,10 @@ fn rollout(ctx: &Ctx, change: &[&str]) -> Result<()> {
 fn rotate_the_ca(ctx: &Ctx) -> Result<()> {
     use base64::Engine as _;
     let b64 = base64::engine::general_purpose::STANDARD;
-    let secret = || ctx.json(&["-n", INJECTOR_NS, "get", "secret", "sidecar-injector-tls"]);
-    let field = |secret: &Value, key: &str| -> Result<String> {
-        Ok(String::from_utf8(b64.decode(secret["data"][key].as_str().unwrap_or_default())?)?)
-    };
-    let before = secret()?;
-    let (original, key) = (field(&before, "ca.crt")?, field(&before, "ca.key")?);
+    let before = ctx.certificate_secret()?;
+    let field =
+        |data: &std::collections::BTreeMap<String, String>, key: &str| data.get(key).cloned().unwrap_or_default();
+    let (original, key) = (field(&before, "ca.crt"), field(&before, "ca.key"));
     // The CA as `certs::generate_ca` makes it (its name, constraints and key usages), ending soon.
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
     params.distinguished_name.push(rcgen::DnType::CommonName, "sidecar-injector CA");
@@ -720,10 +727,9 @@ fn rotate_the_ca(ctx: &Ctx) -> Result<()> {
     let patch = json!({"data": {"ca.crt": b64.encode(&ending)}}).to_string();
     ctx.kubectl(&["-n", INJECTOR_NS, "patch", "secret", "sidecar-injector-tls", "--type=merge", "-p", &patch])?;
     let new_ca = eventually("the CA rotated (published, then promoted)", Duration::from_secs(90), || {
-        let now = secret()?;
-        let ca = field(&now, "ca.crt")?;
-        let done =
-            now["data"]["next-ca.crt"].is_null() && ca != ending && ca != original && field(&now, "ca.key")? != key;
+        let now = ctx.certificate_secret()?;
+        let ca = field(&now, "ca.crt");
+        let done = !now.contains_key("next-ca.crt") && ca != ending && ca != original && field(&now, "ca.key") != key;
         Ok(done.then_some(ca))
     })?;
     let ca_file = std::env::temp_dir().join(format!("node-e2e-new-ca-{}.pem", std::process::id()));
@@ -745,14 +751,7 @@ fn rotate_the_ca(ctx: &Ctx) -> Result<()> {
     });
     let _ = std::fs::remove_file(&ca_file);
     serving_new?;
-    for kind in ["mutatingwebhookconfiguration", "validatingwebhookconfiguration"] {
-        let bundles =
-            ctx.kubectl(&["get", kind, "sidecar-injector", "-o", "jsonpath={.webhooks[*].clientConfig.caBundle}"])?;
-        for bundle in bundles.split_whitespace() {
-            let bundle = String::from_utf8(b64.decode(bundle)?)?;
-            ensure!(bundle.contains(new_ca.trim()), "{kind}: a caBundle does not hold the new CA");
-        }
-    }
+    ensure!(ctx.ca_bundles()?.iter().all(|b| b.contains(new_ca.trim())), "a caBundle does not hold the new CA");
     Ok(())
 }
 
