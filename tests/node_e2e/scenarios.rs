@@ -114,9 +114,10 @@ impl Ctx {
         Ok(bundles)
     }
 
-    /// Waits until the webhook injects pods created in `namespace` (server-side dry run), with the
-    /// log shipper's image `image`, several times in a row (so every replica serves it).
-    pub(crate) fn wait_for_injection(&self, namespace: &str, image: Option<&str>) -> Result<()> {
+    /// Waits until the webhook injects pods created in `namespace` (server-side dry run) with a
+    /// log-shipper container that `want` accepts, several times in a row (so every replica serves
+    /// it).
+    pub(crate) fn wait_for_injection(&self, namespace: &str, want: impl Fn(&Value) -> bool) -> Result<()> {
         let pod = format!(
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: probe}}\nspec:\n  containers: [{{name: app, image: {BUSYBOX}}}]\n"
         );
@@ -128,9 +129,9 @@ impl Ctx {
                 Some(&pod),
             );
             let injected = out.ok().and_then(|o| serde_json::from_str::<Value>(&o).ok()).is_some_and(|p| {
-                p["spec"]["initContainers"].as_array().is_some_and(|c| {
-                    c.iter().any(|c| c["name"] == "log-shipper" && image.is_none_or(|i| c["image"] == i))
-                })
+                p["spec"]["initContainers"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["name"] == "log-shipper" && want(c)))
             });
             in_a_row = if injected { in_a_row + 1 } else { 0 };
             if in_a_row < 6 {
@@ -282,7 +283,7 @@ pub fn n1_install(ctx: &mut Ctx) -> Result<()> {
     let bundles = ctx.ca_bundles()?;
     ensure!(bundles.len() == 4 && bundles.iter().all(|b| *b == ca), "a webhook's caBundle is not the Secret's CA");
     ctx.opted_in_namespace(SHOP)?;
-    ctx.wait_for_injection(SHOP, Some("cr.fluentbit.io/fluent/fluent-bit:3.2.10"))?;
+    ctx.wait_for_injection(SHOP, |c| c["image"] == "cr.fluentbit.io/fluent/fluent-bit:3.2.10")?;
     Ok(())
 }
 
@@ -328,7 +329,7 @@ inject:
     );
     configmap["metadata"].as_object_mut().context("no metadata")?.remove("managedFields");
     ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["replace", "-f", "-"], Some(&configmap.to_string()))?;
-    ctx.wait_for_injection(SHOP, Some(FLUENT_BIT))
+    ctx.wait_for_injection(SHOP, |c| c["image"] == FLUENT_BIT)
 }
 
 /// 2. A Deployment whose app writes a line into the log directory the log-shipper template mounts:
@@ -766,7 +767,7 @@ pub fn n7_availability(ctx: &mut Ctx) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let client = runtime.block_on(ctx.plane.admin_client())?;
     ctx.opted_in_namespace(NS)?;
-    ctx.wait_for_injection(NS, None)?;
+    ctx.wait_for_injection(NS, |_| true)?;
     let next_image = INJECTOR_IMAGE.replace(":e2e", ":e2e-next");
     ctx.node.ctr(&["images", "tag", INJECTOR_IMAGE, &next_image])?;
 
@@ -829,6 +830,10 @@ pub fn n7_availability(ctx: &mut Ctx) -> Result<()> {
         Ok(())
     })?;
     record(m, usize::MAX, false, &mut failures, &mut rows);
+    // The injector's watches reconnected to the restarted API server: an edit made now is served.
+    set_flush_seconds(ctx, 42)?;
+    ctx.wait_for_injection(NS, |c| c["args"].as_array().is_some_and(|a| a.iter().any(|a| a == "--flush=42")))
+        .context("a template edit after the API server restarted")?;
 
     println!("{}", availability::HEADER);
     for row in &rows {
