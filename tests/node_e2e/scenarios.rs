@@ -287,27 +287,35 @@ pub fn n1_install(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
+/// One operator edit of the templates ConfigMap (`kubectl replace` of what `edit` makes of its data).
+fn edit_templates(ctx: &Ctx, edit: impl FnOnce(&mut serde_json::Map<String, Value>) -> Result<()>) -> Result<()> {
+    let mut configmap = ctx.json(&["-n", INJECTOR_NS, "get", "configmap", "sidecar-templates"])?;
+    edit(configmap["data"].as_object_mut().context("no data")?)?;
+    configmap["metadata"].as_object_mut().context("no metadata")?.remove("managedFields");
+    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["replace", "-f", "-"], Some(&configmap.to_string()))?;
+    Ok(())
+}
+
 /// The operator's edit of the templates ConfigMap: the sidecar images pointed at the local
 /// stand-ins, and one more template (a native sidecar with a startup probe).
 fn use_local_images(ctx: &Ctx) -> Result<()> {
-    let mut configmap = ctx.json(&["-n", INJECTOR_NS, "get", "configmap", "sidecar-templates"])?;
-    let data = configmap["data"].as_object_mut().context("no data")?;
-    let edit = |text: &Value, from: &str, to: &str| -> Result<Value> {
-        let text = text.as_str().unwrap_or_default();
-        ensure!(text.contains(from), "the shipped template no longer says {from:?}");
-        Ok(Value::String(text.replace(from, to)))
-    };
-    data["log-shipper.yaml"] = edit(
-        &data["log-shipper.yaml"],
-        "image: cr.fluentbit.io/fluent/fluent-bit:3.2.10",
-        &format!("image: {FLUENT_BIT}"),
-    )?;
-    data["otel-agent.yaml"] = edit(
-        &data["otel-agent.yaml"],
-        "image: otel/opentelemetry-collector-contrib:0.120.0",
-        &format!("image: {AGENT}"),
-    )?;
-    data.insert(
+    edit_templates(ctx, |data| {
+        let edit = |text: &Value, from: &str, to: &str| -> Result<Value> {
+            let text = text.as_str().unwrap_or_default();
+            ensure!(text.contains(from), "the shipped template no longer says {from:?}");
+            Ok(Value::String(text.replace(from, to)))
+        };
+        data["log-shipper.yaml"] = edit(
+            &data["log-shipper.yaml"],
+            "image: cr.fluentbit.io/fluent/fluent-bit:3.2.10",
+            &format!("image: {FLUENT_BIT}"),
+        )?;
+        data["otel-agent.yaml"] = edit(
+            &data["otel-agent.yaml"],
+            "image: otel/opentelemetry-collector-contrib:0.120.0",
+            &format!("image: {AGENT}"),
+        )?;
+        data.insert(
         "port-agent.yaml".into(),
         Value::String(format!(
             r#"description: An agent the app needs from its first instruction (a startup probe holds the app back)
@@ -327,8 +335,8 @@ inject:
 "#
         )),
     );
-    configmap["metadata"].as_object_mut().context("no metadata")?.remove("managedFields");
-    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["replace", "-f", "-"], Some(&configmap.to_string()))?;
+        Ok(())
+    })?;
     ctx.wait_for_injection(SHOP, |c| c["image"] == FLUENT_BIT)
 }
 
@@ -464,12 +472,7 @@ pub fn n4_drift_restart(ctx: &mut Ctx) -> Result<()> {
     let mut old: Vec<String> = ctx.pods(SHOP, "app.kubernetes.io/name=web")?.iter().map(name).collect();
     old.sort();
     ensure!(!old.is_empty(), "no web pods to drift");
-    let mut configmap = ctx.json(&["-n", INJECTOR_NS, "get", "configmap", "sidecar-templates"])?;
-    let text = configmap["data"]["log-shipper.yaml"].as_str().unwrap_or_default().to_owned();
-    ensure!(text.contains("flushSeconds: 1\n"), "log-shipper.yaml no longer says flushSeconds: 1");
-    configmap["data"]["log-shipper.yaml"] = Value::String(text.replace("flushSeconds: 1\n", "flushSeconds: 2\n"));
-    configmap["metadata"].as_object_mut().context("no metadata")?.remove("managedFields");
-    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["replace", "-f", "-"], Some(&configmap.to_string()))?;
+    set_flush_seconds(ctx, 2)?;
 
     // The old pod is listed as stale once the edit is in service.
     let stale = |report: &Value| -> Vec<String> {
@@ -599,13 +602,12 @@ pub fn n6_attacks_on_the_pod(ctx: &mut Ctx) -> Result<()> {
 
 /// Sets the log-shipper template's `flushSeconds` in the templates ConfigMap (one operator edit).
 fn set_flush_seconds(ctx: &Ctx, seconds: u32) -> Result<()> {
-    let mut configmap = ctx.json(&["-n", INJECTOR_NS, "get", "configmap", "sidecar-templates"])?;
-    let text = configmap["data"]["log-shipper.yaml"].as_str().unwrap_or_default().to_owned();
-    let line = text.lines().find(|l| l.trim_start().starts_with("flushSeconds:")).context("no flushSeconds")?;
-    configmap["data"]["log-shipper.yaml"] = Value::String(text.replace(line, &format!("  flushSeconds: {seconds}")));
-    configmap["metadata"].as_object_mut().context("no metadata")?.remove("managedFields");
-    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["replace", "-f", "-"], Some(&configmap.to_string()))?;
-    Ok(())
+    edit_templates(ctx, |data| {
+        let text = data["log-shipper.yaml"].as_str().unwrap_or_default().to_owned();
+        let line = text.lines().find(|l| l.trim_start().starts_with("flushSeconds:")).context("no flushSeconds")?;
+        data["log-shipper.yaml"] = Value::String(text.replace(line, &format!("  flushSeconds: {seconds}")));
+        Ok(())
+    })
 }
 
 /// Every pod carries one consistent version of the log-shipper template: the hash in its status
