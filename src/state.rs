@@ -7,11 +7,51 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::ResourceExt;
+use kube::api::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::cluster::Namespaces;
 use crate::engine::template::PreCheck;
-use crate::engine::{ClusterFacts, Engine};
+use crate::engine::{ClusterFacts, Engine, NamespaceFacts};
 use crate::telemetry::Metrics;
+
+/// Where the labels of a request's namespace come from.
+pub enum Namespaces {
+    /// No cluster: labels unknown, every namespace counts as opted in (the API server's
+    /// namespaceSelector has already filtered).
+    Unknown,
+    /// The watched cache.
+    Cache {
+        /// The reflector's store.
+        store: Store<PartialObjectMeta<Namespace>>,
+        /// How long to wait for a namespace the cache has not seen yet.
+        wait: Duration,
+    },
+}
+
+impl Namespaces {
+    /// The facts of namespace `name`. A namespace the cache does not know yet (created a moment
+    /// ago; its watch event may trail the pod's admission) is waited for, briefly.
+    pub async fn facts(&self, name: &str, metrics: &Metrics) -> NamespaceFacts {
+        let Namespaces::Cache { store, wait } = self else {
+            return NamespaceFacts::unknown(name);
+        };
+        let key = ObjectRef::new(name);
+        let deadline = tokio::time::Instant::now() + *wait;
+        loop {
+            if let Some(namespace) = store.get(&key) {
+                return NamespaceFacts::known(name, namespace.labels().clone(), namespace.annotations().clone());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                metrics.namespace_cache_misses.inc();
+                tracing::warn!(namespace = name, "namespace not in the cache; its labels count as unknown");
+                return NamespaceFacts::unknown(name);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
 
 /// What `/readyz` waits for.
 #[derive(Debug, Default)]

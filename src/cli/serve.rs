@@ -9,13 +9,14 @@ use anyhow::Context as _;
 use arc_swap::ArcSwap;
 
 use crate::certs;
-use crate::cluster::{self, Namespaces};
+use crate::cluster;
 use crate::config::{ClusterMode, ClusterSettings, Settings, TlsMode, TlsSettings};
 use crate::engine::template::PreCheck;
 use crate::engine::{ClusterFacts, Engine, TemplateSet};
 use crate::sandbox::Sandbox;
 use crate::server;
 use crate::server::tls::{self, CertStore};
+use crate::state::Namespaces;
 use crate::state::{AppState, InflightRoom, Readiness};
 use crate::telemetry::{self, Metrics};
 

@@ -42,43 +42,6 @@ fn backoff() -> watcher::ExponentialBackoff {
         .into()
 }
 
-/// Where the labels of a request's namespace come from.
-pub enum Namespaces {
-    /// No cluster: labels unknown, every namespace counts as opted in (the API server's
-    /// namespaceSelector has already filtered).
-    Unknown,
-    /// The watched cache.
-    Cache {
-        /// The reflector's store.
-        store: Store<PartialObjectMeta<Namespace>>,
-        /// How long to wait for a namespace the cache has not seen yet.
-        wait: Duration,
-    },
-}
-
-impl Namespaces {
-    /// The facts of namespace `name`. A namespace the cache does not know yet (created a moment
-    /// ago; its watch event may trail the pod's admission) is waited for, briefly.
-    pub async fn facts(&self, name: &str, metrics: &Metrics) -> NamespaceFacts {
-        let Namespaces::Cache { store, wait } = self else {
-            return NamespaceFacts::unknown(name);
-        };
-        let key = ObjectRef::new(name);
-        let deadline = tokio::time::Instant::now() + *wait;
-        loop {
-            if let Some(namespace) = store.get(&key) {
-                return NamespaceFacts::known(name, namespace.labels().clone(), namespace.annotations().clone());
-            }
-            if tokio::time::Instant::now() >= deadline {
-                metrics.namespace_cache_misses.inc();
-                tracing::warn!(namespace = name, "namespace not in the cache; its labels count as unknown");
-                return NamespaceFacts::unknown(name);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
 /// Starts the namespace reflector; returns its store. The readiness flag turns on when it has synced.
 pub fn watch_namespaces(
     client: Client,
@@ -268,7 +231,7 @@ mod tests {
     fn state() -> AppState {
         AppState {
             engine: arc_swap::ArcSwap::from_pointee(Engine::default()),
-            namespaces: Namespaces::Unknown,
+            namespaces: crate::state::Namespaces::Unknown,
             cluster: arc_swap::ArcSwap::from_pointee(ClusterFacts::default()),
             own_namespace: "sidecar-injector".into(),
             metrics: Arc::new(Metrics::default()),
