@@ -29,11 +29,12 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `command`, its output going to `<dir>/<name>.log`. The child is killed when the
-    /// *thread* that started it ends (`PR_SET_PDEATHSIG`): start long-lived ones on the main thread.
+    /// Starts `command`, its output appended to `<dir>/<name>.log` (a restarted component keeps
+    /// its earlier log). The child is killed when the *thread* that started it ends
+    /// (`PR_SET_PDEATHSIG`): start long-lived ones on the main thread.
     pub fn spawn(name: &str, mut command: Command, dir: &Path) -> Result<Process> {
         let log = dir.join(format!("{name}.log"));
-        let file = std::fs::File::create(&log)?;
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
         command.stdout(Stdio::from(file.try_clone()?)).stderr(Stdio::from(file)).stdin(Stdio::null());
         // SAFETY: prctl is async-signal-safe; the closure touches no memory of the parent.
         unsafe {

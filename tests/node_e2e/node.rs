@@ -217,8 +217,7 @@ conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeo
 
     /// Stops kube-proxy, kubelet and containerd, in that order.
     pub fn stop(&mut self) {
-        for process in [self.kube_proxy.take(), self.kubelet.take(), self.containerd.take()].into_iter().flatten() {
-            let mut process = process;
+        for mut process in [self.kube_proxy.take(), self.kubelet.take(), self.containerd.take()].into_iter().flatten() {
             process.stop(Duration::from_secs(10));
         }
     }

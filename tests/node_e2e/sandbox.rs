@@ -37,15 +37,9 @@ const KUBELET_TUNABLES: [(&str, &str); 6] = [
     ("kernel/keys/root_maxbytes", "25000000"),
 ];
 
-/// Host-global sysctls compared before and after (kubelet's, and the ones a CNI plugin or
-/// kube-proxy could change outside a network namespace).
-const WATCHED_SYSCTLS: [&str; 10] = [
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "vm/overcommit_memory",
-    "vm/panic_on_oom",
-    "kernel/keys/root_maxkeys",
-    "kernel/keys/root_maxbytes",
+/// Host-global sysctls compared before and after besides kubelet's: the ones a CNI plugin or
+/// kube-proxy could change outside a network namespace.
+const OTHER_WATCHED_SYSCTLS: [&str; 4] = [
     "net/ipv4/ip_forward",
     "net/bridge/bridge-nf-call-iptables",
     "net/bridge/bridge-nf-call-ip6tables",
@@ -92,8 +86,10 @@ pub struct HostState {
 impl HostState {
     /// Reads the host's state (run in the host's namespaces).
     pub fn read() -> HostState {
-        let sysctls = WATCHED_SYSCTLS
+        let sysctls = KUBELET_TUNABLES
             .iter()
+            .map(|(name, _)| name)
+            .chain(&OTHER_WATCHED_SYSCTLS)
             .map(|name| {
                 let value = std::fs::read_to_string(format!("/proc/sys/{name}")).unwrap_or_else(|_| "(absent)".into());
                 (name.to_string(), value.trim().to_owned())

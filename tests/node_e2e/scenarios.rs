@@ -453,8 +453,14 @@ pub fn n3_jobs_complete(ctx: &mut Ctx) -> Result<()> {
         // The app's first instruction reached the agent (without it the app fails, and the Job with it).
         let logs = ctx.kubectl(&["-n", SHOP, "logs", &name(pod), "-c", "app"])?;
         ensure!(logs.contains("agent serving at start"), "job {job}'s app did not find its agent serving: {logs:?}");
-        // kubelet stopped the native sidecars after the app exited.
-        for sidecar in pod["status"]["initContainerStatuses"].as_array().into_iter().flatten() {
+        // Both native sidecars were there, and kubelet stopped them after the app exited.
+        let sidecars: Vec<&Value> = pod["status"]["initContainerStatuses"].as_array().into_iter().flatten().collect();
+        let names: Vec<&str> = sidecars.iter().filter_map(|s| s["name"].as_str()).collect();
+        ensure!(
+            names.contains(&"log-shipper") && names.contains(&"port-agent"),
+            "job {job}'s pod lacks its native sidecars: {names:?}"
+        );
+        for sidecar in sidecars {
             ensure!(
                 sidecar["state"]["terminated"].is_object(),
                 "job {job}: sidecar {} was not stopped: {}",
@@ -539,10 +545,9 @@ spec:
     );
     ctx.kubectl(&["-n", INJECTOR_NS, "scale", "deployment/sidecar-injector", "--replicas=2"])?;
     ctx.kubectl(&["-n", INJECTOR_NS, "rollout", "status", "deployment/sidecar-injector", "--timeout=120s"])?;
-    let created = eventually("the same pod created", Duration::from_secs(60), || {
+    eventually("the same pod created", Duration::from_secs(60), || {
         Ok(ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["create", "-f", "-"], Some(&pod)).ok())
-    });
-    created?;
+    })?;
     let running = eventually("the pod Running and Ready", Duration::from_secs(60), || {
         let pod = ctx.json(&["-n", SHOP, "get", "pod", "lonely"])?;
         Ok(ready(&pod).then_some(pod))
