@@ -80,12 +80,17 @@ fn quantiles(mut latencies: Vec<Duration>) -> (Duration, Duration) {
     (at(50), at(99))
 }
 
-/// A pod that stays Pending (no node matches it).
-fn pending_pod(run: &str) -> Value {
+/// A pod that stays Pending (no node matches it). `source` tells the bare pods from the
+/// ReplicaSet's: were they alike, the ReplicaSet would adopt the bare ones and delete all it does
+/// not want, a churn of API calls that slows its own pods down and hides bare pods from the count.
+fn pending_pod(run: &str, source: &str) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"generateName": "load-", "labels": {"load-run": run, "app.kubernetes.io/name": "load"}},
+        "metadata": {
+            "generateName": "load-",
+            "labels": {"load-run": run, "load-source": source, "app.kubernetes.io/name": "load"}
+        },
         "spec": {
             "nodeSelector": {"sidecar-injector.io/e2e-no-such-node": "true"},
             "containers": [{"name": "app", "image": "localhost/sidecar-injector-e2e/busybox:1"}]
@@ -104,7 +109,7 @@ async fn generate(
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let replica_sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> = Api::namespaced(client, &namespace);
     let run = Arc::new(run);
-    let pod: Pod = serde_json::from_value(pending_pod(&run)).expect("a valid pod");
+    let pod: Pod = serde_json::from_value(pending_pod(&run, "bare")).expect("a valid pod");
     let creates = Arc::new(Mutex::new(Vec::new()));
     let mut tick = tokio::time::interval(Duration::from_secs(1) / RATE);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -156,14 +161,14 @@ const TRANSPORT: &str = "no answer: ";
 
 /// The ReplicaSet the generator scales up (created at zero, with the same Pending pods).
 pub fn replica_set(namespace: &str, run: &str) -> String {
-    let template = pending_pod(run);
+    let template = pending_pod(run, "replicaset");
     json!({
         "apiVersion": "apps/v1",
         "kind": "ReplicaSet",
         "metadata": {"name": format!("load-{run}"), "namespace": namespace},
         "spec": {
             "replicas": 0,
-            "selector": {"matchLabels": {"load-run": run}},
+            "selector": {"matchLabels": template["metadata"]["labels"]},
             "template": {"metadata": {"labels": template["metadata"]["labels"]}, "spec": template["spec"]}
         }
     })
@@ -259,10 +264,13 @@ pub fn measure(
     let rs = format!("load-{run}");
     let want = outcome.replica_set_pods.to_string();
     ctx.kubectl(&["-n", namespace, "scale", "replicaset", &rs, &format!("--replicas={want}")])?;
-    crate::scenarios::eventually("the ReplicaSet's pods", Duration::from_secs(120), || {
+    let caught_up = crate::scenarios::eventually("the ReplicaSet's pods", Duration::from_secs(120), || {
         let have = ctx.kubectl(&["-n", namespace, "get", "replicaset", &rs, "-o", "jsonpath={.status.replicas}"])?;
         Ok((have.trim() == want).then_some(()))
-    })?;
+    });
+    if let Err(error) = caught_up {
+        return Err(error.context(replica_set_diagnosis(ctx, namespace, &run)));
+    }
     let events = ctx.json(&[
         "-n",
         namespace,
@@ -282,4 +290,25 @@ pub fn measure(
     ctx.kubectl(&["-n", namespace, "delete", "replicaset", &rs, "--wait=false"])?;
     ctx.kubectl(&["-n", namespace, "delete", "pods", "-l", &format!("load-run={run}"), "--wait=false"])?;
     Ok((row, pods))
+}
+
+/// What the ReplicaSet and its controller say, for a ReplicaSet that did not catch up.
+fn replica_set_diagnosis(ctx: &crate::scenarios::Ctx, namespace: &str, run: &str) -> String {
+    let rs = &format!("load-{run}");
+    let object = ctx
+        .kubectl(&["-n", namespace, "get", "replicaset", rs, "-o", "jsonpath={.spec.replicas} {.status}"])
+        .unwrap_or_else(|e| format!("({e:#})"));
+    let pods = ctx
+        .kubectl(&["-n", namespace, "get", "pods", "-l", &format!("load-run={run},load-source=replicaset"), "--no-headers"])
+        .map(|text| text.lines().count().to_string())
+        .unwrap_or_else(|e| format!("({e:#})"));
+    let controller = ctx.plane.components.iter().find(|p| p.log.ends_with("kube-controller-manager.log"));
+    let lines = controller
+        .map(|p| {
+            let text = std::fs::read_to_string(&p.log).unwrap_or_default();
+            let mine: Vec<&str> = text.lines().filter(|l| l.contains(rs)).collect();
+            mine[mine.len().saturating_sub(8)..].join("\n")
+        })
+        .unwrap_or_default();
+    format!("ReplicaSet {rs}: spec.replicas and status {object}; its pods in the namespace: {pods}; the controller manager on it:\n{lines}")
 }
