@@ -35,8 +35,10 @@ node-e2e: release
 
 # The scale run (not in `make test`): 10,000 pods in 1,000 namespaces; prints memory, sync time,
 # drift-gauge and admission-cost figures (tests/e2e/scale.rs; about 5 minutes).
+PODS ?= 10000
+NAMESPACES ?= 1000
 scale: release
-	SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SCALE=1 SIDECAR_INJECTOR_BIN=$(TARGET_DIR)/release/sidecar-injector cargo test --locked --test e2e -- --nocapture
+	SIDECAR_INJECTOR_SCALE_PODS=$(PODS) SIDECAR_INJECTOR_SCALE_NAMESPACES=$(NAMESPACES) SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SCALE=1 SIDECAR_INJECTOR_BIN=$(TARGET_DIR)/release/sidecar-injector cargo test --locked --test e2e -- --nocapture
 
 # Attacks on :8443 against the release binary with a fresh-connection canary and peak RSS against
 # the Deployment's memory limit (tests/hostile_load.rs; about a minute).

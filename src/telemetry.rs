@@ -89,8 +89,8 @@ pub struct Metrics {
     pub ready: Gauge,
     /// `sidecar_injector_namespaces_watched`: namespaces in the cache.
     pub namespaces_watched: Gauge,
-    /// `sidecar_injector_pods_watched`: pods in the drift watch's metadata cache, as of the last
-    /// drift count.
+    /// `sidecar_injector_pods_watched`: pods in the drift watch's pod index, kept current with every
+    /// watch event.
     pub pods_watched: Gauge,
     /// `sidecar_injector_drifted_pods{namespace,template,state}`: pods whose injection is not what
     /// the templates would do now. Only non-zero series exist.
@@ -161,11 +161,7 @@ impl Default for Metrics {
         let namespaces_watched = Gauge::default();
         registry.register("namespaces_watched", "Namespaces in the namespace cache", namespaces_watched.clone());
         let pods_watched = Gauge::default();
-        registry.register(
-            "pods_watched",
-            "Pods in the drift watch's metadata cache, as of the last drift count",
-            pods_watched.clone(),
-        );
+        registry.register("pods_watched", "Pods in the drift watch's pod index", pods_watched.clone());
         let drifted_pods = Family::<DriftLabels, Gauge>::default();
         registry.register(
             "drifted_pods",

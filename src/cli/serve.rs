@@ -127,7 +127,7 @@ impl Starting {
             }
             if let (true, Some(store)) = (settings.cluster.watch_pods, namespace_store) {
                 let interval = Duration::from_secs(settings.cluster.drift_interval_seconds);
-                cluster::watch_drift(client.clone(), store, state.clone(), interval);
+                cluster::watch_drift(client.clone(), store, state.clone(), interval, settings.cluster.streaming_lists);
             }
         }
         let client_cas = match &settings.tls.client_ca_file {

@@ -15,8 +15,8 @@ pub mod cert_secret;
 pub mod enforcement;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
@@ -26,6 +26,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
+use crate::engine::pod_index::{PodIndex, drift_counts};
 use crate::engine::validate::template_sources;
 use crate::engine::{ClusterFacts, NamespaceFacts, TemplateSource, names};
 use crate::state::{AppState, Readiness};
@@ -112,73 +113,101 @@ pub fn on_template_event(state: &AppState, store: &Store<ConfigMap>, event: &wat
     state.readiness.templates_synced.store(true, Ordering::Relaxed);
 }
 
-/// Starts a metadata-only watch of every pod and, every `interval`, counts the drifted ones
-/// into `sidecar_injector_drifted_pods`. Cheap at 10,000 pods: only metadata is watched, and the
-/// cache keeps labels, owners and the injector's own annotations (managedFields and other
-/// annotations, such as kubectl's last-applied configuration, are dropped).
+/// Starts a metadata-only watch of every pod, kept in a [`PodIndex`] (only what drift reads, in
+/// a compact form: see its module), and every `interval` counts the drifted pods into
+/// `sidecar_injector_drifted_pods`. With `streaming`, the initial list and every re-list come as a
+/// streaming list (a watch with `sendInitialEvents`, the API server's `WatchList`): the API
+/// server sends the pods one by one from its watch cache instead of building pages of 500, and
+/// the injector decodes one pod at a time. An API server that refuses it (the feature turned off)
+/// gets paged lists instead.
 pub fn watch_drift(
     client: Client,
     namespaces: Store<PartialObjectMeta<Namespace>>,
     state: Arc<AppState>,
     interval: Duration,
+    streaming: bool,
 ) {
-    let (reader, writer) = reflector::store();
-    let stream = watcher(Api::<PartialObjectMeta<Pod>>::all(client), watcher::Config::default())
-        .backoff(backoff())
-        .modify(|pod| {
-            pod.managed_fields_mut().clear();
-            pod.annotations_mut().retain(|k, _| k.starts_with(names::PREFIX) || k == names::MIRROR_POD_ANNOTATION);
-        })
-        .reflect(writer)
-        .applied_objects();
+    let index = Arc::new(Mutex::new(PodIndex::new()));
+    let metrics = state.metrics.clone();
+    let fed = index.clone();
     tokio::spawn(async move {
-        futures::pin_mut!(stream);
-        loop {
-            match stream.try_next().await {
-                Ok(Some(_)) => {}
-                Ok(None) => break,
-                Err(error) => tracing::warn!(%error, "pod metadata watch failed; retrying with backoff"),
+        let mut streaming = streaming;
+        'strategy: loop {
+            let config =
+                if streaming { watcher::Config::default().streaming_lists() } else { watcher::Config::default() };
+            let stream = watcher(Api::<PartialObjectMeta<Pod>>::all(client.clone()), config).backoff(backoff());
+            futures::pin_mut!(stream);
+            let started = std::time::Instant::now();
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(event) => {
+                        let pods = apply_pod_event(&mut fed.lock().expect("pod index lock"), &event);
+                        metrics.pods_watched.set(pods as i64);
+                        if matches!(event, watcher::Event::InitDone) {
+                            let seconds = started.elapsed().as_secs_f64();
+                            tracing::info!(pods, seconds, streaming, "pod index synced");
+                        }
+                    }
+                    Err(watcher::Error::WatchStartFailed(kube::Error::Api(status)))
+                        if streaming
+                            && matches!(status.code, 400 | 422)
+                            && !fed.lock().expect("pod index lock").synced() =>
+                    {
+                        tracing::warn!(error = %status.message, "the API server refuses streaming lists; using paged lists");
+                        streaming = false;
+                        continue 'strategy;
+                    }
+                    Err(error) => tracing::warn!(%error, "pod metadata watch failed; retrying with backoff"),
+                }
             }
+            break;
         }
     });
     tokio::spawn(async move {
-        if reader.wait_until_ready().await.is_err() {
-            return;
-        }
         let mut ticker = tokio::time::interval(interval);
         loop {
             ticker.tick().await;
-            count_drift(&state, &reader.state(), &namespaces);
+            let (state, index, namespaces) = (state.clone(), index.clone(), namespaces.clone());
+            // 150,000 pods are a few milliseconds of work: not for an async worker.
+            let counted = tokio::task::spawn_blocking(move || count_drift(&state, &index, &namespaces));
+            if let Err(error) = counted.await {
+                tracing::error!(%error, "counting drifted pods failed");
+            }
         }
     });
 }
 
-/// Recomputes the drift gauges from the cached pods.
-pub fn count_drift(
-    state: &AppState,
-    pods: &[Arc<PartialObjectMeta<Pod>>],
-    namespaces: &Store<PartialObjectMeta<Namespace>>,
-) {
-    use crate::engine::drift::{self, PodDrift};
-    use crate::telemetry::DriftLabels;
-    state.metrics.pods_watched.set(pods.len() as i64);
-    let engine = state.engine.load();
-    let mut counts: BTreeMap<(String, String, &'static str), i64> = BTreeMap::new();
-    for pod in pods {
-        let namespace_name = pod.namespace().unwrap_or_default();
-        let Some(namespace) = namespaces.get(&ObjectRef::new(&namespace_name)) else { continue };
-        let facts = NamespaceFacts::known(&namespace_name, namespace.labels().clone(), namespace.annotations().clone());
-        let (names, state): (Vec<String>, &'static str) =
-            match drift::classify(&engine, pod.labels(), pod.annotations(), &facts) {
-                PodDrift::Stale { templates } => (templates.into_iter().map(|t| t.name).collect(), "stale"),
-                PodDrift::NotInjected { templates } => (templates, "not_injected"),
-                PodDrift::Conflicts { templates } => (templates, "conflicts"),
-                PodDrift::Current | PodDrift::OutOfScope => continue,
-            };
-        for template in names {
-            *counts.entry((namespace_name.clone(), template, state)).or_default() += 1;
-        }
+/// Applies one pod watch event to the index; returns how many pods it holds.
+pub fn apply_pod_event(index: &mut PodIndex, event: &watcher::Event<PartialObjectMeta<Pod>>) -> usize {
+    let apply = |index: &mut PodIndex, pod: &PartialObjectMeta<Pod>| {
+        index.apply(&pod.namespace().unwrap_or_default(), &pod.name_any(), pod.labels(), pod.annotations());
+    };
+    match event {
+        watcher::Event::Init => index.begin_list(),
+        watcher::Event::InitApply(pod) | watcher::Event::Apply(pod) => apply(index, pod),
+        watcher::Event::InitDone => index.end_list(),
+        watcher::Event::Delete(pod) => index.remove(&pod.namespace().unwrap_or_default(), &pod.name_any()),
     }
+    index.len()
+}
+
+/// Recomputes the drift gauges from the pod index (once it has synced: a partial count would
+/// report pods as missing).
+pub fn count_drift(state: &AppState, index: &Mutex<PodIndex>, namespaces: &Store<PartialObjectMeta<Namespace>>) {
+    use crate::telemetry::DriftLabels;
+    let groups = {
+        let mut index = index.lock().expect("pod index lock");
+        if !index.synced() {
+            return;
+        }
+        index.prune();
+        index.groups()
+    };
+    let engine = state.engine.load();
+    let counts = drift_counts(&engine, &groups, |name| {
+        let namespace = namespaces.get(&ObjectRef::new(name))?;
+        Some(NamespaceFacts::known(name, namespace.labels().clone(), namespace.annotations().clone()))
+    });
     let family = &state.metrics.drifted_pods;
     family.clear();
     for ((namespace, template, state), count) in counts {

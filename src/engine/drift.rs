@@ -51,6 +51,11 @@ pub enum PodDrift {
     OutOfScope,
 }
 
+/// The pod annotations [`classify`] reads (besides them, only labels): what a cache of pods kept
+/// for drift needs of a pod's annotations.
+pub const ANNOTATIONS_READ: [&str; 3] =
+    [names::STATUS_ANNOTATION, names::TEMPLATES_ANNOTATION, names::MIRROR_POD_ANNOTATION];
+
 /// Classifies a pod from its labels and annotations.
 pub fn classify(
     engine: &Engine,
@@ -263,9 +268,21 @@ mod tests {
                 NamespaceFacts::known("dev", map(&[]), map(&[])),
                 PodDrift::OutOfScope,
             ),
+            (
+                "the pod names its templates",
+                map(&[("app", "web")]),
+                map(&[(names::TEMPLATES_ANNOTATION, "a"), (names::STATUS_ANNOTATION, &status(&[("a", &a)]))]),
+                shop.clone(),
+                PodDrift::Current,
+            ),
+            ("a mirror pod", map(&[]), map(&[(names::MIRROR_POD_ANNOTATION, "x")]), shop.clone(), PodDrift::OutOfScope),
         ];
-        for (case, labels, annotations, namespace, expected) in cases {
+        for (case, labels, mut annotations, namespace, expected) in cases {
             assert_eq!(classify(&engine, &labels, &annotations, &namespace), expected, "{case}");
+            // What the pod index keeps of the annotations is enough to classify the pod.
+            annotations.insert("kubectl.kubernetes.io/last-applied-configuration".into(), "{}".into());
+            annotations.retain(|k, _| ANNOTATIONS_READ.contains(&k.as_str()));
+            assert_eq!(classify(&engine, &labels, &annotations, &namespace), expected, "{case}, read annotations only");
         }
         let nothing = engine_with_none();
         assert_eq!(

@@ -16,6 +16,7 @@ pub mod manifest;
 pub mod names;
 pub mod ownership;
 pub mod pod;
+pub mod pod_index;
 pub mod policy;
 pub mod render;
 pub mod select;

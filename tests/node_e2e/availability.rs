@@ -299,7 +299,15 @@ fn replica_set_diagnosis(ctx: &crate::scenarios::Ctx, namespace: &str, run: &str
         .kubectl(&["-n", namespace, "get", "replicaset", rs, "-o", "jsonpath={.spec.replicas} {.status}"])
         .unwrap_or_else(|e| format!("({e:#})"));
     let pods = ctx
-        .kubectl(&["-n", namespace, "get", "pods", "-l", &format!("load-run={run},load-source=replicaset"), "--no-headers"])
+        .kubectl(&[
+            "-n",
+            namespace,
+            "get",
+            "pods",
+            "-l",
+            &format!("load-run={run},load-source=replicaset"),
+            "--no-headers",
+        ])
         .map(|text| text.lines().count().to_string())
         .unwrap_or_else(|e| format!("({e:#})"));
     let controller = ctx.plane.components.iter().find(|p| p.log.ends_with("kube-controller-manager.log"));
@@ -310,5 +318,7 @@ fn replica_set_diagnosis(ctx: &crate::scenarios::Ctx, namespace: &str, run: &str
             mine[mine.len().saturating_sub(8)..].join("\n")
         })
         .unwrap_or_default();
-    format!("ReplicaSet {rs}: spec.replicas and status {object}; its pods in the namespace: {pods}; the controller manager on it:\n{lines}")
+    format!(
+        "ReplicaSet {rs}: spec.replicas and status {object}; its pods in the namespace: {pods}; the controller manager on it:\n{lines}"
+    )
 }

@@ -1,0 +1,339 @@
+//! The drift watch's pod index: for every pod in the cluster, exactly what [`drift::classify`]
+//! reads (its namespace, its labels and the annotations in [`drift::ANNOTATIONS_READ`]) and
+//! nothing else, in a form whose cost per pod does not grow with what the pods carry.
+//!
+//! Pods made by one controller are nearly alike: the pods of a ReplicaSet have the same labels,
+//! and pods injected with the same template versions the same status annotation. So a pod keeps
+//! only its name and two shared pointers: one to its namespace's name and one to its *shape* (the
+//! labels and read annotations, interned by content, their strings interned too). What a pod costs
+//! is then its map slot (namespace pointer, name, shape pointer, list epoch: 48 bytes, at the
+//! hash map's load factor) and its name's allocation; a pod with labels of its own (a
+//! StatefulSet's `pod-name`, an indexed Job's completion index) adds one shape and its unique
+//! strings. Drift is counted per (namespace, shape) group, not per pod.
+//!
+//! Fed from watch events: [`PodIndex::begin_list`], [`PodIndex::apply`] for every listed pod and
+//! [`PodIndex::end_list`] for a (re-)list, which forgets the pods the list did not name by their
+//! epoch instead of building a second index beside the first; then [`PodIndex::apply`] and
+//! [`PodIndex::remove`] for the watch's changes.
+//!
+//! [`drift::classify`]: super::drift::classify
+//! [`drift::ANNOTATIONS_READ`]: super::drift::ANNOTATIONS_READ
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use super::drift::{ANNOTATIONS_READ, PodDrift, classify};
+use super::{Engine, NamespaceFacts};
+
+/// Drifted pods by (namespace, template, state): the `sidecar_injector_drifted_pods` gauge.
+pub type DriftCounts = BTreeMap<(String, String, &'static str), i64>;
+
+/// Labels and annotations as the engine takes them.
+type Metadata = (BTreeMap<String, String>, BTreeMap<String, String>);
+
+/// Counts the drifted pods of `groups`, classifying each group once. `namespace` gives a
+/// namespace's facts (`None`: not known yet, its pods are not counted).
+pub fn drift_counts(
+    engine: &Engine,
+    groups: &[PodGroup],
+    mut namespace: impl FnMut(&str) -> Option<NamespaceFacts>,
+) -> DriftCounts {
+    let mut namespaces: HashMap<*const u8, Option<NamespaceFacts>> = HashMap::new();
+    let mut shapes: HashMap<*const Shape, Metadata> = HashMap::new();
+    let mut counts = DriftCounts::new();
+    for group in groups {
+        let facts = namespaces.entry(group.namespace.as_ptr()).or_insert_with(|| namespace(&group.namespace));
+        let Some(facts) = facts else { continue };
+        let (labels, annotations) = shapes
+            .entry(Arc::as_ptr(&group.shape))
+            .or_insert_with(|| (group.shape.labels(), group.shape.annotations()));
+        let (templates, state): (Vec<String>, &'static str) = match classify(engine, labels, annotations, facts) {
+            PodDrift::Stale { templates } => (templates.into_iter().map(|t| t.name).collect(), "stale"),
+            PodDrift::NotInjected { templates } => (templates, "not_injected"),
+            PodDrift::Conflicts { templates } => (templates, "conflicts"),
+            PodDrift::Current | PodDrift::OutOfScope => continue,
+        };
+        for template in templates {
+            *counts.entry((group.namespace.to_string(), template, state)).or_default() += group.pods as i64;
+        }
+    }
+    counts
+}
+
+/// A pod's labels and the annotations drift reads, sorted by key, strings shared.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    labels: Box<[(Arc<str>, Arc<str>)]>,
+    annotations: Box<[(Arc<str>, Arc<str>)]>,
+}
+
+impl Shape {
+    /// The labels, as the engine takes them.
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        Self::map(&self.labels)
+    }
+
+    /// The annotations drift reads, as the engine takes them.
+    pub fn annotations(&self) -> BTreeMap<String, String> {
+        Self::map(&self.annotations)
+    }
+
+    fn map(pairs: &[(Arc<str>, Arc<str>)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct PodKey {
+    namespace: Arc<str>,
+    name: Box<str>,
+}
+
+#[derive(Debug)]
+struct PodEntry {
+    shape: Arc<Shape>,
+    /// The list that last named the pod (or the list in force when the watch reported it).
+    epoch: u32,
+}
+
+/// Pods grouped for counting: the pods of one namespace with one shape.
+#[derive(Debug, Clone)]
+pub struct PodGroup {
+    /// The namespace.
+    pub namespace: Arc<str>,
+    /// What every pod of the group has.
+    pub shape: Arc<Shape>,
+    /// How many pods.
+    pub pods: usize,
+}
+
+/// Every pod's drift-relevant metadata (see the module doc).
+#[derive(Debug, Default)]
+pub struct PodIndex {
+    pods: HashMap<PodKey, PodEntry>,
+    strings: HashSet<Arc<str>>,
+    shapes: HashSet<Arc<Shape>>,
+    epoch: u32,
+    synced: bool,
+}
+
+impl PodIndex {
+    /// An empty index.
+    pub fn new() -> PodIndex {
+        PodIndex::default()
+    }
+
+    /// How many pods it holds.
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether it holds no pod.
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// Whether a complete list has been applied (counts before that would be partial).
+    pub fn synced(&self) -> bool {
+        self.synced
+    }
+
+    /// How many distinct shapes and strings it keeps (for the figures of the scale run).
+    pub fn interned(&self) -> (usize, usize) {
+        (self.shapes.len(), self.strings.len())
+    }
+
+    /// A (re-)list starts: pods it does not name are forgotten at [`PodIndex::end_list`].
+    pub fn begin_list(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+    }
+
+    /// A list is complete: forgets the pods it did not name.
+    pub fn end_list(&mut self) {
+        let epoch = self.epoch;
+        self.pods.retain(|_, entry| entry.epoch == epoch);
+        self.pods.shrink_to(self.pods.len() * 8 / 7);
+        self.synced = true;
+        self.prune();
+    }
+
+    /// A pod was listed, created or changed.
+    pub fn apply(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        annotations: &BTreeMap<String, String>,
+    ) {
+        let read = annotations.iter().filter(|(k, _)| ANNOTATIONS_READ.contains(&k.as_str()));
+        let shape = Shape { labels: self.pairs(labels.iter()), annotations: self.pairs(read) };
+        let shape = match self.shapes.get(&shape) {
+            Some(known) => known.clone(),
+            None => {
+                let shape = Arc::new(shape);
+                self.shapes.insert(shape.clone());
+                shape
+            }
+        };
+        let key = PodKey { namespace: self.intern(namespace), name: name.into() };
+        self.pods.insert(key, PodEntry { shape, epoch: self.epoch });
+    }
+
+    /// A pod was deleted.
+    pub fn remove(&mut self, namespace: &str, name: &str) {
+        let Some(namespace) = self.strings.get(namespace).cloned() else { return };
+        self.pods.remove(&PodKey { namespace, name: name.into() });
+    }
+
+    /// The pods grouped by namespace and shape.
+    pub fn groups(&self) -> Vec<PodGroup> {
+        let mut groups: HashMap<(*const u8, *const Shape), PodGroup> = HashMap::new();
+        for (key, entry) in &self.pods {
+            let id = (key.namespace.as_ptr(), Arc::as_ptr(&entry.shape));
+            groups
+                .entry(id)
+                .or_insert_with(|| PodGroup { namespace: key.namespace.clone(), shape: entry.shape.clone(), pods: 0 })
+                .pods += 1;
+        }
+        groups.into_values().collect()
+    }
+
+    /// Forgets shapes and strings no pod uses any more.
+    pub fn prune(&mut self) {
+        // Shapes first: dropping one releases its strings.
+        self.shapes.retain(|shape| Arc::strong_count(shape) > 1);
+        self.strings.retain(|string| Arc::strong_count(string) > 1);
+    }
+
+    fn intern(&mut self, text: &str) -> Arc<str> {
+        if let Some(known) = self.strings.get(text) {
+            return known.clone();
+        }
+        let text: Arc<str> = text.into();
+        self.strings.insert(text.clone());
+        text
+    }
+
+    fn pairs<'a>(&mut self, pairs: impl Iterator<Item = (&'a String, &'a String)>) -> Box<[(Arc<str>, Arc<str>)]> {
+        // BTreeMap iteration is sorted by key, so equal maps give equal shapes.
+        pairs.map(|(k, v)| (self.intern(k), self.intern(v))).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    fn counts(index: &PodIndex) -> Vec<(String, Metadata, usize)> {
+        let mut groups: Vec<_> = index
+            .groups()
+            .into_iter()
+            .map(|g| (g.namespace.to_string(), (g.shape.labels(), g.shape.annotations()), g.pods))
+            .collect();
+        groups.sort();
+        groups
+    }
+
+    const STATUS: &str = "sidecar-injector.io/status";
+
+    #[test]
+    fn alike_pods_share_one_shape_and_strings_and_group_together() {
+        let mut index = PodIndex::new();
+        index.begin_list();
+        let labels = map(&[("app", "web"), ("pod-template-hash", "7d9f")]);
+        for i in 0..100 {
+            let annotations =
+                map(&[(STATUS, "{\"templates\":[]}"), ("kubectl.kubernetes.io/restartedAt", &i.to_string())]);
+            index.apply("shop", &format!("web-7d9f-{i}"), &labels, &annotations);
+        }
+        index.apply("other", "web-1", &labels, &map(&[]));
+        index.end_list();
+        assert_eq!(index.len(), 101);
+        // Annotations drift does not read are not kept: the restartedAt values do not split shapes.
+        assert_eq!(index.interned().0, 2);
+        assert_eq!(
+            counts(&index),
+            vec![
+                ("other".into(), (labels.clone(), map(&[])), 1),
+                ("shop".into(), (labels.clone(), map(&[(STATUS, "{\"templates\":[]}")])), 100),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_relist_forgets_what_it_did_not_name_and_keeps_the_rest() {
+        let mut index = PodIndex::new();
+        assert!(!index.synced());
+        index.begin_list();
+        index.apply("a", "one", &map(&[("x", "1")]), &map(&[]));
+        index.apply("a", "two", &map(&[("x", "2")]), &map(&[]));
+        index.end_list();
+        assert!(index.synced());
+        index.apply("a", "three", &map(&[("x", "3")]), &map(&[]));
+        // The watch broke; the re-list names "two" (changed) and "three" only.
+        index.begin_list();
+        index.apply("a", "two", &map(&[("x", "22")]), &map(&[]));
+        index.apply("a", "three", &map(&[("x", "3")]), &map(&[]));
+        index.end_list();
+        let labels: Vec<_> = counts(&index).into_iter().map(|g| g.1.0["x"].clone()).collect();
+        assert_eq!(labels, vec!["22", "3"]);
+        // Nothing the forgotten pods used is kept.
+        assert_eq!(index.interned(), (2, 4), "shapes x=22, x=3; strings a, x, 22, 3");
+    }
+
+    #[test]
+    fn deletes_changes_and_pruning() {
+        let mut index = PodIndex::new();
+        index.begin_list();
+        index.end_list();
+        index.apply("a", "one", &map(&[("x", "1")]), &map(&[]));
+        index.apply("a", "one", &map(&[("x", "2")]), &map(&[]));
+        assert_eq!(index.len(), 1);
+        index.remove("a", "one");
+        index.remove("a", "never-seen");
+        index.remove("no-such-namespace", "one");
+        assert!(index.is_empty());
+        index.prune();
+        assert_eq!(index.interned(), (0, 0));
+    }
+
+    #[test]
+    fn drift_is_counted_per_group_as_per_pod() {
+        use crate::engine::names;
+        use crate::engine::test_support::{engine, opted_in};
+        let engine = engine(&[("a", "default: true\ninject:\n  labels: {a: \"1\"}\n")]);
+        let hash = engine.templates.get("a").unwrap().hash.clone();
+        let status = |hash: &str| format!("{{\"templates\":[{{\"name\":\"a\",\"hash\":\"{hash}\"}}]}}");
+        let mut index = PodIndex::new();
+        let web = map(&[("app", "web")]);
+        for i in 0..3 {
+            index.apply("shop", &format!("stale-{i}"), &web, &map(&[(names::STATUS_ANNOTATION, &status("0000"))]));
+            index.apply("shop", &format!("current-{i}"), &web, &map(&[(names::STATUS_ANNOTATION, &status(&hash))]));
+            index.apply("shop", &format!("bare-{i}"), &map(&[("n", &i.to_string())]), &map(&[]));
+            index.apply("dev", &format!("bare-{i}"), &web, &map(&[]));
+            index.apply("unknown", &format!("bare-{i}"), &web, &map(&[]));
+        }
+        let counts = drift_counts(&engine, &index.groups(), |ns| match ns {
+            "shop" => Some(opted_in("shop", &[])),
+            "dev" => Some(NamespaceFacts::known("dev", map(&[]), map(&[]))),
+            _ => None,
+        });
+        let expected: DriftCounts =
+            [(("shop".into(), "a".into(), "not_injected"), 3), (("shop".into(), "a".into(), "stale"), 3)].into();
+        assert_eq!(counts, expected);
+    }
+
+    #[test]
+    fn same_name_in_two_namespaces_is_two_pods() {
+        let mut index = PodIndex::new();
+        index.apply("a", "web", &map(&[]), &map(&[]));
+        index.apply("b", "web", &map(&[]), &map(&[]));
+        assert_eq!(index.len(), 2);
+        index.remove("a", "web");
+        assert_eq!(counts(&index), vec![("b".into(), (map(&[]), map(&[])), 1)]);
+    }
+}
