@@ -12,8 +12,8 @@ use std::sync::Arc;
 use json_patch::PatchOperation;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
+use sidecar_injector::engine::compare::first_difference;
 use sidecar_injector::engine::template::InProcess;
-use sidecar_injector::engine::validate::first_difference;
 use sidecar_injector::engine::{
     ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, manifest,
 };

@@ -15,10 +15,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use super::compare::{env_from_key, first_difference};
 use super::render::RenderedTemplate;
 use super::status::{InjectionStatus, ItemKind};
 use super::template::{Piece, SeqItem, Template};
-use super::validate::first_difference;
 use super::{names, ownership};
 
 /// The conflicts of one enforced template with what the pod already has, one sentence each.
@@ -77,10 +77,7 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
             }
             ItemKind::EnvFrom => {
                 let source = |items: &[Value]| {
-                    items
-                        .iter()
-                        .find(|i| super::inject::env_from_key(i).as_deref() == Some(skip.name.as_str()))
-                        .cloned()
+                    items.iter().find(|i| env_from_key(i).as_deref() == Some(skip.name.as_str())).cloned()
                 };
                 let app = skip.container.as_deref().and_then(container);
                 let actual = app.and_then(|c| c.get("envFrom")).and_then(Value::as_array).and_then(|l| source(l));
@@ -147,11 +144,8 @@ pub fn inexact_items(present: &InjectionStatus, owned: &InjectionStatus, rendere
             .iter()
             .filter_map(|m| m.get("mountPath").and_then(Value::as_str).map(str::to_owned))
             .filter(|p| inexact(p, &here.volume_mounts, &mine.volume_mounts));
-        let sources = rendered
-            .env_from
-            .iter()
-            .filter_map(super::inject::env_from_key)
-            .filter(|k| inexact(k, &here.env_from, &mine.env_from));
+        let sources =
+            rendered.env_from.iter().filter_map(env_from_key).filter(|k| inexact(k, &here.env_from, &mine.env_from));
         for (kind, item) in env
             .map(|e| ("env var", e))
             .chain(mounts.map(|m| ("volume mount", m)))

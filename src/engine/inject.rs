@@ -25,6 +25,7 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, RemoveOperation};
 use serde_json::Value;
 
+use super::compare::env_from_key;
 use super::names;
 use super::pod::{self, PodShapeError, shape_error};
 use super::render::RenderedTemplate;
@@ -420,7 +421,7 @@ pub fn plan(
     Ok(Injection { patch: builder.ops, status, removed: Box::new(removed) })
 }
 
-use super::ownership::SERVICE_ACCOUNT_TOKEN_PATH;
+use super::names::SERVICE_ACCOUNT_TOKEN_PATH;
 
 /// A template's containers, init containers, volumes and pull secrets, taken out of its rendering
 /// for `plan`.
@@ -699,21 +700,6 @@ impl<'a> Taken<'a> {
 fn rendered_name(item: &Value) -> &str {
     // Rendered items were checked to carry a string name (load::check_rendered).
     item.get("name").and_then(Value::as_str).unwrap_or_default()
-}
-
-/// What identifies an `envFrom` source: `configMap/<name>` or `secret/<name>`, with `+<prefix>`
-/// when it has one; `None` unless exactly one of the two references names something.
-pub fn env_from_key(source: &Value) -> Option<String> {
-    let name = |field: &str| source.get(field)?.get("name")?.as_str().filter(|n| !n.is_empty());
-    let base = match (name("configMapRef"), name("secretRef")) {
-        (Some(n), None) => format!("configMap/{n}"),
-        (None, Some(n)) => format!("secret/{n}"),
-        _ => return None,
-    };
-    match source.get("prefix").and_then(Value::as_str).filter(|p| !p.is_empty()) {
-        Some(prefix) => Some(format!("{base}+{prefix}")),
-        None => Some(base),
-    }
 }
 
 /// The key of a pod's own `envFrom` source; one `env_from_key` never yields (so it never matches

@@ -168,7 +168,7 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
             conforms(item).map_err(|e| fail(format!(" is not valid: {e}")))?;
             let identified = match named {
                 true => matches!(item.get("name"), Some(Value::String(s)) if !s.is_empty()),
-                false => super::inject::env_from_key(item).is_some(),
+                false => super::compare::env_from_key(item).is_some(),
             };
             if !identified {
                 return Err(fail(match named {

@@ -6,6 +6,7 @@
 //! Entry point: [`Engine::evaluate`] takes a pod and the facts about its namespace and cluster and
 //! returns a [`Decision`]: out of scope, already up to date, a patch to apply, or a denial.
 
+pub mod compare;
 pub mod drift;
 pub mod enforce;
 pub mod expression;

@@ -53,3 +53,6 @@ pub const ENFORCED_OBJECT_PREFIX: &str = "sidecar-injector-enforced-";
 
 /// The MutatingAdmissionPolicy (and its binding) compiled from the templates (`engine::policy`).
 pub const INJECTION_POLICY: &str = "sidecar-injector.io-inject";
+
+/// Where Kubernetes' ServiceAccount admission plugin mounts the API token.
+pub const SERVICE_ACCOUNT_TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";

@@ -22,11 +22,10 @@
 
 use serde_json::Value;
 
-use super::inject::env_from_key;
-use super::names;
+use super::compare::{env_from_key, first_difference, quantities_equal};
+use super::names::{self, SERVICE_ACCOUNT_TOKEN_PATH};
 use super::render::RenderedTemplate;
 use super::status::{AppContainerAdditions, InjectionStatus, ItemKind};
-use super::validate::{first_difference, quantities_equal};
 
 /// What the claim says, checked against the pod.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -229,9 +228,6 @@ pub fn owns_everything(ownership: &Ownership, claim: &InjectionStatus) -> bool {
     };
     count(&ownership.owned) == count(claim)
 }
-
-/// Where Kubernetes' ServiceAccount admission plugin mounts the API token.
-pub(crate) const SERVICE_ACCOUNT_TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 /// Whether `actual` is `expected` exactly, apart from what the API server adds by itself.
 pub fn exact(expected: &Value, actual: &Value) -> bool {

@@ -27,10 +27,10 @@ use std::collections::BTreeMap;
 use minijinja::machinery::ast::{self, Expr, Stmt};
 use serde_json::{Value, json};
 
+use super::compare::env_from_key;
 use super::expression::CompiledText;
-use super::inject::env_from_key;
 use super::names;
-use super::ownership::SERVICE_ACCOUNT_TOKEN_PATH;
+use super::names::SERVICE_ACCOUNT_TOKEN_PATH;
 use super::status::ItemKind;
 use super::template::{AppTargets, Piece, SeqItem, Template, TemplateSelector, TemplateSet};
 

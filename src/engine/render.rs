@@ -34,7 +34,7 @@ pub const FUEL_PER_TEMPLATE: u64 = 500_000;
 pub const MAX_TEMPLATE_OUTPUT: usize = 1024 * 1024;
 
 /// What a field rendered from pod data is replaced by in a masked render: the validating check
-/// accepts any value in its place (see `validate::first_difference`).
+/// accepts any value in its place (see `compare::first_difference`).
 pub const POD_DERIVED: &str = "\u{1}sidecar-injector:pod-derived\u{1}";
 
 /// What one template adds to one pod, rendered.

@@ -67,7 +67,7 @@ pub struct AppContainerAdditions {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<String>,
     /// `envFrom` sources, as `configMap/<name>` or `secret/<name>` (`+<prefix>` when they have
-    /// one; see `inject::env_from_key`).
+    /// one; see `compare::env_from_key`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env_from: Vec<String>,
     /// Mount paths.
@@ -93,7 +93,7 @@ pub enum ItemKind {
     Env,
     /// A volume mount of an app container (identified by mount path).
     VolumeMount,
-    /// An `envFrom` source of an app container (identified by `inject::env_from_key`).
+    /// An `envFrom` source of an app container (identified by `compare::env_from_key`).
     EnvFrom,
     /// A pod `imagePullSecrets` entry.
     ImagePullSecret,

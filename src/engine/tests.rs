@@ -772,7 +772,7 @@ fn registry_engine() -> Engine {
 }
 
 fn env_from_keys(container: &Value) -> Vec<String> {
-    container["envFrom"].as_array().into_iter().flatten().filter_map(inject::env_from_key).collect()
+    container["envFrom"].as_array().into_iter().flatten().filter_map(super::compare::env_from_key).collect()
 }
 
 #[test]

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::compare::first_difference;
 use super::status::{InjectionStatus, TemplateRef};
 use super::template::{PreCheck, TemplateError, TemplateSet, TemplateSource};
 use super::{Engine, Outcome, PodRequest, names, pod, select};
@@ -229,7 +230,7 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
         for key in &additions.env_from {
             let what = || format!("envFrom source {key:?} injected into container {container:?}");
             let source = |list: Option<&'_ Vec<Value>>| {
-                list?.iter().find(|i| super::inject::env_from_key(i).as_deref() == Some(key.as_str())).cloned()
+                list?.iter().find(|i| super::compare::env_from_key(i).as_deref() == Some(key.as_str())).cloned()
             };
             compare(what, source(list_of(want, "envFrom")).as_ref(), source(list_of(have, "envFrom")).as_ref())?;
         }
@@ -295,7 +296,7 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
                 }
                 if let Some(Value::Array(sources)) = container.get_mut("envFrom") {
                     sources
-                        .retain(|e| !super::inject::env_from_key(e).is_some_and(|k| additions.env_from.contains(&k)));
+                        .retain(|e| !super::compare::env_from_key(e).is_some_and(|k| additions.env_from.contains(&k)));
                 }
                 if let Some(Value::Array(mounts)) = container.get_mut("volumeMounts") {
                     mounts.retain(|m| {
@@ -322,89 +323,6 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
         }
     }
     pod
-}
-
-/// The first field of `expected` that `actual` does not hold, as `path: is X, the template sets Y`.
-/// A field computed from pod data (`render::POD_DERIVED`) matches anything. Objects may have extra
-/// keys; lists of named objects are matched by name; other lists of objects
-/// item by item (extra trailing items allowed); an empty list is contained in any list; other lists
-/// must be equal. Resource quantities
-/// compare by value (`1000m` equals `1`), because the API server rewrites them in canonical form.
-pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<String> {
-    let here = |p: &str| {
-        if p.is_empty() { "the item".to_owned() } else { p.trim_start_matches('.').to_owned() }
-    };
-    match (expected, actual) {
-        (Value::Object(want), Value::Object(have)) => want.iter().find_map(|(key, w)| match have.get(key) {
-            None => Some(format!("{} was removed", here(&format!("{path}.{key}")))),
-            Some(h) => first_difference(w, h, &format!("{path}.{key}")),
-        }),
-        (Value::Array(want), Value::Array(_)) if want.is_empty() => None,
-        (Value::Array(want), Value::Array(have)) if want.iter().all(Value::is_object) => {
-            let by_name = want.iter().all(|w| w.get("name").is_some_and(Value::is_string));
-            want.iter().enumerate().find_map(|(i, w)| {
-                let found = if by_name { have.iter().find(|h| h.get("name") == w.get("name")) } else { have.get(i) };
-                match found {
-                    None => Some(format!("{} was removed", here(&format!("{path}[{i}]")))),
-                    Some(h) => first_difference(w, h, &format!("{path}[{i}]")),
-                }
-            })
-        }
-        (Value::String(w), _) if w == super::render::POD_DERIVED => None,
-        // Other lists (args, command) must have the same items, each compared (so a pod-derived
-        // item matches anything).
-        (Value::Array(want), Value::Array(have)) if want.len() == have.len() && !want.iter().all(Value::is_object) => {
-            let differs = want
-                .iter()
-                .zip(have)
-                .enumerate()
-                .any(|(i, (w, h))| first_difference(w, h, &format!("{path}[{i}]")).is_some());
-            differs.then(|| format!("{} is {actual}, the template sets {}", here(path), shown(expected)))
-        }
-        (Value::String(w), Value::String(h)) if w != h && path.contains("resources") && quantities_equal(w, h) => None,
-        (w, h) if w == h => None,
-        (w, h) => Some(format!("{} is {h}, the template sets {}", here(path), shown(w))),
-    }
-}
-
-/// A value for a message, with pod-derived fields shown as such.
-fn shown(value: &Value) -> String {
-    let placeholder = Value::String(super::render::POD_DERIVED.to_owned()).to_string();
-    value.to_string().replace(&placeholder, "\"<from the pod>\"")
-}
-
-fn quantity(text: &str) -> Option<f64> {
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+')).unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let multiplier = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse().ok()?),
-        _ => return None,
-    };
-    Some(number * multiplier)
-}
-
-pub(crate) fn quantities_equal(a: &str, b: &str) -> bool {
-    match (quantity(a), quantity(b)) {
-        (Some(x), Some(y)) => (x - y).abs() <= f64::EPSILON * x.abs().max(y.abs()).max(1.0),
-        _ => false,
-    }
 }
 
 /// Checks the data of a template ConfigMap: every `<name>.yaml` key must pass `precheck` and load.
@@ -608,17 +526,6 @@ inject:
         let mut tampered = stored;
         tampered["spec"]["initContainers"][0]["image"] = json!("evil:1");
         assert!(matches!(verdict(&engine, tampered), Verdict::Denied(m) if m.contains("image is \"evil:1\"")));
-    }
-
-    #[test]
-    fn quantities_compare_by_value() {
-        let equal = [("1000m", "1"), ("0.5", "500m"), ("1Gi", "1024Mi"), ("1k", "1000"), ("1e3", "1k")];
-        for (a, b) in equal {
-            assert!(quantities_equal(a, b), "{a} == {b}");
-        }
-        for (a, b) in [("1", "2"), ("1Gi", "1G"), ("x", "x1")] {
-            assert!(!quantities_equal(a, b), "{a} != {b}");
-        }
     }
 
     #[test]

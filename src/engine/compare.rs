@@ -1,0 +1,122 @@
+//! How the engine identifies and compares the items it injects, the way the API server sees them:
+//! an `envFrom` source by what it references, a stored item against the rendered one field by
+//! field (extra fields and canonical rewrites allowed), resource quantities by value. Below
+//! `inject`, `ownership`, `enforce` and `validate`, which all decide with these.
+
+use serde_json::Value;
+
+/// What identifies an `envFrom` source: `configMap/<name>` or `secret/<name>`, with `+<prefix>`
+/// when it has one; `None` unless exactly one of the two references names something.
+pub fn env_from_key(source: &Value) -> Option<String> {
+    let name = |field: &str| source.get(field)?.get("name")?.as_str().filter(|n| !n.is_empty());
+    let base = match (name("configMapRef"), name("secretRef")) {
+        (Some(n), None) => format!("configMap/{n}"),
+        (None, Some(n)) => format!("secret/{n}"),
+        _ => return None,
+    };
+    match source.get("prefix").and_then(Value::as_str).filter(|p| !p.is_empty()) {
+        Some(prefix) => Some(format!("{base}+{prefix}")),
+        None => Some(base),
+    }
+}
+
+/// The first field of `expected` that `actual` does not hold, as `path: is X, the template sets Y`.
+/// A field computed from pod data (`render::POD_DERIVED`) matches anything. Objects may have extra
+/// keys; lists of named objects are matched by name; other lists of objects
+/// item by item (extra trailing items allowed); an empty list is contained in any list; other lists
+/// must be equal. Resource quantities
+/// compare by value (`1000m` equals `1`), because the API server rewrites them in canonical form.
+pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<String> {
+    let here = |p: &str| {
+        if p.is_empty() { "the item".to_owned() } else { p.trim_start_matches('.').to_owned() }
+    };
+    match (expected, actual) {
+        (Value::Object(want), Value::Object(have)) => want.iter().find_map(|(key, w)| match have.get(key) {
+            None => Some(format!("{} was removed", here(&format!("{path}.{key}")))),
+            Some(h) => first_difference(w, h, &format!("{path}.{key}")),
+        }),
+        (Value::Array(want), Value::Array(_)) if want.is_empty() => None,
+        (Value::Array(want), Value::Array(have)) if want.iter().all(Value::is_object) => {
+            let by_name = want.iter().all(|w| w.get("name").is_some_and(Value::is_string));
+            want.iter().enumerate().find_map(|(i, w)| {
+                let found = if by_name { have.iter().find(|h| h.get("name") == w.get("name")) } else { have.get(i) };
+                match found {
+                    None => Some(format!("{} was removed", here(&format!("{path}[{i}]")))),
+                    Some(h) => first_difference(w, h, &format!("{path}[{i}]")),
+                }
+            })
+        }
+        (Value::String(w), _) if w == super::render::POD_DERIVED => None,
+        // Other lists (args, command) must have the same items, each compared (so a pod-derived
+        // item matches anything).
+        (Value::Array(want), Value::Array(have)) if want.len() == have.len() && !want.iter().all(Value::is_object) => {
+            let differs = want
+                .iter()
+                .zip(have)
+                .enumerate()
+                .any(|(i, (w, h))| first_difference(w, h, &format!("{path}[{i}]")).is_some());
+            differs.then(|| format!("{} is {actual}, the template sets {}", here(path), shown(expected)))
+        }
+        (Value::String(w), Value::String(h)) if w != h && path.contains("resources") && quantities_equal(w, h) => None,
+        (w, h) if w == h => None,
+        (w, h) => Some(format!("{} is {h}, the template sets {}", here(path), shown(w))),
+    }
+}
+
+/// A value for a message, with pod-derived fields shown as such.
+fn shown(value: &Value) -> String {
+    let placeholder = Value::String(super::render::POD_DERIVED.to_owned()).to_string();
+    value.to_string().replace(&placeholder, "\"<from the pod>\"")
+}
+
+/// A resource quantity's value (`500m` → 0.5, `1Gi` → 1073741824); `None` if it is not one.
+fn quantity(text: &str) -> Option<f64> {
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+')).unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let multiplier = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse().ok()?),
+        _ => return None,
+    };
+    Some(number * multiplier)
+}
+
+/// Whether two resource quantities have the same value.
+pub fn quantities_equal(a: &str, b: &str) -> bool {
+    match (quantity(a), quantity(b)) {
+        (Some(x), Some(y)) => (x - y).abs() <= f64::EPSILON * x.abs().max(y.abs()).max(1.0),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities_compare_by_value() {
+        let equal = [("1000m", "1"), ("0.5", "500m"), ("1Gi", "1024Mi"), ("1k", "1000"), ("1e3", "1k")];
+        for (a, b) in equal {
+            assert!(quantities_equal(a, b), "{a} == {b}");
+        }
+        for (a, b) in [("1", "2"), ("1Gi", "1G"), ("x", "x1")] {
+            assert!(!quantities_equal(a, b), "{a} != {b}");
+        }
+    }
+}
