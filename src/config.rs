@@ -1,7 +1,7 @@
 //! Settings of `serve`: one typed struct, loaded with the `config` crate from defaults, then an
 //! optional YAML file, then environment variables `SIDECAR_INJECTOR__SECTION__KEY`. Unknown keys and
 //! invalid values are refused at start-up with a message naming the key. Every setting is listed,
-//! with its default, in the README.
+//! with its default, in docs/settings.md (a test compares the names).
 
 use std::path::{Path, PathBuf};
 

@@ -1,6 +1,6 @@
 //! Logs, traces and metrics. Logs and traces go through `tracing` (text or JSON lines; spans exported
 //! over OTLP/HTTP when an endpoint is configured); metrics are Prometheus counters, gauges and
-//! histograms named `sidecar_injector_*`, listed with their meaning in the README.
+//! histograms named `sidecar_injector_*`, listed with their meaning in docs/metrics.md (a test compares the names).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

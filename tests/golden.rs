@@ -1,7 +1,7 @@
 //! Golden tests: every directory under `tests/golden/cases/` holds an `input.yaml` and the `args`
 //! (one flag per line) of the CLI; `inject` and `explain` run on it and their output must equal the
 //! checked-in `inject.yaml` / `inject.err` and `explain.txt`. Successful injections are injected
-//! once more and must not change (the README's promise for `inject` on its own output).
+//! once more and must not change (docs/cli.md's promise for `inject` on its own output).
 //!
 //! After an intended change: `UPDATE_GOLDEN=1 cargo test --test golden`, then review `git diff`.
 

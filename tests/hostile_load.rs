@@ -6,7 +6,7 @@
 //!
 //! Pass criteria, per attack: zero canary failures and canary p99 ≤ 100 ms; over the whole run, the
 //! server's peak RSS (VmHWM) ≤ the memory limit of the Deployment in `deploy/base/`. Every figure is
-//! printed as a table row (the README's Reliability table comes from here).
+//! printed as a table row (docs/reliability.md's table comes from here).
 //!
 //! Run by `make hostile-load` (part of `make test`), which builds the release binary first; a
 //! plain `cargo test` says how to run it and passes, like the e2e suite.

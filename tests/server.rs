@@ -75,7 +75,7 @@ async fn a_pod_review_over_tls_gets_a_patch_that_injects_it() {
     server.stop();
 }
 
-/// The README's laptop commands post these files as they are.
+/// docs/cli.md's laptop commands post these files as they are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_reviews_in_the_readme_do_what_it_says() {
     let server = TestServer::start(|_| {});
@@ -93,9 +93,9 @@ async fn the_example_reviews_in_the_readme_do_what_it_says() {
         message.contains("the image of injected container \"log-shipper\" cannot be changed by an update"),
         "{message}"
     );
-    let readme = std::fs::read_to_string("README.md").unwrap();
+    let readme = std::fs::read_to_string("docs/cli.md").unwrap();
     for file in ["examples/review-pod.json", "examples/review-pod-update.json"] {
-        assert!(readme.contains(&format!("-d @{file}")), "the README no longer uses {file}");
+        assert!(readme.contains(&format!("-d @{file}")), "docs/cli.md no longer uses {file}");
     }
     server.stop();
 }

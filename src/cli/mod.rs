@@ -38,7 +38,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the admission webhook (HTTPS /mutate and /validate; HTTP /healthz, /readyz, /metrics).
     Serve {
-        /// YAML settings file (see the README for every setting); environment variables
+        /// YAML settings file (see docs/settings.md for every setting); environment variables
         /// SIDECAR_INJECTOR__SECTION__KEY override it.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,

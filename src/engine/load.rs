@@ -97,7 +97,7 @@ enum ShapeKind {
 }
 
 /// The shapes every template is test-rendered against (`check-templates`, the ConfigMap guard, hot
-/// reload): the README lists them.
+/// reload): docs/templates.md lists them.
 pub const SAMPLE_SHAPES: [SampleShape; 3] = [
     SampleShape { description: "a named pod (metadata.name \"example\")", kind: ShapeKind::Named },
     SampleShape {

@@ -17,7 +17,7 @@ use crate::controlplane::{INJECTOR_HTTPS_PORT, Injector, curl};
 use crate::scenarios::{Ctx, edit_tag_and_wait, pod, webhook_client};
 
 /// The size of the run: `make scale PODS=… NAMESPACES=…` (defaults: the 10,000-pod run whose
-/// figures the README has carried since the first scale run).
+/// figures docs/performance.md has carried since the first scale run).
 fn size() -> Result<(usize, usize)> {
     let read = |name: &str, default: usize| -> Result<usize> {
         match std::env::var(name) {
@@ -154,6 +154,66 @@ fn look_alike_templates(shipped: usize) -> Value {
         "data": data})
 }
 
+/// `sidecar-injector inject` with the templates the cluster serves and the cluster's version, as
+/// a user would pre-inject manifests: its pods are what the webhook would have made of them (the
+/// pods of the first namespace, opted in from the start, go through the webhook all the same,
+/// which refuses a status annotation that does not match a re-rendering).
+struct OfflineInjector {
+    binary: std::path::PathBuf,
+    templates: std::path::PathBuf,
+    version: String,
+    input: std::path::PathBuf,
+}
+
+impl OfflineInjector {
+    async fn new(ctx: &Ctx) -> Result<OfflineInjector> {
+        let templates = ctx.plane.dir.join("scale-templates");
+        std::fs::create_dir_all(&templates)?;
+        let configmaps =
+            Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(ctx.client.clone(), "sidecar-injector")
+                .list(&ListParams::default().labels("sidecar-injector.io/templates=true"))
+                .await?;
+        for configmap in configmaps {
+            for (key, text) in configmap.data.unwrap_or_default() {
+                std::fs::write(templates.join(key), text)?;
+            }
+        }
+        let info = ctx.client.apiserver_version().await?;
+        let version = format!("{}.{}", info.major, info.minor.trim_end_matches('+'));
+        let input = ctx.plane.dir.join("scale-pods.json");
+        Ok(OfflineInjector { binary: ctx.binary.clone(), templates, version, input })
+    }
+
+    /// The pods, injected.
+    fn inject(&self, pods: &[Value]) -> Result<Vec<Value>> {
+        std::fs::write(&self.input, json!({"apiVersion": "v1", "kind": "List", "items": pods}).to_string())?;
+        let output = std::process::Command::new(&self.binary)
+            .args([
+                "inject",
+                "--namespace-labels",
+                "sidecar-injector.io/inject=enabled",
+                "--kube-version",
+                &self.version,
+            ])
+            .arg("--templates")
+            .arg(&self.templates)
+            .arg("-f")
+            .arg(&self.input)
+            .output()?;
+        ensure!(output.status.success(), "sidecar-injector inject: {}", String::from_utf8_lossy(&output.stderr));
+        let text = String::from_utf8(output.stdout)?;
+        let documents = sidecar_injector::engine::manifest::read(&text)?;
+        let injected: Vec<Value> =
+            documents.into_iter().flat_map(|d| d["items"].as_array().cloned().unwrap_or_default()).collect();
+        ensure!(injected.len() == pods.len(), "inject gave {} pods for {}", injected.len(), pods.len());
+        ensure!(
+            injected.iter().all(|p| p["metadata"]["annotations"]["sidecar-injector.io/status"].is_string()),
+            "inject left a pod uninjected"
+        );
+        Ok(injected)
+    }
+}
+
 /// What one start of the injector with the full cluster costs and takes.
 struct Start {
     ready: Duration,
@@ -252,23 +312,14 @@ pub async fn scale(ctx: &mut Ctx) -> Result<()> {
         namespace_share / namespace_count as f64
     );
 
-    // The injection every scale pod gets, for the pods created already injected.
-    let injected = ctx.dry_run_pod(&names[0], scale_pod("template")).await?;
-    let mut injected = serde_json::to_value(injected)?;
-    injected.as_object_mut().context("a pod")?.remove("status");
-    let metadata = injected["metadata"].as_object_mut().context("metadata")?;
-    metadata.retain(|k, _| k == "labels" || k == "annotations");
-    ensure!(
-        injected["metadata"]["annotations"]["sidecar-injector.io/status"].is_string(),
-        "the dry run was not injected"
-    );
-    // Pod k: namespace k mod N, name app-(k div N); the last `webhook_pods` through the webhook.
-    let pod_at = |k: usize, through_webhook: bool| {
-        let name = format!("app-{}", k / namespace_count);
-        let mut p = if through_webhook { scale_pod(&name) } else { injected.clone() };
-        p["metadata"]["name"] = json!(name);
-        (names[k % namespace_count].clone(), p)
+    // Pod k: namespace k mod N, name app-(k div N); the last `webhook_pods` through the webhook,
+    // the others injected by `sidecar-injector inject` with the cluster's templates.
+    let pod_at = |k: usize| {
+        let mut p = scale_pod(&format!("app-{}", k / namespace_count));
+        p["metadata"]["namespace"] = json!(names[k % namespace_count]);
+        p
     };
+    let offline = OfflineInjector::new(ctx).await?;
     let bulk = total - webhook_pods;
     let mut bounds: Vec<(usize, usize, bool)> = Vec::new();
     let bulk_batches = bulk.div_ceil(15_000);
@@ -303,7 +354,10 @@ pub async fn scale(ctx: &mut Ctx) -> Result<()> {
             opted_in = true;
         }
         let started = Instant::now();
-        let items: Vec<(String, Value)> = (from..to).map(|k| pod_at(k, through_webhook)).collect();
+        let pods: Vec<Value> = (from..to).map(pod_at).collect();
+        let pods = if through_webhook { pods } else { offline.inject(&pods)? };
+        let items: Vec<(String, Value)> =
+            pods.into_iter().map(|p| (p["metadata"]["namespace"].as_str().unwrap_or_default().to_owned(), p)).collect();
         create_pods(ctx, items, if through_webhook { 16 } else { 64 }).await?;
         *(if through_webhook { &mut webhook_time } else { &mut bulk_time }) += started.elapsed();
         let count = baseline_pods + to;

@@ -764,7 +764,7 @@ fn rotate_the_ca(ctx: &Ctx) -> Result<()> {
 }
 
 /// Creates that may fail when a replica dies or hangs: the ones in flight to it at that moment
-/// (the API server fails open and the policy refuses them). The README promises this figure.
+/// (the API server fails open and the policy refuses them). docs/reliability.md promises this figure.
 const KILLED_REPLICA_FAILURES: usize = 5;
 
 /// 7. Availability under load (20 pod creates per second, a quarter through a ReplicaSet) through
