@@ -1,7 +1,7 @@
 # The commands the README names. `make test` is what CI runs (through .ci/run).
-.PHONY: test lint unit kubectl-yaml e2e node-e2e scale hostile-load release golden bench fuzz
+.PHONY: test lint unit kubectl-yaml monitoring e2e node-e2e scale hostile-load release golden bench fuzz
 
-test: lint unit kubectl-yaml e2e hostile-load node-e2e
+test: lint unit kubectl-yaml monitoring e2e hostile-load node-e2e
 
 lint:
 	cargo fmt --all -- --check
@@ -15,6 +15,13 @@ unit:
 kubectl-yaml:
 	bash e2e/controlplane/build.sh
 	SIDECAR_INJECTOR_YAMLREAD=$(CURDIR)/e2e/bin/yamlread cargo test --locked --test kubectl_yaml
+
+# The alerts of deploy/components/monitoring under `promtool test rules`, with promtool built from
+# the Go module proxy (e2e/tools/build.sh), and the metrics the rules and dashboard use checked
+# against what the injector exports (tests/monitoring.rs).
+monitoring:
+	bash e2e/tools/build.sh
+	SIDECAR_INJECTOR_PROMTOOL=$(CURDIR)/e2e/bin/promtool cargo test --locked --test monitoring -- --nocapture
 
 # The build command of the Dockerfile.
 release:

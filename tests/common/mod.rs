@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 pub mod attacks;
 pub mod fixtures;
+pub mod metrics;
 pub mod process;
 pub mod server;
 

@@ -440,3 +440,41 @@ fn every_container_has_requests_and_limits(pod: &Pod) -> Result<()> {
     }
     Ok(())
 }
+
+/// Scenario 24: every API server metric the alerts and the dashboard of
+/// `deploy/components/monitoring` use is one this API server exports, now that the earlier
+/// scenarios made it call, refuse through and fail open on the webhooks (the injector's own
+/// metrics are checked by `tests/monitoring.rs`).
+pub async fn s24_monitoring_uses_real_api_server_metrics(ctx: &mut Ctx) -> Result<()> {
+    let dir = "deploy/components/monitoring";
+    let rule =
+        sidecar_injector::engine::manifest::read(&std::fs::read_to_string(format!("{dir}/prometheusrule.yaml"))?)?;
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(format!("{dir}/dashboard.json"))?)?;
+    let mut expressions: Vec<String> = rule[0]["spec"]["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+        .filter_map(|r| r["expr"].as_str().map(str::to_owned))
+        .collect();
+    for panel in dashboard["panels"].as_array().into_iter().flatten() {
+        expressions.extend(
+            panel["targets"].as_array().into_iter().flatten().filter_map(|t| t["expr"].as_str().map(str::to_owned)),
+        );
+    }
+    let used: std::collections::BTreeSet<String> =
+        expressions.iter().flat_map(|e| crate::metrics::used_in(e, "apiserver_")).collect();
+    ensure!(used.len() >= 3, "the monitoring uses only {used:?} of the API server's metrics");
+    let text = crate::controlplane::curl(
+        &format!("{}/metrics", ctx.plane.url),
+        Some(&ctx.plane.dir.join("ca.crt")),
+        Some("e2e-admin-token"),
+    )
+    .context("scraping the API server")?;
+    let exported: std::collections::BTreeSet<&str> =
+        text.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split(['{', ' ']).next()).collect();
+    let missing: Vec<&String> = used.iter().filter(|name| !exported.contains(name.as_str())).collect();
+    println!("      API server metrics the monitoring uses, all exported: {used:?}");
+    ensure!(missing.is_empty(), "the API server exports no {missing:?}");
+    Ok(())
+}

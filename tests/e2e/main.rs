@@ -8,6 +8,9 @@
 
 mod controlplane;
 mod flows;
+#[allow(dead_code)]
+#[path = "../common/metrics.rs"]
+mod metrics;
 mod policy;
 mod scale;
 mod scenarios;
@@ -119,6 +122,8 @@ async fn run(root: &Path) -> Result<bool> {
         s21_restart_during_rollout,
         s22_limit_range_and_quota,
         s23_policy_mode,
+        // Before the API server restart, which sets its counters back to zero.
+        s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,
     ];
     // `make scale` (SIDECAR_INJECTOR_E2E_SCALE=1): the scale run alone, with a budget of its own.
