@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the test suite's tools from the Go module proxy into e2e/bin/: promtool (Prometheus's rule
-# checker and unit tester, for deploy/components/monitoring). Each is its own module, installed
+# checker and unit tester, for deploy/components/monitoring) and helm (for charts/). Each is its own module, installed
 # with `go install pkg@version` outside any module. Does nothing when the binaries there were built
 # from the same versions with the same Go (the stamp records them).
 set -euo pipefail
@@ -13,8 +13,8 @@ if ! command -v go >/dev/null 2>&1; then
   exit 1
 fi
 mkdir -p "$bin"
-stamp="prometheus=$PROMETHEUS_VERSION $(go env GOVERSION)"
-if [ -f "$bin/.tools-stamp" ] && [ "$(cat "$bin/.tools-stamp")" = "$stamp" ] && [ -x "$bin/promtool" ]; then
+stamp="prometheus=$PROMETHEUS_VERSION helm=$HELM_VERSION $(go env GOVERSION)"
+if [ -f "$bin/.tools-stamp" ] && [ "$(cat "$bin/.tools-stamp")" = "$stamp" ] && [ -x "$bin/promtool" ] && [ -x "$bin/helm" ]; then
   echo "tools: current ($stamp)"
   exit 0
 fi
@@ -23,5 +23,8 @@ start=$SECONDS
 echo "tools: building promtool $PROMETHEUS_VERSION ..."
 (cd "$bin" && CGO_ENABLED=0 GOBIN="$bin" GOFLAGS= GOWORK=off go install -trimpath -ldflags "-s -w" \
   "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION")
+echo "tools: building helm $HELM_VERSION ..."
+(cd "$bin" && CGO_ENABLED=0 GOBIN="$bin" GOFLAGS= GOWORK=off go install -trimpath -ldflags "-s -w" \
+  "helm.sh/helm/v4/cmd/helm@$HELM_VERSION")
 echo "$stamp" > "$bin/.tools-stamp"
 echo "tools: built in $((SECONDS - start)) s ($stamp)"
