@@ -1,7 +1,7 @@
 # The commands the README names. `make test` is what CI runs (through .ci/run).
-.PHONY: test lint unit kubectl-yaml monitoring e2e node-e2e scale hostile-load release golden bench fuzz
+.PHONY: test lint unit kubectl-yaml monitoring helm e2e node-e2e scale hostile-load release golden bench fuzz
 
-test: lint unit kubectl-yaml monitoring e2e hostile-load node-e2e
+test: lint unit kubectl-yaml monitoring helm e2e hostile-load node-e2e
 
 lint:
 	cargo fmt --all -- --check
@@ -23,6 +23,14 @@ monitoring:
 	bash e2e/tools/build.sh
 	SIDECAR_INJECTOR_PROMTOOL=$(CURDIR)/e2e/bin/promtool cargo test --locked --test monitoring -- --nocapture
 
+# The Helm chart against deploy/: rendered with each overlay's and component's values it must give
+# kustomize's objects (tests/helm.rs), and `helm lint --strict` passes; helm is built from the Go
+# module proxy (e2e/tools/build.sh), kustomize is kubectl's (e2e/controlplane/build.sh).
+helm:
+	bash e2e/controlplane/build.sh
+	bash e2e/tools/build.sh
+	SIDECAR_INJECTOR_HELM=$(CURDIR)/e2e/bin/helm SIDECAR_INJECTOR_KUBECTL=$(CURDIR)/e2e/bin/kubectl cargo test --locked --test helm -- --nocapture
+
 # The build command of the Dockerfile.
 release:
 	cargo build --release --locked
@@ -38,7 +46,8 @@ e2e: release
 # control plane (e2e/node/build.sh builds them), the injector installed from its image with
 # `kubectl apply -k` and injected sidecars really running (tests/node_e2e; needs root).
 node-e2e: release
-	SIDECAR_INJECTOR_NODE_E2E=1 SIDECAR_INJECTOR_BIN=$(TARGET_DIR)/release/sidecar-injector cargo test --locked --test node_e2e
+	bash e2e/tools/build.sh
+	SIDECAR_INJECTOR_HELM=$(CURDIR)/e2e/bin/helm SIDECAR_INJECTOR_NODE_E2E=1 SIDECAR_INJECTOR_BIN=$(TARGET_DIR)/release/sidecar-injector cargo test --locked --test node_e2e
 
 # The scale run (not in `make test`): PODS pods in NAMESPACES namespaces with 200 templates; prints
 # and checks memory, sync time, LIST traffic, the drift gauge and admission cost (tests/e2e/scale.rs;

@@ -55,7 +55,15 @@ fn tools() -> Option<Tools> {
 }
 
 fn run(program: &Path, args: &[&str]) -> Result<String, String> {
-    let output = Command::new(program).args(args).output().map_err(|e| format!("{}: {e}", program.display()))?;
+    // Helm's cache, config and data in a scratch directory: nothing left in the user's home.
+    let home = tempfile::tempdir().unwrap();
+    let output = Command::new(program)
+        .args(args)
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_DATA_HOME", home.path().join("data"))
+        .output()
+        .map_err(|e| format!("{}: {e}", program.display()))?;
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     if output.status.success() {
         Ok(stdout)
@@ -64,14 +72,33 @@ fn run(program: &Path, args: &[&str]) -> Result<String, String> {
     }
 }
 
-/// Objects by (kind, namespace, name).
+/// Kinds without a namespace. kustomize's namespace transformer sets one on the admission policies
+/// all the same; the API server drops it (as it does for every cluster-scoped object), so both
+/// sides are compared without it.
+const CLUSTER_SCOPED: [&str; 8] = [
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "MutatingAdmissionPolicy",
+];
+
+/// Objects by (kind, namespace, name), as the API server would store them.
 fn objects(yaml: &str) -> BTreeMap<(String, String, String), Value> {
     let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
     manifest::read(yaml)
         .expect("rendered YAML")
         .into_iter()
         .filter(|o| o.is_object())
-        .map(|o| ((text(&o["kind"]), text(&o["metadata"]["namespace"]), text(&o["metadata"]["name"])), o))
+        .map(|mut o| {
+            if CLUSTER_SCOPED.contains(&o["kind"].as_str().unwrap_or_default()) {
+                o["metadata"].as_object_mut().map(|m| m.remove("namespace"));
+            }
+            ((text(&o["kind"]), text(&o["metadata"]["namespace"]), text(&o["metadata"]["name"])), o)
+        })
         .collect()
 }
 
@@ -89,19 +116,19 @@ fn difference(a: &Value, b: &Value, path: &str) -> Option<String> {
     }
 }
 
-fn kustomize(tools: &Tools, dir: &str, components: &[&str], scratch: &Path) -> String {
+fn kustomize(tools: &Tools, dir: &str, components: &[&str]) -> String {
     if components.is_empty() {
         return run(&tools.kubectl, &["kustomize", dir]).unwrap();
     }
-    let root = std::env::current_dir().unwrap();
-    let listed: Vec<String> = components.iter().map(|c| format!("{}/deploy/components/{c}", root.display())).collect();
+    // kustomize takes only relative paths below its root's parent: a scratch kustomization in target/.
+    let scratch = tempfile::Builder::new().prefix("helm-parity-").tempdir_in("target").unwrap();
+    let listed: Vec<String> = components.iter().map(|c| format!("../../deploy/components/{c}")).collect();
     let kustomization = format!(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{}/{dir}]\ncomponents: [{}]\n",
-        root.display(),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../../{dir}]\ncomponents: [{}]\n",
         listed.join(", ")
     );
-    std::fs::write(scratch.join("kustomization.yaml"), kustomization).unwrap();
-    run(&tools.kubectl, &["kustomize", "--load-restrictor=LoadRestrictionsNone", scratch.to_str().unwrap()]).unwrap()
+    std::fs::write(scratch.path().join("kustomization.yaml"), kustomization).unwrap();
+    run(&tools.kubectl, &["kustomize", scratch.path().to_str().unwrap()]).unwrap()
 }
 
 fn render(tools: &Tools, values: &[&str]) -> Result<String, String> {
@@ -117,8 +144,7 @@ fn the_chart_installs_what_each_overlay_installs() {
     let Some(tools) = tools() else { return };
     let mut problems = Vec::new();
     for (name, dir, components) in CASES {
-        let scratch = tempfile::tempdir().unwrap();
-        let want = objects(&kustomize(&tools, dir, components, scratch.path()));
+        let want = objects(&kustomize(&tools, dir, components));
         let values = format!("{CHART}/ci/{name}-values.yaml");
         let have = objects(&render(&tools, &[&values]).unwrap());
         for key in want.keys().filter(|k| !have.contains_key(*k)) {

@@ -184,6 +184,7 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
         ("n5_injector_down", n5_injector_down),
         ("n6_attacks_on_the_pod", n6_attacks_on_the_pod),
         ("n7_availability", n7_availability),
+        ("n8_helm_chart", n8_helm_chart),
     ];
     // `SIDECAR_INJECTOR_E2E_ONLY=n1,n2` runs only the scenarios whose names start with these.
     let only: Vec<String> = std::env::var("SIDECAR_INJECTOR_E2E_ONLY")

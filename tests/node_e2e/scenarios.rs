@@ -852,3 +852,87 @@ pub fn n7_availability(ctx: &mut Ctx) -> Result<()> {
     ensure!(failures.is_empty(), "{}", failures.join("; "));
     Ok(())
 }
+
+/// Helm with the admin's kubeconfig and its caches, config and data in the suite's scratch
+/// directory (nothing left in the user's home).
+fn helm(ctx: &Ctx, args: &[&str]) -> Result<String> {
+    let helm = std::env::var_os("SIDECAR_INJECTOR_HELM")
+        .context("SIDECAR_INJECTOR_HELM is not set (make node-e2e sets it)")?;
+    let home = ctx.plane.dir.join("helm");
+    let out = std::process::Command::new(helm)
+        .args(args)
+        .env("KUBECONFIG", &ctx.plane.admin_kubeconfig)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .context("running helm")?;
+    ensure!(
+        out.status.success(),
+        "helm {}: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// 8. The Helm chart on the real node, as docs/install.md says: the kustomize install removed, the
+///    namespace created and labelled restricted, `helm install` with the local image: the replicas
+///    Ready under that level and the webhook injecting through its Service; `helm upgrade` (one
+///    more replica, a new pod template) rolls the injector, keeps the self-managed CA Secret and
+///    the caBundles, and injection goes on.
+pub fn n8_helm_chart(ctx: &mut Ctx) -> Result<()> {
+    ctx.kubectl(&["delete", "-k", "deploy/overlays/node-e2e", "--wait=true", "--timeout=180s"])?;
+    ctx.kubectl(&["create", "namespace", INJECTOR_NS])?;
+    ctx.kubectl(&["label", "namespace", INJECTOR_NS, "pod-security.kubernetes.io/enforce=restricted"])?;
+    let image = INJECTOR_IMAGE.rsplit_once(':').context("the image has a tag")?;
+    let (repository, tag) = (format!("image.repository={}", image.0), format!("image.tag={}", image.1));
+    let install = ["--namespace", INJECTOR_NS, "--set", &repository, "--set", &tag, "--set", "image.pullPolicy=Never"];
+    let mut args = vec!["install", "sidecar-injector", "charts/sidecar-injector", "--wait", "--timeout", "180s"];
+    args.extend(install);
+    helm(ctx, &args)?;
+    let ready = |ctx: &Ctx, count: usize| -> Result<()> {
+        eventually("the chart's injector replicas Ready", Duration::from_secs(180), || {
+            let pods = ctx.injector_pods()?;
+            let current: Vec<&Value> = pods.iter().filter(|p| p["metadata"]["deletionTimestamp"].is_null()).collect();
+            Ok((current.len() == count && current.iter().all(|p| ready(p))).then_some(()))
+        })
+    };
+    ready(ctx, 2)?;
+    ctx.wait_for_injection(SHOP, |_| true).context("injection after helm install")?;
+    let secret = eventually("the CA Secret", Duration::from_secs(60), || Ok(ctx.certificate_secret().ok()))?;
+    let ca = secret.get("ca.crt").context("no ca.crt in the Secret")?.clone();
+
+    let mut args = vec!["upgrade", "sidecar-injector", "charts/sidecar-injector", "--wait", "--timeout", "180s"];
+    args.extend(install);
+    args.extend([
+        "--set",
+        "replicas=3",
+        "--set",
+        "extraEnv[0].name=SIDECAR_INJECTOR__TELEMETRY__LOG_LEVEL",
+        "--set",
+        "extraEnv[0].value=debug",
+    ]);
+    helm(ctx, &args)?;
+    ready(ctx, 3)?;
+    let env = ctx.kubectl(&[
+        "-n",
+        INJECTOR_NS,
+        "get",
+        "deployment",
+        "sidecar-injector",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].env[*].name}",
+    ])?;
+    ensure!(
+        env.contains("SIDECAR_INJECTOR__TELEMETRY__LOG_LEVEL"),
+        "the upgrade did not reach the pod template: {env}"
+    );
+    ensure!(ctx.certificate_secret()? == secret, "helm upgrade changed the CA Secret");
+    ensure!(ctx.ca_bundles()?.iter().all(|b| b.contains(ca.trim())), "a caBundle lost the CA after the upgrade");
+    ctx.wait_for_injection(SHOP, |_| true).context("injection after helm upgrade")?;
+    let releases = helm(ctx, &["list", "--namespace", INJECTOR_NS, "-o", "json"])?;
+    ensure!(releases.contains("\"revision\":\"2\"") && releases.contains("deployed"), "helm list: {releases}");
+    Ok(())
+}
