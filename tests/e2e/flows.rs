@@ -442,10 +442,26 @@ fn every_container_has_requests_and_limits(pod: &Pod) -> Result<()> {
 }
 
 /// Scenario 24: every API server metric the alerts and the dashboard of
-/// `deploy/components/monitoring` use is one this API server exports, now that the earlier
-/// scenarios made it call, refuse through and fail open on the webhooks (the injector's own
-/// metrics are checked by `tests/monitoring.rs`).
+/// `deploy/components/monitoring` use is one this API server exports once it has called, been
+/// refused by and failed open on the webhooks, which this scenario makes it do (an earlier API
+/// server restart sets its counters back to zero). The injector's own metrics are checked by
+/// `tests/monitoring.rs`.
 pub async fn s24_monitoring_uses_real_api_server_metrics(ctx: &mut Ctx) -> Result<()> {
+    // A refusal: a broken template, in a server-side dry run.
+    let broken: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "broken-templates", "labels": {"sidecar-injector.io/templates": "true"}},
+        "data": {"broken.yaml": "inject:\n  labels: {a: \"{{ oops }}\"}\n"}}))?;
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(ctx.client.clone(), "sidecar-injector");
+    let dry_run = kube::api::PostParams { dry_run: true, ..Default::default() };
+    ensure!(configmaps.create(&dry_run, &broken).await.is_err(), "the broken template was accepted");
+    // A fail-open: a pod while the injector is away (the policy refuses it).
+    ctx.stop_injector();
+    let refused =
+        ctx.dry_run_pod("e2e-shop", crate::scenarios::pod("fail-open", json!({"app": "web"}), json!({}))).await;
+    ctx.start_injector()?;
+    ensure!(refused.is_err(), "a pod was admitted without the injector");
+
     let dir = "deploy/components/monitoring";
     let rule =
         sidecar_injector::engine::manifest::read(&std::fs::read_to_string(format!("{dir}/prometheusrule.yaml"))?)?;
