@@ -41,9 +41,14 @@ pub struct ServerSettings {
     /// UPDATE) stays under 4 MiB.
     pub max_body_bytes: usize,
     /// Request bodies held at once, across all connections (read, parsed or being decided); a
-    /// request waits for room (up to `body_timeout_ms`). Bounds the memory any set of clients can
-    /// make the server hold, whatever their number.
+    /// request waits for room up to `room_wait_ms`. Bounds the memory any set of clients can make
+    /// the server hold, whatever their number.
     pub max_inflight_bytes: usize,
+    /// How long a request waits for room among the bodies in flight before it gets 503 with
+    /// `Retry-After: 1`. The API server's webhook client retries such an answer after a second
+    /// within its own timeout (5 s in deploy/), so short waits turn an overload into retries
+    /// instead of a failed-open call (and a pod the policy refuses). Capped at `body_timeout_ms`.
+    pub room_wait_ms: u64,
     /// Worker threads (0: one per CPU).
     pub workers: usize,
     /// Time a client has to send a request's headers before the connection is closed (slow clients).
@@ -73,6 +78,7 @@ impl Default for ServerSettings {
             workers: 0,
             client_request_timeout_ms: 5000,
             body_timeout_ms: 10_000,
+            room_wait_ms: 1000,
             keep_alive_seconds: 75,
             max_connections_per_worker: 4096,
             max_tls_handshakes_per_worker: 4096,
@@ -314,6 +320,9 @@ impl Settings {
         if server.max_connections_per_worker == 0 {
             return fail("server.max_connections_per_worker must be at least 1");
         }
+        if server.room_wait_ms == 0 {
+            return fail("server.room_wait_ms must be at least 1");
+        }
         let tls = &self.tls;
         if tls.cert_file.is_some() != tls.key_file.is_some() {
             return fail("tls.cert_file and tls.key_file must be set together");
@@ -402,6 +411,7 @@ mod tests {
             ("tls:\n  mode: files\n", &[], "needs tls.cert_file"),
             ("server:\n  max_body_bytes: 10\n", &[], "at least 65536"),
             ("server:\n  max_inflight_bytes: 70000\n", &[], "room for one largest request"),
+            ("server:\n  room_wait_ms: 0\n", &[], "server.room_wait_ms must be at least 1"),
             ("telemetry:\n  log_level: \"=\"\n", &[], "telemetry.log_level"),
             ("cluster:\n  kubernetes_version: latest\n", &[], "cluster.kubernetes_version"),
             ("tls:\n  rotate_before_days: 400\n", &[], "rotate_before_days"),

@@ -156,6 +156,9 @@ pub struct AppState {
 
     /// Time a body may take to arrive.
     pub body_timeout: Duration,
+    /// Time a request waits for room among the bodies in flight before it is answered 503 with
+    /// `Retry-After` (`server.room_wait_ms`).
+    pub room_wait: Duration,
     /// Checks new template text before it is loaded (the child-process sandbox in `serve`).
     pub precheck: Arc<dyn PreCheck + Send + Sync>,
     /// One template check or load at a time (the guard's and hot reload's): each may use up to the

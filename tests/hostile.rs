@@ -398,6 +398,7 @@ async fn the_hostile_input_matrix() {
     let server = TestServer::start(|s| {
         s.server.client_request_timeout_ms = 1000;
         s.server.body_timeout_ms = 1000;
+        s.server.room_wait_ms = 200;
     });
     let canary = Canary::start(&server);
     let client = server.client();
@@ -466,6 +467,31 @@ async fn the_hostile_input_matrix() {
     assert!(reply.starts_with("HTTP/1.1 408") && reply.contains("did not arrive within 1000 ms"), "{reply}");
     matrix.push(format!(
         "| body stalls half-way | 408 | the request body did not arrive within 1000 ms | {} ms |",
+        took.as_millis()
+    ));
+
+    // No room among the bodies in flight: a stalled request holds the whole large-body room, so
+    // the next large one waits room_wait_ms and gets 503 with Retry-After (the API server
+    // retries such an answer within its timeout instead of failing open).
+    let max_body = 4 * 1024 * 1024;
+    let mut holder = tls(&server, &[&rustls::version::TLS13]).await;
+    holder
+        .write_all(
+            format!("POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {max_body}\r\n\r\n{{").as_bytes(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut second = tls(&server, &[&rustls::version::TLS13]).await;
+    second.write_all(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\n").await.unwrap();
+    let (reply, took, _) = read_until_closed(&mut second, Duration::from_secs(3)).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    assert!(reply.to_ascii_lowercase().contains("retry-after: 1\r\n"), "{reply}");
+    assert!(reply.contains("no room within 200 ms (server.room_wait_ms); retry"), "{reply}");
+    drop(holder);
+    matrix.push(format!(
+        "| no room among the bodies in flight (a stalled 4 MiB body holds it) | 503, Retry-After: 1 | no room within 200 ms | {} ms |",
         took.as_millis()
     ));
 

@@ -298,7 +298,7 @@ pub fn busy(inflight_limit: usize, waited: std::time::Duration) -> Reply {
         503,
         "busy",
         &format!(
-            "too many request bytes in flight (server.max_inflight_bytes = {inflight_limit}); no room within {} ms",
+            "too many request bytes in flight (server.max_inflight_bytes = {inflight_limit}); no room within {} ms (server.room_wait_ms); retry",
             waited.as_millis()
         ),
     )

@@ -112,6 +112,7 @@ impl Starting {
             max_inflight_bytes: settings.server.max_inflight_bytes,
             inflight_kib: InflightRoom::new(settings.server.max_inflight_bytes, settings.server.max_body_bytes),
             body_timeout: Duration::from_millis(settings.server.body_timeout_ms),
+            room_wait: Duration::from_millis(settings.server.room_wait_ms.min(settings.server.body_timeout_ms)),
             precheck,
             template_work: Default::default(),
             template_queue: Arc::new(tokio::sync::Semaphore::new(1)),

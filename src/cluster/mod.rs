@@ -269,6 +269,7 @@ mod tests {
             max_inflight_bytes: 1 << 20,
             inflight_kib: crate::state::InflightRoom::new(1 << 20, 1 << 20),
             body_timeout: Duration::from_secs(1),
+            room_wait: Duration::from_secs(1),
             precheck: Arc::new(crate::engine::template::InProcess),
             template_work: Default::default(),
             template_queue: Arc::new(tokio::sync::Semaphore::new(1)),

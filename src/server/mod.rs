@@ -42,9 +42,9 @@ async fn read_body(
     }
     let kib = (declared.unwrap_or(limit).div_ceil(1024)).max(1) as u32;
     let pool = state.inflight_kib.pool(declared.unwrap_or(limit)).clone();
-    let room = tokio::time::timeout(state.body_timeout, pool.acquire_many_owned(kib)).await;
+    let room = tokio::time::timeout(state.room_wait, pool.acquire_many_owned(kib)).await;
     let Ok(Ok(room)) = room else {
-        return Err(Box::new(admission::busy(state.max_inflight_bytes, state.body_timeout)));
+        return Err(Box::new(admission::busy(state.max_inflight_bytes, state.room_wait)));
     };
     let read = async {
         let mut body = web::BytesMut::with_capacity(declared.unwrap_or(8192).min(limit));
@@ -100,9 +100,13 @@ async fn handle(
     if let Some(skip) = summary.skip {
         metrics.skip(skip);
     }
-    HttpResponse::build(StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_REQUEST))
-        .content_type("application/json")
-        .body(reply.body)
+    let mut response = HttpResponse::build(StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_REQUEST));
+    if reply.status == 503 {
+        // client-go (the API server's webhook client) retries a 5xx that carries Retry-After,
+        // within the webhook's timeout, instead of failing the call.
+        response.insert_header(("Retry-After", "1"));
+    }
+    response.content_type("application/json").body(reply.body)
 }
 
 /// Reads the body, looks up the namespace and lets the admission layer decide.
