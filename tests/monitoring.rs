@@ -33,21 +33,6 @@ fn alerts() -> BTreeMap<String, Value> {
         .collect()
 }
 
-/// Every PromQL expression of the rules and of the dashboard's panels.
-fn expressions() -> Vec<(String, String)> {
-    let mut all: Vec<(String, String)> =
-        alerts().into_iter().map(|(name, rule)| (name, rule["expr"].as_str().unwrap().to_owned())).collect();
-    let dashboard: Value =
-        serde_json::from_str(&std::fs::read_to_string(format!("{COMPONENT}/dashboard.json")).unwrap()).unwrap();
-    for panel in dashboard["panels"].as_array().unwrap() {
-        for target in panel["targets"].as_array().unwrap() {
-            let title = format!("panel {:?}", panel["title"].as_str().unwrap_or_default());
-            all.push((title, target["expr"].as_str().unwrap().to_owned()));
-        }
-    }
-    all
-}
-
 /// `{{ $labels.x }}` replaced by the labels' values.
 fn expand(template: &str, labels: &serde_json::Map<String, Value>) -> String {
     let mut text = template.to_owned();
@@ -63,7 +48,7 @@ fn every_injector_metric_the_rules_and_dashboard_use_is_exported() {
     let exported = common::metrics::series_names();
     let mut unknown = Vec::new();
     let mut used = 0;
-    for (whose, expression) in expressions() {
+    for (whose, expression) in common::metrics::monitoring_expressions() {
         for name in common::metrics::used_in(&expression, "sidecar_injector_") {
             used += 1;
             if !exported.contains(&name) {

@@ -11,8 +11,14 @@ use common::process::ServeProcess;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_lets_every_in_flight_request_finish() {
-    let mut server =
-        ServeProcess::start(&[("SIDECAR_INJECTOR__SERVER__SHUTDOWN_TIMEOUT_SECONDS", "15".to_owned())]).await;
+    // The bodies below are chunked (no Content-Length), so each reserves the whole large-body room
+    // and they are read one after another: the wait for room must outlast the others' reads (this
+    // test is about shutdown, not about the 503 an overloaded server answers).
+    let mut server = ServeProcess::start(&[
+        ("SIDECAR_INJECTOR__SERVER__SHUTDOWN_TIMEOUT_SECONDS", "15".to_owned()),
+        ("SIDECAR_INJECTOR__SERVER__ROOM_WAIT_MS", "10000".to_owned()),
+    ])
+    .await;
     let client = server.client_builder().pool_max_idle_per_host(0).build().unwrap();
 
     // 24 requests whose bodies (a 430 KiB pod each) arrive in 20 slices over about 2 s: all of them

@@ -60,3 +60,27 @@ pub fn used_in(expression: &str, prefix: &str) -> Vec<String> {
     }
     used
 }
+
+/// Every PromQL expression of `deploy/components/monitoring`: the PrometheusRule's alerts (by
+/// alert name) and the dashboard's panel targets (by panel title).
+pub fn monitoring_expressions() -> Vec<(String, String)> {
+    let dir = "deploy/components/monitoring";
+    let rule = std::fs::read_to_string(format!("{dir}/prometheusrule.yaml")).expect("the PrometheusRule");
+    let rule = sidecar_injector::engine::manifest::read(&rule).expect("the PrometheusRule is YAML").remove(0);
+    let dashboard = std::fs::read_to_string(format!("{dir}/dashboard.json")).expect("the dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    let mut all: Vec<(String, String)> = rule["spec"]["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+        .map(|r| (text(&r["alert"]), text(&r["expr"])))
+        .collect();
+    for panel in dashboard["panels"].as_array().into_iter().flatten() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            all.push((format!("panel {:?}", text(&panel["title"])), text(&target["expr"])));
+        }
+    }
+    all
+}

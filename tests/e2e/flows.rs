@@ -462,24 +462,10 @@ pub async fn s24_monitoring_uses_real_api_server_metrics(ctx: &mut Ctx) -> Resul
     ctx.start_injector()?;
     ensure!(refused.is_err(), "a pod was admitted without the injector");
 
-    let dir = "deploy/components/monitoring";
-    let rule =
-        sidecar_injector::engine::manifest::read(&std::fs::read_to_string(format!("{dir}/prometheusrule.yaml"))?)?;
-    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(format!("{dir}/dashboard.json"))?)?;
-    let mut expressions: Vec<String> = rule[0]["spec"]["groups"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
-        .filter_map(|r| r["expr"].as_str().map(str::to_owned))
+    let used: std::collections::BTreeSet<String> = crate::metrics::monitoring_expressions()
+        .iter()
+        .flat_map(|(_, expression)| crate::metrics::used_in(expression, "apiserver_"))
         .collect();
-    for panel in dashboard["panels"].as_array().into_iter().flatten() {
-        expressions.extend(
-            panel["targets"].as_array().into_iter().flatten().filter_map(|t| t["expr"].as_str().map(str::to_owned)),
-        );
-    }
-    let used: std::collections::BTreeSet<String> =
-        expressions.iter().flat_map(|e| crate::metrics::used_in(e, "apiserver_")).collect();
     ensure!(used.len() >= 3, "the monitoring uses only {used:?} of the API server's metrics");
     let text = crate::controlplane::curl(
         &format!("{}/metrics", ctx.plane.url),
