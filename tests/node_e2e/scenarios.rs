@@ -50,14 +50,22 @@ impl Ctx {
 
     /// The injector's command line with the admin's kubeconfig (as a user runs it).
     fn cli(&self, args: &[&str]) -> Result<String> {
-        let out = std::process::Command::new(&self.binary)
+        self.tool(&self.binary, args, &[])
+    }
+
+    /// Runs a command-line tool as the admin (their kubeconfig, plus `env`); its output, or an
+    /// error with everything it printed.
+    fn tool(&self, program: &std::path::Path, args: &[&str], env: &[(&str, PathBuf)]) -> Result<String> {
+        let out = std::process::Command::new(program)
             .args(args)
             .env("KUBECONFIG", &self.plane.admin_kubeconfig)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .output()
-            .context("running the injector's CLI")?;
+            .with_context(|| format!("running {}", program.display()))?;
         ensure!(
             out.status.success(),
-            "sidecar-injector {}: {}{}",
+            "{} {}: {}{}",
+            program.display(),
             args.join(" "),
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
@@ -859,22 +867,12 @@ fn helm(ctx: &Ctx, args: &[&str]) -> Result<String> {
     let helm = std::env::var_os("SIDECAR_INJECTOR_HELM")
         .context("SIDECAR_INJECTOR_HELM is not set (make node-e2e sets it)")?;
     let home = ctx.plane.dir.join("helm");
-    let out = std::process::Command::new(helm)
-        .args(args)
-        .env("KUBECONFIG", &ctx.plane.admin_kubeconfig)
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .output()
-        .context("running helm")?;
-    ensure!(
-        out.status.success(),
-        "helm {}: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    let env = [
+        ("HELM_CACHE_HOME", home.join("cache")),
+        ("HELM_CONFIG_HOME", home.join("config")),
+        ("HELM_DATA_HOME", home.join("data")),
+    ];
+    ctx.tool(std::path::Path::new(&helm), args, &env)
 }
 
 /// 8. The Helm chart on the real node, as docs/install.md says: the kustomize install removed, the
