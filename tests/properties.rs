@@ -348,3 +348,90 @@ proptest! {
         }
     }
 }
+
+/// A template that merges `fragment` into `JAVA_TOOL_OPTIONS` (appending) or `PATH` (prepending).
+fn merging_template(name: &str, fragment: &str, append: bool) -> String {
+    let how = if append { "append: \" \"" } else { "prepend: \":\"" };
+    let value = serde_json::to_string(fragment).unwrap();
+    format!(
+        "default: true\ninject:\n  appContainers:\n    env:\n      - name: {name}\n        value: {value}\n        merge: {{{how}}}\n"
+    )
+}
+
+/// An app container's env in any form the variables can take: literal values (any text, `$(...)`
+/// references and separators included), `valueFrom`, repeated names, and maybe an `envFrom`.
+fn author_container() -> impl Strategy<Value = Value> {
+    let entry = (
+        proptest::sample::select(vec!["JAVA_TOOL_OPTIONS", "PATH", "OTHER"]),
+        proptest::option::of(proptest::string::string_regex("[-a-z:/ =$()A-Z_.]{0,24}").unwrap()),
+    )
+        .prop_map(|(name, value)| match value {
+            Some(value) => json!({"name": name, "value": value}),
+            None => json!({"name": name, "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}),
+        });
+    (proptest::collection::vec(entry, 0..=4), any::<bool>()).prop_map(|(env, env_from)| {
+        let mut container = json!({"name": "app", "image": "app:1"});
+        if !env.is_empty() {
+            container["env"] = Value::Array(env);
+        }
+        if env_from {
+            container["envFrom"] = json!([{"configMapRef": {"name": "app-env"}}]);
+        }
+        container
+    })
+}
+
+/// The app container's env, absent when empty.
+fn env_of(pod: &Value) -> Value {
+    normalize(&pod["spec"]["containers"][0])["env"].clone()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// For any author value: the injection keeps the author's entries first and untouched,
+    /// stripping it (`/validate`'s view) or taking it back (re-injection with a template that no
+    /// longer merges) gives back exactly the author's env, a template change leaves exactly one
+    /// fragment, and injecting twice adds nothing.
+    #[test]
+    fn merging_env_never_loses_or_duplicates_and_strips_back_to_the_authors_value(
+        container in author_container(),
+        fragments in proptest::collection::vec("[-a-z/:.=]{1,12}", 3),
+        append in any::<bool>(),
+    ) {
+        let name = if append { "JAVA_TOOL_OPTIONS" } else { "PATH" };
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [container]}});
+        let author_env = env_of(&pod);
+        let v1 = engine(&[merging_template(name, &fragments[0], append)]);
+        let injected = match evaluate(&v1, &pod, true) {
+            outcome @ Outcome::Inject(_) => patched(&pod, outcome).0,
+            other => panic!("{other:?}"),
+        };
+        let env = injected["spec"]["containers"][0]["env"].as_array().cloned().unwrap_or_default();
+        let before = author_env.as_array().cloned().unwrap_or_default();
+        prop_assert_eq!(&env[..before.len()], &before[..], "the author's entries come first, untouched");
+        prop_assert!(env.len() <= before.len() + 1, "at most one entry added");
+        prop_assert!(matches!(evaluate(&v1, &injected, true), Outcome::UpToDate(_)), "injecting again adds nothing");
+
+        let text = injected["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap();
+        let status = sidecar_injector::engine::status::InjectionStatus::parse(text).unwrap();
+        let stripped = sidecar_injector::engine::validate::strip_injection(&injected, &status);
+        prop_assert_eq!(env_of(&stripped), author_env.clone(), "strip(inject(v)) == v");
+
+        let v2 = edited(&v1, &[merging_template(name, &fragments[1], append)]);
+        let reinjected = match evaluate(&v2, &injected, true) {
+            outcome @ Outcome::Inject(_) => patched(&injected, outcome).0,
+            Outcome::UpToDate(_) => injected.clone(), // the same fragment twice: the same template
+            other => panic!("{other:?}"),
+        };
+        let fresh = patched(&pod, evaluate(&v2, &pod, true)).0;
+        prop_assert_eq!(env_of(&reinjected), env_of(&fresh), "re-injection equals a fresh injection");
+
+        let gone = edited(&v2, &["default: true\ninject:\n  labels: {merged: none}\n".to_owned()]);
+        let taken_back = match evaluate(&gone, &reinjected, true) {
+            outcome @ Outcome::Inject(_) => patched(&reinjected, outcome).0,
+            other => panic!("{other:?}"),
+        };
+        prop_assert_eq!(env_of(&taken_back), author_env, "taking the injection back gives back exactly the author's env");
+    }
+}

@@ -30,6 +30,9 @@ pub struct Explanation {
     /// What the injection removes: items an earlier injection provably added, replaced now.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub removes: Option<InjectionStatus>,
+    /// How each env var a template merges into an app container's own is put together.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub merge_notes: Vec<String>,
     /// Warnings (ignored overrides and the like).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
@@ -49,6 +52,10 @@ fn choice_json(choice: &Choice) -> Value {
 /// The explanation of one pod decision.
 pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
     let decision = &found.decision;
+    let merge_notes = match &decision.outcome {
+        Outcome::Inject(injection) => injection.merge_notes.clone(),
+        _ => Vec::new(),
+    };
     let removes = match &decision.outcome {
         Outcome::Inject(injection) if !is_empty(&injection.removed) => Some((*injection.removed).clone()),
         _ => None,
@@ -88,6 +95,7 @@ pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
         templates: decision.choice.as_ref().map(choice_json),
         status,
         removes,
+        merge_notes,
         warnings,
     }
 }
@@ -149,6 +157,9 @@ fn item_lines(out: &mut String, heading: &str, status: &InjectionStatus) {
         if !additions.volume_mounts.is_empty() {
             parts.push(format!("mounts {}", additions.volume_mounts.join(", ")));
         }
+        if !additions.env_merges.is_empty() {
+            parts.push(format!("merged env {}", additions.env_merges.join(", ")));
+        }
         out.push_str(&format!(
             "    {} container {container}: {}\n",
             if heading.contains("removes") { "from" } else { "into" },
@@ -183,6 +194,9 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>], webhook_only
         if let Some(status) = e.status.as_ref().filter(|s| !s.templates.is_empty()) {
             let heading = if e.result == "upToDate" { "  added earlier:\n" } else { "  adds:\n" };
             item_lines(&mut out, heading, status);
+            for note in &e.merge_notes {
+                out.push_str(&format!("    merge into {note}\n"));
+            }
             for skip in &status.skipped {
                 let container = skip.container.as_ref().map(|c| format!(" in container {c}")).unwrap_or_default();
                 let owner = if skip.owner == "pod" {
@@ -235,6 +249,7 @@ pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliEr
             templates: None,
             status: None,
             removes: None,
+            merge_notes: Vec::new(),
             warnings: Vec::new(),
         });
     }

@@ -85,6 +85,8 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
             }
             // Never skipped: a pull secret the pod already names is simply not added again.
             ItemKind::ImagePullSecret => continue,
+            // Skipped only when the pod already has exactly this entry (its key is its value).
+            ItemKind::EnvMerge => continue,
             ItemKind::VolumeMount => (
                 named(&rendered.volume_mounts, "mountPath"),
                 app_item(skip.container.as_deref(), "volumeMounts", "mountPath", &skip.name).cloned(),

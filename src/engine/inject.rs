@@ -26,10 +26,10 @@ use json_patch::{AddOperation, PatchOperation, RemoveOperation};
 use serde_json::Value;
 
 use super::compare::env_from_key;
-use super::names;
 use super::pod::{self, PodShapeError, shape_error};
 use super::render::RenderedTemplate;
 use super::status::{AppContainerAdditions, InjectionStatus, ItemKind, Skipped, TemplateRef};
+use super::{env_merge, names};
 
 /// A rendered template and whether its sidecars become native sidecars.
 #[derive(Debug, Clone)]
@@ -50,6 +50,9 @@ pub struct Injection {
     /// What the patch removes: items an earlier injection provably added (empty on a first
     /// injection).
     pub removed: Box<InjectionStatus>,
+    /// For each env var a template merges into an app container: where the value it adds to
+    /// comes from, one sentence each as `container <name>: ...` (for `explain`).
+    pub merge_notes: Vec<String>,
 }
 
 /// What an earlier injection left in the pod, as far as it is proven (see `ownership`; never the
@@ -147,6 +150,11 @@ pub fn plan(
         .iter()
         .map(|c| c.get("envFrom").and_then(Value::as_array).into_iter().flatten().map(pod_env_from_key).collect())
         .collect();
+    // The keys of env entries that refer to their own name, as merged entries do (`env_merge`).
+    let env_self_keys: Vec<Vec<Option<String>>> = containers
+        .iter()
+        .map(|c| c.get("env").and_then(Value::as_array).into_iter().flatten().map(env_merge::pod_entry_key).collect())
+        .collect();
     let mut app_containers = Vec::new();
     for (index, container) in containers.iter().enumerate() {
         // Sidecars of an earlier injection are not app containers, whether they go or stay.
@@ -165,9 +173,10 @@ pub fn plan(
         let source_keys: Vec<&str> = env_from_keys[index].iter().map(String::as_str).collect();
         app_containers.push(AppContainer {
             name,
+            container,
             new_index: index - removed_containers.iter().filter(|r| **r < index).count(),
             lists: [
-                AppList::new(container, "env", env_names, prev.map(|a| &a.env), kept_here.map(|a| &a.env)),
+                AppList::env(container, env_names, &env_self_keys[index], prev, kept_here),
                 AppList::new(
                     container,
                     "envFrom",
@@ -194,12 +203,30 @@ pub fn plan(
     let mut taken_pull_secrets = Taken::by_pod(&pull_secret_names, &removed_pull_secrets);
     taken_pull_secrets.keep(&kept.image_pull_secrets);
     let mut new_pull_secrets = Vec::new();
+    let mut merge_notes = Vec::new();
     // The templates' whole items, out of the templates: the claims below borrow their names, and
     // once claiming is over the items the injection adds are moved from here into the patch.
     let mut whole_items: Vec<WholeItems> = templates.iter_mut().map(|t| WholeItems::out_of(&mut t.rendered)).collect();
     // The keys of the templates' `envFrom` sources, borrowed by the lists while claiming.
     let template_env_from_keys: Vec<Vec<String>> =
         templates.iter().map(|t| t.rendered.env_from.iter().filter_map(env_from_key).collect()).collect();
+    // The entry each env var that says `merge:` adds when the app container has the variable, and
+    // its status key; borrowed likewise.
+    let template_merged_env: Vec<Vec<Option<(String, Value)>>> = templates
+        .iter()
+        .map(|t| {
+            let r = &t.rendered;
+            r.env
+                .iter()
+                .map(|e| {
+                    let name = rendered_name(e);
+                    let merge = r.env_merges.get(name)?;
+                    let entry = merge.entry(name, e.get("value").and_then(Value::as_str).unwrap_or_default());
+                    Some((env_merge::key(&entry)?, entry))
+                })
+                .collect()
+        })
+        .collect();
 
     // Decide what each template adds.
     let mut added_labels = BTreeMap::new();
@@ -295,18 +322,58 @@ pub fn plan(
             }
         }
         let sources = t.env_from.iter().zip(&template_env_from_keys[template_index]);
-        let kinds: [(ItemKind, Vec<(&Value, &str)>); 3] = [
-            (ItemKind::Env, t.env.iter().map(|e| (e, rendered_name(e))).collect()),
-            (ItemKind::EnvFrom, sources.map(|(e, k)| (e, k.as_str())).collect()),
-            (ItemKind::VolumeMount, t.volume_mounts.iter().map(|m| (m, mount_path(m))).collect()),
+        let merged_env = template_merged_env[template_index].iter().map(|m| m.as_ref().map(|(k, e)| (k.as_str(), e)));
+        let kinds: [(ItemKind, AppItems); 3] = [
+            (ItemKind::Env, t.env.iter().zip(merged_env).map(|(e, merged)| (e, rendered_name(e), merged)).collect()),
+            (ItemKind::EnvFrom, sources.map(|(e, k)| (e, k.as_str(), None)).collect()),
+            (ItemKind::VolumeMount, t.volume_mounts.iter().map(|m| (m, mount_path(m), None)).collect()),
         ];
         for app in app_containers.iter_mut().filter(|app| t.targets.includes(app.name)) {
             for ((kind, items), list) in kinds.iter().zip(&mut app.lists) {
-                for (item, key) in items {
-                    match list.taken.claim(key, owner) {
-                        Ok(Claimed::New) => list.added.push(Addition::New(item)),
-                        Ok(Claimed::Kept) => list.added.push(Addition::Kept(item)),
-                        Err(by) => skip(*kind, key, Some(app.name), by),
+                for (item, key, merged) in items {
+                    // A merging env var whose name the container (or an earlier template) already
+                    // defines, or may get from `envFrom`, adds the entry that refers to it instead.
+                    let merged = merged.filter(|_| match list.taken.holder(key) {
+                        Some(Owner::Kept) => false,
+                        Some(_) => true,
+                        None => !env_merge::possible_sources(app.container, key).is_empty(),
+                    });
+                    // For `explain`: where the value a merging env var adds to comes from.
+                    let merge_note = t.env_merges.get(*key).filter(|_| *kind == ItemKind::Env).map(|merge| {
+                        let note = match (merged, env_merge::AppValue::of(app.container, key)) {
+                            (Some(_), env_merge::AppValue::NotVisible) => {
+                                format!("{key}: merged into the value an earlier template adds ({})", merge.describe())
+                            }
+                            (Some(_), found) => found.explain(key, merge),
+                            (None, _) => env_merge::AppValue::NotVisible.explain(key, merge),
+                        };
+                        format!("container {}: {note}", app.name)
+                    });
+                    let fragment = item.get("value").and_then(Value::as_str).unwrap_or_default();
+                    let (claim_key, item, merges) = match merged {
+                        Some((merged_key, entry)) => (merged_key, entry, true),
+                        None => (*key, *item, false),
+                    };
+                    let loaded_already = merges
+                        && list.taken.holder(claim_key).is_none()
+                        && t.env_merges
+                            .get(*key)
+                            .is_some_and(|merge| env_merge::already_has(app.container, key, merge, fragment));
+                    let claimed = match loaded_already {
+                        true => Err(Owner::Pod),
+                        false => list.taken.claim(claim_key, owner),
+                    };
+                    match claimed {
+                        Ok(claimed) => {
+                            list.added.push(Addition { item, kept: claimed == Claimed::Kept, merges });
+                            merge_notes.extend(merge_note);
+                            // A later template's plain item of this name must not replace it.
+                            list.taken.hold(key, owner);
+                        }
+                        Err(by) => {
+                            let kind = if merges { ItemKind::EnvMerge } else { *kind };
+                            skip(kind, key, Some(app.name), by)
+                        }
                     }
                 }
             }
@@ -338,9 +405,10 @@ pub fn plan(
         status.app_containers.insert(
             app.name.to_owned(),
             AppContainerAdditions {
-                env: env.added.iter().map(|e| rendered_name(e.item()).to_owned()).collect(),
-                env_from: env_from.added.iter().filter_map(|e| env_from_key(e.item())).collect(),
-                volume_mounts: mounts.added.iter().map(|m| mount_path(m.item()).to_owned()).collect(),
+                env: env.added.iter().filter(|e| !e.merges).map(|e| rendered_name(e.item).to_owned()).collect(),
+                env_from: env_from.added.iter().filter_map(|e| env_from_key(e.item)).collect(),
+                volume_mounts: mounts.added.iter().map(|m| mount_path(m.item).to_owned()).collect(),
+                env_merges: env.added.iter().filter(|e| e.merges).filter_map(|e| env_merge::key(e.item)).collect(),
             },
         );
     }
@@ -387,9 +455,9 @@ pub fn plan(
         let index = app.new_index.to_string();
         for list in &app.lists {
             let path = ["spec", "containers", &index, list.field];
-            let nothing_follows = list.added.iter().all(Addition::is_kept);
+            let nothing_follows = list.added.iter().all(|a| a.kept);
             let left = list.present && builder.removals(&path, &list.removed, list.count, nothing_follows);
-            builder.append(&path, left, list.added.iter().filter_map(Addition::new_item).collect());
+            builder.append(&path, left, list.added.iter().filter(|a| !a.kept).map(|a| a.item.clone()).collect());
         }
     }
     builder.append(&["spec", "containers"], true, new_containers);
@@ -418,7 +486,7 @@ pub fn plan(
         &annotation_removals,
         &app_containers,
     );
-    Ok(Injection { patch: builder.ops, status, removed: Box::new(removed) })
+    Ok(Injection { patch: builder.ops, status, removed: Box::new(removed), merge_notes })
 }
 
 use super::names::SERVICE_ACCOUNT_TOKEN_PATH;
@@ -562,6 +630,7 @@ fn mount_unless_path_taken(container: &mut Value, mount: &Value) {
 
 struct AppContainer<'p> {
     name: &'p str,
+    container: &'p Value,
     new_index: usize,
     /// `env` (by name), `envFrom` (by `env_from_key`), `volumeMounts` (by mount path).
     lists: [AppList<'p>; 3],
@@ -581,6 +650,41 @@ struct AppList<'p> {
 }
 
 impl<'p> AppList<'p> {
+    /// The `env` list: entries are identified by name, and merged entries (which repeat a name)
+    /// by `NAME=VALUE` (`self_keys`, per entry) as well.
+    fn env(
+        container: &Value,
+        names: Vec<&'p str>,
+        self_keys: &'p [Option<String>],
+        previous: Option<&AppContainerAdditions>,
+        kept: Option<&'p AppContainerAdditions>,
+    ) -> Self {
+        let keyed: Vec<&str> = self_keys.iter().map(|k| k.as_deref().unwrap_or_default()).collect();
+        let mut removed = previous.map(|p| indexes_named(&names, &p.env)).unwrap_or_default();
+        removed.extend(previous.map(|p| indexes_named(&keyed, &p.env_merges)).unwrap_or_default());
+        removed.sort_unstable();
+        removed.dedup();
+        let mut taken = Taken::by_pod(&names, &removed);
+        for (index, key) in self_keys.iter().enumerate() {
+            if let Some(key) = key
+                && removed.binary_search(&index).is_err()
+            {
+                taken.0.insert(key, Owner::Pod);
+            }
+        }
+        if let Some(kept) = kept {
+            taken.keep(kept.env.iter().chain(&kept.env_merges));
+        }
+        AppList {
+            field: "env",
+            present: container.get("env").is_some_and(|v| !v.is_null()),
+            count: names.len(),
+            taken,
+            removed,
+            added: Vec::new(),
+        }
+    }
+
     fn new(
         container: &Value,
         field: &'static str,
@@ -604,29 +708,21 @@ impl<'p> AppList<'p> {
     }
 }
 
-/// An env var or mount a template gives an app container: new, or already there from an earlier
-/// injection of the same template version.
-enum Addition<'p> {
-    New(&'p Value),
-    Kept(&'p Value),
+/// An env var, `envFrom` source or mount a template gives an app container.
+struct Addition<'p> {
+    item: &'p Value,
+    /// Already there from an earlier injection of the same template version: nothing to add.
+    kept: bool,
+    /// An env entry merged into the container's own variable (`env_merge`).
+    merges: bool,
 }
 
-impl Addition<'_> {
-    fn item(&self) -> &Value {
-        match self {
-            Addition::New(v) | Addition::Kept(v) => v,
-        }
-    }
-    fn new_item(&self) -> Option<Value> {
-        match self {
-            Addition::New(v) => Some((*v).clone()),
-            Addition::Kept(_) => None,
-        }
-    }
-    fn is_kept(&self) -> bool {
-        matches!(self, Addition::Kept(_))
-    }
-}
+/// A merging env var's entry for a container that has the variable: its status key and the entry.
+type MergedEntry<'t> = (&'t str, &'t Value);
+
+/// A template's items for one app container list: the item, its key, and for a merging env var
+/// the entry it adds instead when the container has the variable.
+type AppItems<'t> = Vec<(&'t Value, &'t str, Option<MergedEntry<'t>>)>;
 
 /// Who holds a name: the pod itself, an earlier template, or an earlier injection of the current
 /// templates that stays in place ([`Earlier::Keep`]).
@@ -677,6 +773,16 @@ impl<'a> Taken<'a> {
         for name in names {
             self.0.insert(name, Owner::Kept);
         }
+    }
+
+    /// Who holds `name`, if anyone.
+    fn holder(&self, name: &str) -> Option<Owner<'a>> {
+        self.0.get(name).copied()
+    }
+
+    /// Marks `name` as held by `owner` unless someone holds it already.
+    fn hold(&mut self, name: &'a str, owner: Owner<'a>) {
+        self.0.entry(name).or_insert(owner);
     }
 
     /// Takes `name` for `owner`, or says who already holds it.

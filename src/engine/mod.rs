@@ -9,6 +9,7 @@
 pub mod compare;
 pub mod drift;
 pub mod enforce;
+pub mod env_merge;
 pub mod expression;
 pub mod facts;
 pub mod inject;
@@ -28,6 +29,8 @@ pub mod webhook;
 pub mod workload;
 pub mod yaml;
 
+#[cfg(test)]
+mod env_merge_tests;
 #[cfg(test)]
 mod test_support;
 #[cfg(test)]

@@ -23,6 +23,7 @@
 use serde_json::Value;
 
 use super::compare::{env_from_key, first_difference, quantities_equal};
+use super::env_merge;
 use super::names::{self, SERVICE_ACCOUNT_TOKEN_PATH};
 use super::render::RenderedTemplate;
 use super::status::{AppContainerAdditions, InjectionStatus, ItemKind};
@@ -160,6 +161,20 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             let expected = rendered_item(|r| &r.env, "name", env);
             let found = judge(ItemKind::Env, env, Some(container), expected, find(list("env"), "name", env));
             found.record(env, &mut here.env, &mut mine.env);
+        }
+        for key in &additions.env_merges {
+            // Proven when a claimed template renders a merging env var whose entry is exactly
+            // this one; the pod's entry is found by its whole value, as there may be several of
+            // the name.
+            let (name, _) = env_merge::split_key(key);
+            let expected = renderings.iter().flatten().find_map(|r| {
+                let item = find_in(&r.env, "name", name)?;
+                let entry = r.env_merges.get(name)?.entry(name, item.get("value")?.as_str()?);
+                (env_merge::key(&entry).as_ref() == Some(key)).then_some(entry)
+            });
+            let actual = list("env").and_then(|l| l.iter().rev().find(|e| env_merge::key(e).as_ref() == Some(key)));
+            let found = judge(ItemKind::EnvMerge, key, Some(container), expected, actual);
+            found.record(key, &mut here.env_merges, &mut mine.env_merges);
         }
         for path in &additions.volume_mounts {
             let expected = rendered_item(|r| &r.volume_mounts, "mountPath", path);

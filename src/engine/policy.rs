@@ -669,6 +669,10 @@ const APP_LISTS: [(&str, ItemKind, &str); 3] = [
 fn compile_template(template: &Template, native_sidecars: bool, selected: &str) -> Result<Plan, String> {
     let spec = &template.inject;
     let name = &*template.name;
+    // A merged entry depends on what the app container has (its env and envFrom): the webhook's.
+    if spec.env.iter().any(|item| item.merge.is_some()) {
+        return Err("an appContainers.env item merges into the app's own variable (merge:)".to_owned());
+    }
     let overrides = template
         .overridable
         .iter()
@@ -1285,6 +1289,11 @@ mod tests {
                 "a statement",
                 "  labels:\n    s: \"{% if namespace.name %}a{% endif %}\"\n".into(),
                 Some("statements"),
+            ),
+            (
+                "an env var that merges",
+                "  appContainers:\n    env:\n      - {name: J, value: x, merge: {append: \" \"}}\n".into(),
+                Some("merges into the app's own variable"),
             ),
             (
                 "a name from the pod",

@@ -22,6 +22,7 @@ use minijinja::Value as JinjaValue;
 use minijinja::value::{Enumerator, Object, ObjectRepr, Serde};
 use serde_json::Value;
 
+use super::env_merge::EnvMerge;
 use super::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
 use super::facts::NamespaceFacts;
 use super::names;
@@ -56,6 +57,8 @@ pub struct RenderedTemplate {
     pub volumes: Vec<Value>,
     /// Env vars for the targeted app containers.
     pub env: Vec<Value>,
+    /// How the env vars above that say `merge:` merge with the app's own, by name.
+    pub env_merges: BTreeMap<String, EnvMerge>,
     /// `envFrom` sources for the targeted app containers.
     pub env_from: Vec<Value>,
     /// Volume mounts for the targeted app containers.
@@ -187,6 +190,7 @@ fn render_with(
     };
     let spec = &template.inject;
     let err = RenderError::Template;
+    let (env, env_merges) = renderer.env_items(&spec.env).map_err(err)?;
     Ok(RenderedTemplate {
         name: template.name.to_string(),
         hash: template.hash.clone(),
@@ -195,7 +199,8 @@ fn render_with(
         init_containers: renderer.items(&spec.init_containers).map_err(err)?,
         sidecars: renderer.items(&spec.sidecars).map_err(err)?,
         volumes: renderer.items(&spec.volumes).map_err(err)?,
-        env: renderer.items(&spec.env).map_err(err)?,
+        env,
+        env_merges,
         env_from: renderer.items(&spec.env_from).map_err(err)?,
         volume_mounts: renderer.items(&spec.volume_mounts).map_err(err)?,
         image_pull_secrets: renderer.items(&spec.image_pull_secrets).map_err(err)?,
@@ -424,6 +429,25 @@ impl Renderer<'_> {
                 entries.iter().map(|(k, p)| Ok((k.clone(), self.piece(p)?))).collect::<Result<_, TemplateError>>()?,
             ),
         })
+    }
+
+    /// `appContainers.env`: the items, and the `merge:` of those that have one, by rendered name.
+    fn env_items(&mut self, items: &[SeqItem]) -> Result<(Vec<Value>, BTreeMap<String, EnvMerge>), TemplateError> {
+        let mut out = Vec::with_capacity(items.len());
+        let mut merges = BTreeMap::new();
+        for item in items {
+            if let Some(when) = &item.when
+                && self.text(when)? != "true"
+            {
+                continue;
+            }
+            let rendered = self.piece(&item.piece)?;
+            if let (Some(merge), Some(name)) = (&item.merge, rendered.get("name").and_then(Value::as_str)) {
+                merges.insert(name.to_owned(), merge.clone());
+            }
+            out.push(rendered);
+        }
+        Ok((out, merges))
     }
 
     fn items(&mut self, items: &[SeqItem]) -> Result<Vec<Value>, TemplateError> {

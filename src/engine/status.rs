@@ -73,6 +73,10 @@ pub struct AppContainerAdditions {
     /// Mount paths.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_mounts: Vec<String>,
+    /// Entries merged into an env var the container already had, each exactly as added:
+    /// `NAME=VALUE` (see `env_merge`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_merges: Vec<String>,
 }
 
 /// The kind of an injected item.
@@ -97,6 +101,8 @@ pub enum ItemKind {
     EnvFrom,
     /// A pod `imagePullSecrets` entry.
     ImagePullSecret,
+    /// An env entry merged into the container's own variable (identified as `NAME=VALUE`).
+    EnvMerge,
 }
 
 impl ItemKind {
@@ -112,6 +118,7 @@ impl ItemKind {
             ItemKind::VolumeMount => "volume mount",
             ItemKind::EnvFrom => "envFrom source",
             ItemKind::ImagePullSecret => "image pull secret",
+            ItemKind::EnvMerge => "merged env entry",
         }
     }
 }
@@ -135,12 +142,12 @@ pub struct Skipped {
 impl AppContainerAdditions {
     /// Whether nothing was added.
     pub fn is_empty(&self) -> bool {
-        self.env.is_empty() && self.env_from.is_empty() && self.volume_mounts.is_empty()
+        self.env.is_empty() && self.env_from.is_empty() && self.volume_mounts.is_empty() && self.env_merges.is_empty()
     }
 
     /// How many items were added.
     pub fn len(&self) -> usize {
-        self.env.len() + self.env_from.len() + self.volume_mounts.len()
+        self.env.len() + self.env_from.len() + self.volume_mounts.len() + self.env_merges.len()
     }
 }
 
@@ -171,6 +178,7 @@ impl InjectionStatus {
                     all(&mine.env, &theirs.env)
                         && all(&mine.env_from, &theirs.env_from)
                         && all(&mine.volume_mounts, &theirs.volume_mounts)
+                        && all(&mine.env_merges, &theirs.env_merges)
                 })
             })
             && other.skipped.iter().all(|s| self.skipped.contains(s))

@@ -20,6 +20,7 @@ use kube::core::Selector;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::env_merge::{EnvMerge, Position};
 use super::expression::{self, CompiledText};
 use super::yaml::{MapEntry, SourceNode, SourceValue};
 
@@ -192,6 +193,8 @@ pub(crate) enum Piece {
 pub(crate) struct SeqItem {
     pub(crate) when: Option<CompiledText>,
     pub(crate) piece: Piece,
+    /// `merge:` of an `appContainers.env` item (see `env_merge`); `None` everywhere else.
+    pub(crate) merge: Option<EnvMerge>,
 }
 
 /// What a template injects, compiled.
@@ -811,26 +814,63 @@ impl<'a> Compiler<'a> {
                     return Err(self.err(item.line, format!("an item of {what} has no {key}")));
                 }
             }
-            out.push(self.seq_item(item)?);
+            let env = what == "inject.appContainers.env";
+            let mut seq_item = self.seq_item(item, env)?;
+            if env {
+                seq_item.merge = self.env_merge(item)?;
+            }
+            out.push(seq_item);
         }
         Ok(out)
     }
 
-    fn seq_item(&mut self, item: &SourceNode) -> Result<SeqItem, TemplateError> {
+    /// An item of a list; `env_item`: an `appContainers.env` item, whose `merge:` is not part of
+    /// the rendered item.
+    fn seq_item(&mut self, item: &SourceNode, env_item: bool) -> Result<SeqItem, TemplateError> {
         let SourceValue::Map(entries) = &item.value else {
-            return Ok(SeqItem { when: None, piece: self.piece(item)? });
+            return Ok(SeqItem { when: None, piece: self.piece(item)?, merge: None });
         };
         let mut when = None;
         let mut rest = Vec::with_capacity(entries.len());
         for entry in entries {
             if entry.key == "when" {
                 when = Some(self.condition(&entry.value)?);
-            } else {
+            } else if !(env_item && entry.key == "merge") {
                 rest.push(entry.clone());
             }
         }
         let piece = self.piece(&SourceNode { line: item.line, value: SourceValue::Map(rest) })?;
-        Ok(SeqItem { when, piece })
+        Ok(SeqItem { when, piece, merge: None })
+    }
+
+    /// The `merge:` of an `appContainers.env` item: `{append: "<separator>"}` or
+    /// `{prepend: "<separator>"}`, literal, on an item that has a `value`.
+    fn env_merge(&mut self, item: &SourceNode) -> Result<Option<EnvMerge>, TemplateError> {
+        let SourceValue::Map(entries) = &item.value else { return Ok(None) };
+        let Some(merge) = entries.iter().find(|e| e.key == "merge") else { return Ok(None) };
+        let expected = "merge must be {append: \"<separator>\"} or {prepend: \"<separator>\"}";
+        let SourceValue::Map(how) = &merge.value.value else {
+            return Err(self.err(merge.value.line, format!("{expected}, not {}", merge.value.type_name())));
+        };
+        let [MapEntry { key, value, .. }] = how.as_slice() else {
+            return Err(self.err(merge.value.line, expected));
+        };
+        let position = match key.as_str() {
+            "append" => Position::Append,
+            "prepend" => Position::Prepend,
+            _ => return Err(self.err(merge.value.line, format!("{expected}, not {key:?}"))),
+        };
+        let separator = match &value.value {
+            SourceValue::String(s) if !expression::has_expression(s) => s.clone(),
+            _ => return Err(self.err(value.line, "the merge separator must be a literal string, like \" \" or \":\"")),
+        };
+        if !entries.iter().any(|e| e.key == "value") {
+            return Err(self.err(
+                merge.value.line,
+                "an env item that merges needs a value (its fragment); valueFrom cannot be merged into another value",
+            ));
+        }
+        Ok(Some(EnvMerge { position, separator }))
     }
 
     fn condition(&mut self, node: &SourceNode) -> Result<CompiledText, TemplateError> {
@@ -861,7 +901,7 @@ impl<'a> Compiler<'a> {
                 }
             },
             SourceValue::Seq(items) => {
-                let items = items.iter().map(|i| self.seq_item(i)).collect::<Result<Vec<_>, _>>()?;
+                let items = items.iter().map(|i| self.seq_item(i, false)).collect::<Result<Vec<_>, _>>()?;
                 if items.iter().all(|i| i.when.is_none() && matches!(i.piece, Piece::Literal(_))) {
                     Piece::Literal(Value::Array(
                         items
@@ -1186,6 +1226,30 @@ mod tests {
                 "podSelector:\n  matchExpressions:\n    - {key: a, operator: Equals}\n",
                 Some(2),
                 "not a valid LabelSelector",
+            ),
+            (
+                "merge on an item without a value",
+                "inject:\n  appContainers:\n    env:\n      - name: J\n        valueFrom: {fieldRef: {fieldPath: metadata.name}}\n        merge: {append: \" \"}\n",
+                Some(6),
+                "an env item that merges needs a value",
+            ),
+            (
+                "merge with an unknown position",
+                "inject:\n  appContainers:\n    env:\n      - {name: J, value: x, merge: {after: \" \"}}\n",
+                Some(4),
+                "merge must be {append: \"<separator>\"} or {prepend: \"<separator>\"}, not \"after\"",
+            ),
+            (
+                "merge not a mapping",
+                "inject:\n  appContainers:\n    env:\n      - {name: J, value: x, merge: append}\n",
+                Some(4),
+                "merge must be {append",
+            ),
+            (
+                "merge separator from an expression",
+                "inject:\n  appContainers:\n    env:\n      - {name: J, value: x, merge: {append: \"{{ pod.metadata.name }}\"}}\n",
+                Some(4),
+                "the merge separator must be a literal string",
             ),
             (
                 "overridable unknown value",

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::compare::first_difference;
+use super::env_merge;
 use super::status::{InjectionStatus, TemplateRef};
 use super::template::{PreCheck, TemplateError, TemplateSet, TemplateSource};
 use super::{Engine, Outcome, PodRequest, names, pod, select};
@@ -222,6 +223,14 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
             let what = || format!("env var {env:?} injected into container {container:?}");
             compare(what, find_by(list_of(want, "env"), "name", env), find_by(list_of(have, "env"), "name", env))?;
         }
+        for key in &additions.env_merges {
+            let (name, value) = env_merge::split_key(key);
+            let what = || format!("the entry {value:?} merged into env var {name:?} of container {container:?}");
+            fn entry<'l>(list: Option<&'l Vec<Value>>, key: &String) -> Option<&'l Value> {
+                list?.iter().rev().find(|e| env_merge::key(e).as_ref() == Some(key))
+            }
+            compare(what, entry(list_of(want, "env"), key), entry(list_of(have, "env"), key))?;
+        }
         for path in &additions.volume_mounts {
             let what = || format!("volume mount {path:?} injected into container {container:?}");
             let (want, have) = (list_of(want, "volumeMounts"), list_of(have, "volumeMounts"));
@@ -293,6 +302,12 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
                     env.retain(|e| {
                         !e.get("name").and_then(Value::as_str).is_some_and(|n| additions.env.iter().any(|x| x == n))
                     });
+                    // Each merged entry once, the last of its value (the author's own come first).
+                    for key in &additions.env_merges {
+                        if let Some(at) = env.iter().rposition(|e| env_merge::key(e).as_ref() == Some(key)) {
+                            env.remove(at);
+                        }
+                    }
                 }
                 if let Some(Value::Array(sources)) = container.get_mut("envFrom") {
                     sources

@@ -1,0 +1,221 @@
+//! Adding to an env var the app already has (`merge:` on an `appContainers.env` item).
+//!
+//! Agents are loaded through `JAVA_TOOL_OPTIONS`, `NODE_OPTIONS`, `PYTHONPATH`, `LD_PRELOAD`: a
+//! template must add its fragment to the app's value, neither skip it (the default for any other
+//! env var: the pod's own wins) nor overwrite it.
+//!
+//! How: the injection never edits the author's variable. It appends a *second* entry of the same
+//! name after it, whose value refers to the first with Kubernetes' own expansion:
+//! `{name: JAVA_TOOL_OPTIONS, value: "$(JAVA_TOOL_OPTIONS) -javaagent:/otel/agent.jar"}`. The kubelet
+//! builds a container's environment in order, `envFrom` first, then `env` item by item, each
+//! `$(NAME)` expanded from what is defined so far, and a later entry of a name replaces an earlier
+//! one. So the one mechanism works whatever form the app's value has:
+//! - a literal `value`, or `valueFrom` (a Secret, a ConfigMap, the downward API): the earlier entry
+//!   is defined when the reference is expanded;
+//! - an `envFrom` source that may hold the key (no prefix, or a prefix the name starts with): the
+//!   reference is expanded from it when the source has the key. When it does not, Kubernetes
+//!   leaves `$(NAME)` as written; the API cannot tell, and `explain` says so;
+//! - only the image's `ENV`: invisible to the API and to the kubelet's expansion. The pod spec shows
+//!   no value, so the fragment is added as a plain entry, which replaces the image's value;
+//!   `explain` says so.
+//!
+//! Why a second entry rather than a rewritten value: the author's item stays byte for byte what
+//! they wrote (the rule every patch keeps), `valueFrom` and `envFrom` work the same way as
+//! literals, two templates merging into one variable simply chain (`$(X) a` then `$(X) b`), and
+//! taking the injection back is removing an entry, which gives back exactly the author's value.
+//! The price: the API server warns that the entry "hides previous definition" of the name.
+//!
+//! The status records each merged entry as `NAME=VALUE` (`envMerges`): exactly what was added,
+//! so re-injection removes that entry and no other, and a copy of it already in the pod (a pod
+//! re-created from `kubectl get -o yaml` without its status) is never added twice.
+
+use serde_json::Value;
+
+/// Where the template's fragment goes relative to the app's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    /// `<app value><separator><fragment>`.
+    Append,
+    /// `<fragment><separator><app value>`.
+    Prepend,
+}
+
+/// How a template's env var merges with a same-name variable of the app container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvMerge {
+    /// Where the fragment goes.
+    pub position: Position,
+    /// Between the app's value and the fragment (`" "` for option lists, `":"` for paths).
+    pub separator: String,
+}
+
+impl EnvMerge {
+    /// The env entry that adds `fragment` to the app's variable `name`.
+    pub fn entry(&self, name: &str, fragment: &str) -> Value {
+        let reference = format!("$({name})");
+        let value = match self.position {
+            Position::Append => format!("{reference}{}{fragment}", self.separator),
+            Position::Prepend => format!("{fragment}{}{reference}", self.separator),
+        };
+        serde_json::json!({"name": name, "value": value})
+    }
+
+    /// How it reads in messages: `append " "`.
+    pub fn describe(&self) -> String {
+        let position = match self.position {
+            Position::Append => "append",
+            Position::Prepend => "prepend",
+        };
+        format!("{position} with separator {:?}", self.separator)
+    }
+}
+
+/// The status key of a merged entry: `NAME=VALUE` (an env var name cannot contain `=`).
+pub fn key(entry: &Value) -> Option<String> {
+    let name = entry.get("name")?.as_str()?;
+    let value = entry.get("value")?.as_str()?;
+    Some(format!("{name}={value}"))
+}
+
+/// The name and value of a status key.
+pub fn split_key(key: &str) -> (&str, &str) {
+    key.split_once('=').unwrap_or((key, ""))
+}
+
+/// The status key of an app's env entry when it refers to its own name, as every merged entry
+/// does (`None` for the others, which are identified by name alone). Computed for every env var of
+/// every container, so it allocates only for such entries.
+pub fn pod_entry_key(entry: &Value) -> Option<String> {
+    let name = entry.get("name")?.as_str()?;
+    let value = entry.get("value")?.as_str()?;
+    (value.len() > name.len() + 3 && refers_to_itself(name, value)).then(|| format!("{name}={value}"))
+}
+
+fn refers_to_itself(name: &str, value: &str) -> bool {
+    value.match_indices("$(").any(|(at, _)| value[at + 2..].strip_prefix(name).is_some_and(|r| r.starts_with(')')))
+}
+
+/// Whether the container's own literal value of `name` (its first entry) already holds `fragment`
+/// as one of its `separator`-delimited parts: the agent is loaded already (by hand, or by an
+/// injection whose status was lost), and adding it again would load it twice.
+pub fn already_has(container: &Value, name: &str, merge: &EnvMerge, fragment: &str) -> bool {
+    let env = container.get("env").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let Some(own) = env.iter().find(|e| e.get("name").and_then(Value::as_str) == Some(name)) else { return false };
+    let Some(value) = own.get("value").and_then(Value::as_str) else { return false };
+    match merge.separator.is_empty() {
+        true => value.contains(fragment),
+        false => value.split(merge.separator.as_str()).any(|part| part == fragment),
+    }
+}
+
+/// The `envFrom` sources of a container that may define `name` (the API cannot see their keys),
+/// as `compare::env_from_key` names them.
+pub fn possible_sources(container: &Value, name: &str) -> Vec<String> {
+    let sources = container.get("envFrom").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    sources
+        .iter()
+        .filter(|source| source.get("prefix").and_then(Value::as_str).is_none_or(|prefix| name.starts_with(prefix)))
+        .filter_map(super::compare::env_from_key)
+        .collect()
+}
+
+/// Where the app's own value of a merged variable comes from, as the pod shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppValue {
+    /// An `env` entry with a literal value.
+    Literal,
+    /// An `env` entry with `valueFrom`.
+    ValueFrom,
+    /// Maybe these `envFrom` sources, if they have the key.
+    MaybeFrom(Vec<String>),
+    /// Nothing the API shows (it may still be set by the image's `ENV`).
+    NotVisible,
+}
+
+impl AppValue {
+    /// Finds the app's value of `name` in `container` (its first `env` entry of that name, else its
+    /// `envFrom` sources).
+    pub fn of(container: &Value, name: &str) -> Self {
+        let env = container.get("env").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+        match env.iter().find(|e| e.get("name").and_then(Value::as_str) == Some(name)) {
+            Some(entry) if entry.get("valueFrom").is_some() => AppValue::ValueFrom,
+            Some(_) => AppValue::Literal,
+            None => match possible_sources(container, name) {
+                sources if sources.is_empty() => AppValue::NotVisible,
+                sources => AppValue::MaybeFrom(sources),
+            },
+        }
+    }
+
+    /// A sentence for `explain`: what the merged value will be made of.
+    pub fn explain(&self, name: &str, merge: &EnvMerge) -> String {
+        let how = merge.describe();
+        match self {
+            AppValue::Literal => format!("{name}: merged into the container's own value ({how})"),
+            AppValue::ValueFrom => {
+                format!("{name}: merged into the container's own value from valueFrom, through $({name}) ({how})")
+            }
+            AppValue::MaybeFrom(sources) => format!(
+                "{name}: merged through $({name}) into the value from envFrom {} ({how}); if that source has no key {name}, Kubernetes leaves $({name}) as written",
+                sources.join(", ")
+            ),
+            AppValue::NotVisible => format!(
+                "{name}: the container sets no value the API can see, so the template's value is added alone; a value set only by the image's ENV cannot be seen and is replaced"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn entries_refer_to_the_app_value() {
+        let append = EnvMerge { position: Position::Append, separator: " ".into() };
+        let prepend = EnvMerge { position: Position::Prepend, separator: ":".into() };
+        assert_eq!(append.entry("J", "-javaagent:/a.jar"), json!({"name": "J", "value": "$(J) -javaagent:/a.jar"}));
+        assert_eq!(prepend.entry("PYTHONPATH", "/otel"), json!({"name": "PYTHONPATH", "value": "/otel:$(PYTHONPATH)"}));
+        let entry = append.entry("J", "x=y");
+        assert_eq!(key(&entry).as_deref(), Some("J=$(J) x=y"));
+        assert_eq!(split_key("J=$(J) x=y"), ("J", "$(J) x=y"));
+        assert_eq!(pod_entry_key(&entry), key(&entry));
+    }
+
+    #[test]
+    fn only_self_references_get_a_key() {
+        // (entry, has a key)
+        let cases = [
+            (json!({"name": "J", "value": "$(J) x"}), true),
+            (json!({"name": "J", "value": "x:$(J)"}), true),
+            (json!({"name": "J", "value": "$(JX) x"}), false),
+            (json!({"name": "J", "value": "$(OTHER) x"}), false),
+            (json!({"name": "J", "value": "plain"}), false),
+            (json!({"name": "J", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}), false),
+            (json!({"name": "J", "value": "$(J"}), false),
+        ];
+        for (entry, keyed) in cases {
+            assert_eq!(pod_entry_key(&entry).is_some(), keyed, "{entry}");
+        }
+    }
+
+    #[test]
+    fn where_the_app_value_comes_from() {
+        let container = json!({"name": "app",
+            "env": [{"name": "LIT", "value": "1"}, {"name": "REF", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+            "envFrom": [{"configMapRef": {"name": "all"}}, {"prefix": "JAVA_", "secretRef": {"name": "java"}},
+                {"prefix": "NODE_", "configMapRef": {"name": "node"}}]});
+        // (name, where its value comes from)
+        let cases = [
+            ("LIT", AppValue::Literal),
+            ("REF", AppValue::ValueFrom),
+            ("JAVA_TOOL_OPTIONS", AppValue::MaybeFrom(vec!["configMap/all".into(), "secret/java+JAVA_".into()])),
+            ("PYTHONPATH", AppValue::MaybeFrom(vec!["configMap/all".into()])),
+        ];
+        for (name, expected) in cases {
+            assert_eq!(AppValue::of(&container, name), expected, "{name}");
+        }
+        assert_eq!(AppValue::of(&json!({"name": "bare"}), "LD_PRELOAD"), AppValue::NotVisible);
+    }
+}

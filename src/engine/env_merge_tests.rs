@@ -1,0 +1,192 @@
+//! Env merging through the whole engine: what the patch does to each form the app's variable can
+//! take, and that re-injection, removal, idempotence and `/validate` all see exactly the entry the
+//! injection added.
+
+use serde_json::{Value, json};
+
+use super::test_support::{apply, engine, opted_in, request};
+use super::validate::{Verdict, strip_injection, validate_pod};
+use super::*;
+
+fn agent(jar: &str) -> String {
+    format!(
+        r#"
+default: true
+inject:
+  appContainers:
+    env:
+      - name: JAVA_TOOL_OPTIONS
+        value: "-javaagent:{jar}"
+        merge: {{append: " "}}
+"#
+    )
+}
+
+const PYTHON: &str = r#"
+default: true
+inject:
+  appContainers:
+    env:
+      - {name: PYTHONPATH, value: /otel, merge: {prepend: ":"}}
+"#;
+
+/// The container's `env` and `envFrom` in each form the app's variable can take.
+fn forms() -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "literal",
+            json!({"env": [{"name": "JAVA_TOOL_OPTIONS", "value": "-Xmx1g"}, {"name": "PYTHONPATH", "value": "/app"}]}),
+        ),
+        (
+            "valueFrom",
+            json!({"env": [{"name": "JAVA_TOOL_OPTIONS", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}),
+        ),
+        ("envFrom", json!({"envFrom": [{"configMapRef": {"name": "app-env"}}]})),
+        ("nothing visible", json!({"env": [{"name": "OTHER", "value": "1"}]})),
+        ("no env at all", json!({})),
+    ]
+}
+
+fn pod(container: &Value) -> Value {
+    let mut app = json!({"name": "app", "image": "app:1"});
+    for (key, value) in container.as_object().unwrap() {
+        app[key] = value.clone();
+    }
+    json!({"metadata": {"name": "p", "namespace": "shop"}, "spec": {"containers": [app]}})
+}
+
+fn decide(engine: &Engine, pod: &Value) -> Outcome {
+    engine.evaluate(&request(pod.clone(), opted_in("shop", &[]))).outcome
+}
+
+fn injected(engine: &Engine, pod: &Value) -> Value {
+    match decide(engine, pod) {
+        Outcome::Inject(injection) => apply(pod, &injection.patch),
+        other => panic!("expected an injection, got {other:?}"),
+    }
+}
+
+fn env_of(pod: &Value) -> Vec<Value> {
+    pod["spec"]["containers"][0]["env"].as_array().cloned().unwrap_or_default()
+}
+
+/// The value the kubelet gives the container: `envFrom` first (here `from_env_from`), then each
+/// entry in order, `$(NAME)` expanded from what is defined so far, a later entry of a name winning.
+fn effective(pod: &Value, name: &str, from_env_from: Option<&str>) -> Option<String> {
+    let mut defined: std::collections::BTreeMap<String, String> = Default::default();
+    if let Some(value) = from_env_from {
+        defined.insert(name.to_owned(), value.to_owned());
+    }
+    for entry in env_of(pod) {
+        let value = match entry.get("value").and_then(Value::as_str) {
+            Some(text) => defined.iter().fold(text.to_owned(), |v, (k, d)| v.replace(&format!("$({k})"), d)),
+            None => "<valueFrom>".to_owned(),
+        };
+        defined.insert(entry["name"].as_str().unwrap().to_owned(), value);
+    }
+    defined.remove(name)
+}
+
+#[test]
+fn each_form_of_the_app_value_gets_the_fragment_added_and_keeps_its_own_entry() {
+    let engine = engine(&[("java", &agent("/a.jar")), ("python", PYTHON)]);
+    // (form, the container's JAVA_TOOL_OPTIONS, PYTHONPATH; envFrom supplies "FROM-CM")
+    let expected = [
+        ("literal", "-Xmx1g -javaagent:/a.jar", "/otel:/app"),
+        ("valueFrom", "<valueFrom> -javaagent:/a.jar", "/otel"),
+        ("envFrom", "FROM-CM -javaagent:/a.jar", "/otel:FROM-CM"),
+        ("nothing visible", "-javaagent:/a.jar", "/otel"),
+        ("no env at all", "-javaagent:/a.jar", "/otel"),
+    ];
+    for ((form, container), (_, java, python)) in forms().into_iter().zip(expected) {
+        let original = pod(&container);
+        let out = injected(&engine, &original);
+        let env_from = (form == "envFrom").then_some("FROM-CM");
+        assert_eq!(effective(&out, "JAVA_TOOL_OPTIONS", env_from).as_deref(), Some(java), "{form}");
+        assert_eq!(effective(&out, "PYTHONPATH", env_from).as_deref(), Some(python), "{form}");
+        // The author's entries are all still there, in order, first.
+        let before = env_of(&original);
+        assert_eq!(env_of(&out)[..before.len()], before[..], "{form}");
+        // Injecting again changes nothing, and stripping gives back exactly the author's pod.
+        assert!(matches!(decide(&engine, &out), Outcome::UpToDate(_)), "{form}");
+        let status =
+            status::InjectionStatus::parse(out["metadata"]["annotations"][names::STATUS_ANNOTATION].as_str().unwrap())
+                .unwrap();
+        let stripped = strip_injection(&out, &status);
+        assert_eq!(env_entries(&stripped["spec"]["containers"][0]["env"]), env_entries(&json!(before)), "{form}");
+    }
+}
+
+fn env_entries(list: &Value) -> Vec<Value> {
+    list.as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn re_injection_after_a_template_change_swaps_the_fragment_and_removal_gives_back_the_authors_value() {
+    let v1 = engine(&[("java", &agent("/v1.jar"))]);
+    // Each version replaces the one before in the running set, which remembers it.
+    let edit = |from: &Engine, text: &str| {
+        let (set, errors) =
+            from.templates.update([TemplateSource { name: "java".into(), text: text.into() }], &template::InProcess);
+        assert!(errors.is_empty(), "{errors:?}");
+        Engine::new(set, from.excluded_namespaces.clone())
+    };
+    let v2 = edit(&v1, &agent("/v2.jar"));
+    let without_env = edit(&v2, "default: true\ninject:\n  labels: {agent: none}\n");
+    for (form, container) in forms() {
+        let original = pod(&container);
+        let with_v1 = injected(&v1, &original);
+        let with_v2 = injected(&v2, &with_v1);
+        assert_eq!(with_v2, injected(&v2, &original), "{form}: re-injection equals a fresh injection");
+        let fragments = env_of(&with_v2).iter().filter(|e| e.to_string().contains(".jar")).count();
+        assert_eq!(fragments, 1, "{form}: exactly one fragment, the new one: {:?}", env_of(&with_v2));
+        let removed = injected(&without_env, &with_v2);
+        assert_eq!(env_of(&removed), env_of(&original), "{form}: removal gives back exactly the author's env");
+    }
+}
+
+#[test]
+fn two_templates_merging_into_one_variable_chain_in_order() {
+    let engine = engine(&[("a", &agent("/a.jar")), ("b", &agent("/b.jar"))]);
+    let out = injected(&engine, &pod(&forms()[0].1));
+    assert_eq!(
+        effective(&out, "JAVA_TOOL_OPTIONS", None).as_deref(),
+        Some("-Xmx1g -javaagent:/a.jar -javaagent:/b.jar")
+    );
+    assert!(matches!(decide(&engine, &out), Outcome::UpToDate(_)));
+}
+
+#[test]
+fn a_fragment_the_app_value_already_holds_is_not_added_again() {
+    let engine = engine(&[("java", &agent("/a.jar"))]);
+    let original = pod(&json!({"env": [{"name": "JAVA_TOOL_OPTIONS", "value": "-Xmx1g -javaagent:/a.jar"}]}));
+    let Outcome::Inject(injection) = decide(&engine, &original) else { panic!("expected an injection") };
+    assert_eq!(env_of(&apply(&original, &injection.patch)), env_of(&original));
+    assert_eq!(injection.status.skipped[0].kind, status::ItemKind::EnvMerge);
+}
+
+#[test]
+fn validate_refuses_a_pod_whose_merged_entry_a_later_mutator_dropped_or_changed() {
+    let engine = engine(&[("java", &agent("/a.jar"))]);
+    let out = injected(&engine, &pod(&forms()[0].1));
+    let verdict = |pod: Value| validate_pod(&engine, &request(pod, opted_in("shop", &[])));
+    assert_eq!(verdict(out.clone()), Verdict::Allowed(vec![]));
+    // (change by a later mutator)
+    let changes: [fn(&mut Vec<Value>); 2] =
+        [|env| drop(env.pop()), |env| env[2]["value"] = json!("$(JAVA_TOOL_OPTIONS)")];
+    for change in changes {
+        let mut mutated = out.clone();
+        let mut env = env_of(&mutated);
+        change(&mut env);
+        mutated["spec"]["containers"][0]["env"] = json!(env);
+        match verdict(mutated) {
+            Verdict::Denied(message) => assert!(
+                message.contains(
+                    "merged into env var \"JAVA_TOOL_OPTIONS\" of container \"app\" was removed after injection"
+                ),
+                "{message}"
+            ),
+            other => panic!("expected a denial, got {other:?}"),
+        }
+    }
+}
