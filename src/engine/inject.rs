@@ -53,6 +53,9 @@ pub struct Injection {
     /// For each env var a template merges into an app container: where the value it adds to
     /// comes from, one sentence each as `container <name>: ...` (for `explain`).
     pub merge_notes: Vec<String>,
+    /// The merges that rest on an `envFrom` source having the variable, which the API cannot
+    /// show: warnings for the pod's creator.
+    pub merge_warnings: Vec<String>,
 }
 
 /// What an earlier injection left in the pod, as far as it is proven (see `ownership`; never the
@@ -204,6 +207,7 @@ pub fn plan(
     taken_pull_secrets.keep(&kept.image_pull_secrets);
     let mut new_pull_secrets = Vec::new();
     let mut merge_notes = Vec::new();
+    let mut merge_warnings = Vec::new();
     // The templates' whole items, out of the templates: the claims below borrow their names, and
     // once claiming is over the items the injection adds are moved from here into the patch.
     let mut whole_items: Vec<WholeItems> = templates.iter_mut().map(|t| WholeItems::out_of(&mut t.rendered)).collect();
@@ -339,8 +343,11 @@ pub fn plan(
                         None => !env_merge::possible_sources(app.container, key).is_empty(),
                     });
                     // For `explain`: where the value a merging env var adds to comes from.
+                    let mut uncertain = false;
                     let merge_note = t.env_merges.get(*key).filter(|_| *kind == ItemKind::Env).map(|merge| {
-                        let note = match (merged, env_merge::AppValue::of(app.container, key)) {
+                        let app_value = env_merge::AppValue::of(app.container, key);
+                        uncertain = merged.is_some() && matches!(app_value, env_merge::AppValue::MaybeFrom(_));
+                        let note = match (merged, app_value) {
                             (Some(_), env_merge::AppValue::NotVisible) => {
                                 format!("{key}: merged into the value an earlier template adds ({})", merge.describe())
                             }
@@ -366,6 +373,9 @@ pub fn plan(
                     match claimed {
                         Ok(claimed) => {
                             list.added.push(Addition { item, kept: claimed == Claimed::Kept, merges });
+                            if uncertain {
+                                merge_warnings.extend(merge_note.clone());
+                            }
                             merge_notes.extend(merge_note);
                             // A later template's plain item of this name must not replace it.
                             list.taken.hold(key, owner);
@@ -486,7 +496,7 @@ pub fn plan(
         &annotation_removals,
         &app_containers,
     );
-    Ok(Injection { patch: builder.ops, status, removed: Box::new(removed), merge_notes })
+    Ok(Injection { patch: builder.ops, status, removed: Box::new(removed), merge_notes, merge_warnings })
 }
 
 use super::names::SERVICE_ACCOUNT_TOKEN_PATH;

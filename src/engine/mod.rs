@@ -433,7 +433,10 @@ impl Engine {
         }
         let reason = planned.is_empty().then(|| choice.summary_of_none());
         match inject::plan(pod, inject::Earlier::Replace(&owned), planned, reason) {
-            Ok(injection) => decision(Some(choice), Outcome::Inject(injection), warnings),
+            Ok(injection) => {
+                warnings.extend(injection.merge_warnings.iter().cloned());
+                decision(Some(choice), Outcome::Inject(injection), warnings)
+            }
             Err(e) => decision(Some(choice), Outcome::Denied(Denial::Shape(e)), warnings),
         }
     }

@@ -480,6 +480,111 @@ pub fn n3_jobs_complete(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
+/// 9. Env merging as a container sees it: a template in a ConfigMap of its own merges into the
+///    app's JAVA_TOOL_OPTIONS (literal), PYTHONPATH (valueFrom a ConfigMap), NODE_OPTIONS (from
+///    envFrom) and AGENT_LIBS (in no source of a second container; in the first, whose envFrom
+///    source lacks it, the documented `$(AGENT_LIBS)` left as written); the Job's containers print
+///    the values the kubelet gave them.
+pub fn n9_env_merge(ctx: &mut Ctx) -> Result<()> {
+    ctx.apply(&format!(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: env-merge-templates
+  namespace: {INJECTOR_NS}
+  labels: {{sidecar-injector.io/templates: "true"}}
+data:
+  agent-env.yaml: |
+    description: Agents loaded through the app's own variables
+    inject:
+      appContainers:
+        env:
+          - {{name: JAVA_TOOL_OPTIONS, value: "-javaagent:/otel/agent.jar", merge: {{append: " "}}}}
+          - {{name: PYTHONPATH, value: /otel/python, merge: {{prepend: ":"}}}}
+          - {{name: NODE_OPTIONS, value: "--require /otel/node.js", merge: {{append: " "}}}}
+          - {{name: AGENT_LIBS, value: /otel/lib.so, merge: {{append: ":"}}}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: app-env, namespace: {SHOP}}}
+data: {{NODE_OPTIONS: "--max-old-space-size=64"}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: python-path, namespace: {SHOP}}}
+data: {{path: /app/py}}
+"#
+    ))?;
+    let probe = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: probe, annotations: {{sidecar-injector.io/templates: agent-env}}}}\nspec:\n  containers: [{{name: app, image: {BUSYBOX}}}]\n"
+    );
+    let mut in_a_row = 0;
+    eventually("every replica serving the new template", Duration::from_secs(60), || {
+        let out = ctx.plane.kubectl_as(
+            &ctx.plane.admin_kubeconfig,
+            &["-n", SHOP, "create", "--dry-run=server", "-o", "json", "-f", "-"],
+            Some(&probe),
+        );
+        let served = out.is_ok_and(|o| o.contains("agent-env") && o.contains("AGENT_LIBS"));
+        in_a_row = if served { in_a_row + 1 } else { 0 };
+        Ok((in_a_row >= 6).then_some(()))
+    })?;
+    ctx.apply(&format!(
+        r#"apiVersion: batch/v1
+kind: Job
+metadata: {{name: env-merge, namespace: {SHOP}}}
+spec:
+  backoffLimit: 0
+  template:
+    metadata:
+      annotations: {{sidecar-injector.io/templates: agent-env}}
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: app
+          image: {BUSYBOX}
+          imagePullPolicy: Never
+          command: [/bin/sh, -c, 'echo "J=$JAVA_TOOL_OPTIONS"; echo "P=$PYTHONPATH"; echo "N=$NODE_OPTIONS"; echo "L=$AGENT_LIBS"']
+          env:
+            - {{name: JAVA_TOOL_OPTIONS, value: "-Xmx64m -Dfile.encoding=UTF-8"}}
+            - name: PYTHONPATH
+              valueFrom: {{configMapKeyRef: {{name: python-path, key: path}}}}
+          envFrom:
+            - configMapRef: {{name: app-env}}
+        - name: plain
+          image: {BUSYBOX}
+          imagePullPolicy: Never
+          command: [/bin/sh, -c, 'echo "L=$AGENT_LIBS"']
+"#
+    ))?;
+    let waited = ctx.kubectl(&["-n", SHOP, "wait", "--for=condition=Complete", "job/env-merge", "--timeout=90s"]);
+    let pods = ctx.pods(SHOP, "job-name=env-merge")?;
+    let pod = pods.first().context("no pod of job env-merge")?;
+    waited.with_context(|| format!("job env-merge did not complete: {}", pod["status"]))?;
+    let logs = ctx.kubectl(&["-n", SHOP, "logs", &name(pod), "-c", "app"])?;
+    for want in [
+        "J=-Xmx64m -Dfile.encoding=UTF-8 -javaagent:/otel/agent.jar",
+        "P=/otel/python:/app/py",
+        "N=--max-old-space-size=64 --require /otel/node.js",
+        "L=$(AGENT_LIBS):/otel/lib.so",
+    ] {
+        ensure!(logs.lines().any(|l| l == want), "{want:?} is not what the container got:\n{logs}");
+    }
+    let plain = ctx.kubectl(&["-n", SHOP, "logs", &name(pod), "-c", "plain"])?;
+    ensure!(plain.trim() == "L=/otel/lib.so", "the container without the variable got {plain:?}");
+    // The author's entries are untouched and first; the status names the merged entries.
+    let env = &pod["spec"]["containers"][0]["env"];
+    ensure!(env[0]["value"] == "-Xmx64m -Dfile.encoding=UTF-8" && env[1]["valueFrom"].is_object(), "{env}");
+    let status = pod["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap_or_default();
+    ensure!(
+        status.contains(r#""envMerges":["JAVA_TOOL_OPTIONS=$(JAVA_TOOL_OPTIONS) -javaagent:/otel/agent.jar""#),
+        "{status}"
+    );
+    ctx.kubectl(&["-n", SHOP, "delete", "job", "env-merge", "--wait=false"])?;
+    ctx.kubectl(&["-n", INJECTOR_NS, "delete", "configmap", "env-merge-templates"])?;
+    Ok(())
+}
+
 /// 4. A template edit in the ConfigMap → `drift` lists the Deployment's old pod → `drift --restart`
 ///    → a new pod Running and Ready with the new template, the old one gone.
 pub fn n4_drift_restart(ctx: &mut Ctx) -> Result<()> {
