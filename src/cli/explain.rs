@@ -30,6 +30,9 @@ pub struct Explanation {
     /// What the injection removes: items an earlier injection provably added, replaced now.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub removes: Option<InjectionStatus>,
+    /// Where each overridden value came from (the pod's annotation, or its namespace's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub value_sources: Vec<String>,
     /// How each env var a template merges into an app container's own is put together.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub merge_notes: Vec<String>,
@@ -52,9 +55,9 @@ fn choice_json(choice: &Choice) -> Value {
 /// The explanation of one pod decision.
 pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
     let decision = &found.decision;
-    let merge_notes = match &decision.outcome {
-        Outcome::Inject(injection) => injection.merge_notes.clone(),
-        _ => Vec::new(),
+    let (merge_notes, value_sources) = match &decision.outcome {
+        Outcome::Inject(injection) => (injection.merge_notes.clone(), injection.value_sources.clone()),
+        _ => (Vec::new(), Vec::new()),
     };
     let removes = match &decision.outcome {
         Outcome::Inject(injection) if !is_empty(&injection.removed) => Some((*injection.removed).clone()),
@@ -95,6 +98,7 @@ pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
         templates: decision.choice.as_ref().map(choice_json),
         status,
         removes,
+        value_sources,
         merge_notes,
         warnings,
     }
@@ -194,6 +198,9 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>], webhook_only
         if let Some(status) = e.status.as_ref().filter(|s| !s.templates.is_empty()) {
             let heading = if e.result == "upToDate" { "  added earlier:\n" } else { "  adds:\n" };
             item_lines(&mut out, heading, status);
+            for source in &e.value_sources {
+                out.push_str(&format!("    value {source}\n"));
+            }
             for note in &e.merge_notes {
                 out.push_str(&format!("    merge into {note}\n"));
             }
@@ -249,6 +256,7 @@ pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliEr
             templates: None,
             status: None,
             removes: None,
+            value_sources: Vec::new(),
             merge_notes: Vec::new(),
             warnings: Vec::new(),
         });

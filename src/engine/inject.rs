@@ -56,6 +56,9 @@ pub struct Injection {
     /// The merges that rest on an `envFrom` source having the variable, which the API cannot
     /// show: warnings for the pod's creator.
     pub merge_warnings: Vec<String>,
+    /// Where each overridden value came from, as `<template>.<value> from annotation <key>`
+    /// (for `explain`).
+    pub value_sources: Vec<String>,
 }
 
 /// What an earlier injection left in the pod, as far as it is proven (see `ownership`; never the
@@ -109,6 +112,10 @@ pub fn plan(
     let removed_volumes = indexes_named(&volume_names, &previous.volumes);
 
     let mut builder = Builder::default();
+    let value_sources = templates
+        .iter()
+        .flat_map(|t| t.rendered.value_sources.iter().map(|source| format!("{}.{source}", t.rendered.name)))
+        .collect();
     let mut status = InjectionStatus {
         templates: templates
             .iter()
@@ -496,7 +503,7 @@ pub fn plan(
         &annotation_removals,
         &app_containers,
     );
-    Ok(Injection { patch: builder.ops, status, removed: Box::new(removed), merge_notes, merge_warnings })
+    Ok(Injection { patch: builder.ops, status, removed: Box::new(removed), merge_notes, merge_warnings, value_sources })
 }
 
 use super::names::SERVICE_ACCOUNT_TOKEN_PATH;

@@ -1099,10 +1099,16 @@ impl Program {
             .enumerate()
             .filter(|(_, p)| p.admissible != "true")
             .map(|(i, p)| format!("({} && !({}))", selected[i], p.admissible));
+        // Namespace defaults (`sidecar-injector.io/<template>.<value>` on the namespace) are the
+        // webhook's to apply, like the pod's overrides it cannot follow.
+        let namespace_defaults = format!(
+            "variables.namespaceAnnotations.exists(k, k.matches({}))",
+            lit(&format!("^{}[a-z0-9-]+[.]", names::PREFIX.replace('.', "[.]")))
+        );
         vars.push((
             "handled".into(),
             format!(
-                "{} && !{} && !{} && !{}",
+                "{} && !{namespace_defaults} && !{} && !{} && !{}",
                 any(selected.iter().cloned()),
                 any(leave_to_webhook.iter().map(|c| format!("({c})"))),
                 any(enforced_conflicts),

@@ -71,6 +71,9 @@ pub struct RenderedTemplate {
     pub sidecar_mode: Option<SidecarMode>,
     /// Override annotations that were ignored, with the reason.
     pub warnings: Vec<String>,
+    /// Where each overridden value came from: `<value> from annotation <key>` (the pod's, or
+    /// `<key> on namespace <name>`).
+    pub value_sources: Vec<String>,
 }
 
 /// A render error that is the pod's fault rather than the template's: an override annotation whose
@@ -150,8 +153,9 @@ fn render_with(
     mask_pod_reads: bool,
 ) -> Result<RenderedTemplate, RenderError> {
     let mut warnings = Vec::new();
-    let own = annotations_for(template, pod_annotations);
-    let values = effective_values(template, &own, &mut warnings).map_err(RenderError::Override)?;
+    let own = addressed_to(template, pod_annotations, namespace, &mut warnings);
+    let mut value_sources = Vec::new();
+    let values = effective_values(template, &own, &mut warnings, &mut value_sources).map_err(RenderError::Override)?;
     let (targets, sidecar_mode) = pod_choices(template, &own, &mut warnings).map_err(RenderError::Override)?;
     let overridden = matches!(values, Cow::Owned(_));
     // Most pods override nothing: their values are the defaults, converted once at load.
@@ -207,6 +211,7 @@ fn render_with(
         targets,
         sidecar_mode,
         warnings,
+        value_sources,
     })
 }
 
@@ -216,8 +221,33 @@ pub const APP_CONTAINERS_CHOICE: &str = "app-containers";
 /// Annotation suffix of the pod's choice of sidecar mode.
 pub const SIDECAR_MODE_CHOICE: &str = "sidecar-mode";
 
-/// The pod's annotations addressed to `template` (`sidecar-injector.io/<template>.<suffix>`), as
-/// (annotation, suffix, text): overrides of values and the pod's choices.
+/// The annotations addressed to `template` that apply to a pod, as (annotation as messages name
+/// it, suffix, text): the pod's own, and its namespace's where the pod has none of that suffix
+/// (namespace defaults; the pod's annotation wins). The namespace's `app-containers` is ignored
+/// with a warning: container names are the pod's.
+fn addressed_to<'a>(
+    template: &Template,
+    pod_annotations: &'a BTreeMap<String, String>,
+    namespace: &'a NamespaceFacts,
+    warnings: &mut Vec<String>,
+) -> Vec<(String, &'a str, &'a String)> {
+    let pod = annotations_for(template, pod_annotations);
+    let mut out = Vec::with_capacity(pod.len());
+    for (key, suffix, text) in annotations_for(template, &namespace.annotations) {
+        let key = format!("{key} on namespace {}", namespace.name);
+        if suffix == APP_CONTAINERS_CHOICE {
+            warnings
+                .push(format!("annotation {key} ignored: which app containers get the additions is each pod's choice"));
+        } else if !pod.iter().any(|(_, own, _)| *own == suffix) {
+            out.push((key, suffix, text));
+        }
+    }
+    out.extend(pod.into_iter().map(|(key, suffix, text)| (key.clone(), suffix, text)));
+    out
+}
+
+/// The annotations of `annotations` addressed to `template` (`sidecar-injector.io/<template>.<suffix>`), as
+/// (annotation, suffix, text): overrides of values and choices.
 fn annotations_for<'a>(
     template: &Template,
     annotations: &'a BTreeMap<String, String>,
@@ -233,12 +263,13 @@ fn annotations_for<'a>(
 /// where it does not, refused when invalid.
 fn pod_choices(
     template: &Template,
-    own: &[(&String, &str, &String)],
+    own: &[(String, &str, &String)],
     warnings: &mut Vec<String>,
 ) -> Result<(AppTargets, Option<SidecarMode>), InvalidOverride> {
     let mut targets = template.inject.targets.clone();
     let mut mode = None;
-    for &(annotation, suffix, text) in own {
+    for (annotation, suffix, text) in own {
+        let (suffix, text) = (*suffix, *text);
         let (allowed, choice) = match suffix {
             APP_CONTAINERS_CHOICE => (template.pod_choices.app_containers, "appContainers"),
             SIDECAR_MODE_CHOICE => (template.pod_choices.sidecar_mode, "sidecarMode"),
@@ -298,14 +329,17 @@ pub(crate) fn check_chosen_containers(
     }
 }
 
-/// Defaults with the pod's overrides applied; borrowed when the pod overrides nothing.
+/// Defaults with the overrides applied; borrowed when nothing is overridden. `sources` gets
+/// `<value> from <annotation>` for each value overridden.
 fn effective_values<'t>(
     template: &'t Template,
-    own: &[(&String, &str, &String)],
+    own: &[(String, &str, &String)],
     warnings: &mut Vec<String>,
+    sources: &mut Vec<String>,
 ) -> Result<Cow<'t, serde_json::Map<String, Value>>, InvalidOverride> {
     let mut values = Cow::Borrowed(&template.values);
-    for &(key, value_name, text) in own {
+    for (key, value_name, text) in own {
+        let (value_name, text) = (*value_name, *text);
         if value_name == APP_CONTAINERS_CHOICE || value_name == SIDECAR_MODE_CHOICE {
             continue;
         }
@@ -339,6 +373,7 @@ fn effective_values<'t>(
             annotation: key.clone(),
             message: format!("{message} in template {:?}", template.name),
         })?;
+        sources.push(format!("{value_name} from annotation {key}"));
         values.to_mut().insert(value_name.to_owned(), value);
     }
     Ok(values)

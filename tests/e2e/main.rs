@@ -122,6 +122,7 @@ async fn run(root: &Path) -> Result<bool> {
         s21_restart_during_rollout,
         s22_limit_range_and_quota,
         s23_policy_mode,
+        s25_namespace_defaults,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use sidecar_injector::engine::InjectionStatus;
 
@@ -961,4 +961,52 @@ pub async fn cleanup(ctx: &Ctx) {
     for namespace in ["e2e-shop", "e2e-plain", "e2e-mutated", "e2e-broken", "e2e-drift"] {
         let _ = ctx.pods(namespace).delete_collection(&DeleteParams::default(), &Default::default()).await;
     }
+}
+
+/// Scenario 25: Defaults per namespace. An override annotation on the namespace applies to its
+/// pods, the pod's own annotation wins, and a namespace default that breaks the value's constraint
+/// refuses the pods that use it, naming the namespace's annotation.
+pub async fn s25_namespace_defaults(ctx: &mut Ctx) -> Result<()> {
+    const NS: &str = "e2e-ns-defaults";
+    const MEMORY: &str = "sidecar-injector.io/log-shipper.memoryLimit";
+    ctx.namespace(NS, &[("sidecar-injector.io/inject", "enabled")]).await?;
+    let namespaces = Api::<Namespace>::all(ctx.client.clone());
+    let annotate = |value: &str| json!({"metadata": {"annotations": {MEMORY: value}}});
+    namespaces.patch(NS, &PatchParams::default(), &Patch::Merge(annotate("96Mi"))).await?;
+    let memory = |pod: &Pod| {
+        log_shipper(pod)
+            .and_then(|c| c.resources)
+            .and_then(|r| r.limits)
+            .and_then(|l| l.get("memory").map(|q| q.0.clone()))
+    };
+    // The namespace cache follows the annotation within a moment.
+    let start = Instant::now();
+    let inherited = loop {
+        if let Ok(pod) = ctx.dry_run_pod(NS, pod("probe", json!({}), json!({}))).await
+            && memory(&pod).as_deref() == Some("96Mi")
+        {
+            break pod;
+        }
+        ensure!(start.elapsed() < Duration::from_secs(30), "the namespace default was not applied within 30 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    ensure!(status(&inherited).is_some(), "no status");
+    let own = ctx.create_pod(NS, pod("own", json!({}), json!({MEMORY: "128Mi"}))).await?;
+    ensure!(memory(&own).as_deref() == Some("128Mi"), "the pod's own annotation did not win: {:?}", memory(&own));
+
+    namespaces.patch(NS, &PatchParams::default(), &Patch::Merge(annotate("64Gi"))).await?;
+    let start = Instant::now();
+    let refused = loop {
+        match ctx.dry_run_pod(NS, pod("probe", json!({}), json!({}))).await {
+            Err(error) => break api_message(&error),
+            Ok(_) if start.elapsed() < Duration::from_secs(30) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Ok(pod) => bail!("a namespace default breaking the pattern was applied: {:?}", memory(&pod)),
+        }
+    };
+    ensure!(refused.contains(&format!("annotation {MEMORY} on namespace {NS}")), "{refused}");
+    // A pod that sets the value itself does not depend on the namespace's.
+    let own = ctx.dry_run_pod(NS, pod("own-2", json!({}), json!({MEMORY: "128Mi"}))).await?;
+    ensure!(memory(&own).as_deref() == Some("128Mi"), "{:?}", memory(&own));
+    namespaces.delete(NS, &Default::default()).await?;
+    Ok(())
 }
