@@ -68,6 +68,9 @@ pub struct Metrics {
     /// `sidecar_injector_injection_conflicts_total{template}`: pods a template was applied to with
     /// conflicts (some of its items were already in the pod, whose own stand).
     pub injection_conflicts: Family<TemplateLabel, Counter>,
+    /// `sidecar_injector_enforcement_audit_total{template}`: pods an `enforced: audit` template
+    /// would have refused (or been injected into against their annotations) with `enforced: true`.
+    pub enforcement_audit: Family<TemplateLabel, Counter>,
     /// `sidecar_injector_enforcement_sync_errors_total`: failed writes of the enforcement policy's
     /// bindings and params (see `cluster::enforcement`).
     pub enforcement_sync_errors: Counter,
@@ -118,6 +121,12 @@ impl Default for Metrics {
             "injection_conflicts",
             "Pods a template was applied to with conflicts: the pod's own items stand where some of the template's would be",
             injection_conflicts.clone(),
+        );
+        let enforcement_audit = Family::<TemplateLabel, Counter>::default();
+        registry.register(
+            "enforcement_audit",
+            "Pods an enforced: audit template would have refused, or been injected into against their annotations, with enforced: true",
+            enforcement_audit.clone(),
         );
         let enforcement_sync_errors = Counter::default();
         registry.register(
@@ -173,6 +182,7 @@ impl Default for Metrics {
             requests,
             injections,
             injection_conflicts,
+            enforcement_audit,
             enforcement_sync_errors,
             skips,
             duration,

@@ -130,6 +130,9 @@ pub struct Summary {
     /// Templates applied with conflicts (mutate): the pod's own items stand where some of theirs
     /// would be.
     pub conflicted: Vec<String>,
+    /// Templates marked `enforced: audit` that `enforced: true` would have made refuse the pod, or
+    /// inject into it against its annotations (mutate).
+    pub audited: Vec<String>,
     /// Short code of a skip, for the skips metric (`not_a_pod`, `not_create`, `namespace_not_opted_in`,
     /// `up_to_date`, `no_template_matched`, ...).
     pub skip: Option<&'static str>,
@@ -389,8 +392,16 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
     let decision = engine.evaluate(&pod);
     let operation = "CREATE".to_owned();
     let base = AdmissionResponse::from(&request);
+    let audited = decision.audited;
     match decision.outcome {
-        Outcome::OutOfScope(reason) => allow(&request, reason.code(), reason.to_string()),
+        Outcome::OutOfScope(reason) => {
+            let mut reply = allow(&request, reason.code(), reason.to_string());
+            if !decision.warnings.is_empty() {
+                reply.body = encode(with_warnings(base, decision.warnings), None);
+            }
+            reply.summary.audited = audited;
+            reply
+        }
         Outcome::UpToDate(_) => allow(&request, "up_to_date", "already injected with the current templates"),
         Outcome::Inject(injection) => {
             let status = &injection.status;
@@ -411,7 +422,7 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
             };
             let response = with_warnings(base, decision.warnings);
             let body = encode(response, Some(&injection.patch));
-            let summary = Summary { operation, result: "patched", reason, injected, conflicted, skip };
+            let summary = Summary { operation, result: "patched", reason, injected, conflicted, audited, skip };
             Reply { status: 200, body, summary }
         }
         Outcome::Denied(denial) => {

@@ -265,6 +265,10 @@ impl ClusterExplanation {
                 ),
                 (PodDrift::NotInjected { templates }, Some(_)) => format!("  this pod: not injected, but {} apply now\n", templates.join(", ")),
                 (PodDrift::OutOfScope, Some(t)) => format!("  this pod: injected with [{t}], now out of scope\n"),
+                (PodDrift::EnforcementAudit { templates }, Some(t)) => format!(
+                    "  this pod: injected with [{t}]; {} (enforced: audit) would refuse it, or be injected into it, with enforced: true\n",
+                    templates.join(", ")
+                ),
             });
         }
         for error in &self.template_errors {
@@ -311,6 +315,10 @@ pub struct DriftedWorkload {
     /// Pods whose templates applied with conflicts: listed, never restarted (a restart changes
     /// nothing; the pod template has to).
     conflicted_pods: Vec<String>,
+    /// Pods an `enforced: audit` template reports (refused or changed under `enforced: true`):
+    /// listed, never restarted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    enforcement_audit_pods: Vec<String>,
     templates: Vec<String>,
     action: RestartAction,
 }
@@ -375,6 +383,7 @@ async fn drifted(client: &Client, args: &DriftArgs) -> Result<Vec<DriftedWorkloa
             PodDrift::Stale { templates } => (DriftKind::Stale, templates.into_iter().map(|t| t.name).collect()),
             PodDrift::NotInjected { templates } => (DriftKind::NotInjected, templates),
             PodDrift::Conflicts { templates } => (DriftKind::Conflicts, templates),
+            PodDrift::EnforcementAudit { templates } => (DriftKind::EnforcementAudit, templates),
             PodDrift::Current | PodDrift::OutOfScope => continue,
         };
         let in_namespace: BTreeMap<(String, String), WorkloadRef> = owners
@@ -390,12 +399,14 @@ async fn drifted(client: &Client, args: &DriftArgs) -> Result<Vec<DriftedWorkloa
             stale_pods: Vec::new(),
             not_injected_pods: Vec::new(),
             conflicted_pods: Vec::new(),
+            enforcement_audit_pods: Vec::new(),
             templates: Vec::new(),
         });
         match kind {
             DriftKind::Stale => entry.stale_pods.push(pod.name_any()),
             DriftKind::NotInjected => entry.not_injected_pods.push(pod.name_any()),
             DriftKind::Conflicts => entry.conflicted_pods.push(pod.name_any()),
+            DriftKind::EnforcementAudit => entry.enforcement_audit_pods.push(pod.name_any()),
         }
         for template in templates {
             if !entry.templates.contains(&template) {
@@ -405,9 +416,13 @@ async fn drifted(client: &Client, args: &DriftArgs) -> Result<Vec<DriftedWorkloa
     }
     for workload in workloads.values_mut() {
         if workload.stale_pods.is_empty() && workload.not_injected_pods.is_empty() {
-            workload.action = RestartAction::Manual {
-                advice: "none: a restart changes nothing; remove the pod template's items that conflict (sidecar-injector why)".to_owned(),
+            let advice = match workload.conflicted_pods.is_empty() {
+                true => "none: a restart changes nothing; what enforced: true would do is in sidecar-injector why",
+                false => {
+                    "none: a restart changes nothing; remove the pod template's items that conflict (sidecar-injector why)"
+                }
             };
+            workload.action = RestartAction::Manual { advice: advice.to_owned() };
         }
     }
     Ok(workloads.into_values().collect())
@@ -418,6 +433,8 @@ enum DriftKind {
     Stale,
     NotInjected,
     Conflicts,
+    /// Would be refused, or given a template against its annotations, by `enforced: true`.
+    EnforcementAudit,
 }
 
 /// `drift [--restart]`.
@@ -431,8 +448,8 @@ pub async fn drift(client: &Client, args: &DriftArgs) -> Result<String> {
         out.push_str("no drift: every injected pod has the current templates, applied without conflicts\n");
     } else {
         out.push_str(&format!(
-            "{:<20} {:<32} {:>5} {:>12} {:>9}  {:<28} ACTION\n",
-            "NAMESPACE", "WORKLOAD", "STALE", "NOT INJECTED", "CONFLICTS", "TEMPLATES"
+            "{:<20} {:<32} {:>5} {:>12} {:>9} {:>5}  {:<28} ACTION\n",
+            "NAMESPACE", "WORKLOAD", "STALE", "NOT INJECTED", "CONFLICTS", "AUDIT", "TEMPLATES"
         ));
         for w in &workloads {
             let action = match &w.action {
@@ -441,12 +458,13 @@ pub async fn drift(client: &Client, args: &DriftArgs) -> Result<String> {
                 RestartAction::Manual { advice } => advice.clone(),
             };
             out.push_str(&format!(
-                "{:<20} {:<32} {:>5} {:>12} {:>9}  {:<28} {action}\n",
+                "{:<20} {:<32} {:>5} {:>12} {:>9} {:>5}  {:<28} {action}\n",
                 w.namespace,
                 w.workload.to_string(),
                 w.stale_pods.len(),
                 w.not_injected_pods.len(),
                 w.conflicted_pods.len(),
+                w.enforcement_audit_pods.len(),
                 w.templates.join(",")
             ));
         }

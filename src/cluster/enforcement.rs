@@ -105,7 +105,7 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>,
             let enforced: PolicyObjects = engine
                 .templates
                 .iter()
-                .filter(|t| modes.enforcement && t.enforced)
+                .filter(|t| modes.enforcement && (t.enforced || t.audit))
                 .map(|t| (t.name.to_string(), enforce::policy_objects(t, native, &own_namespace)))
                 .collect();
             // Compiled again only when the templates in service (or the sidecar mode) change, and

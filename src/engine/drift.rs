@@ -42,6 +42,13 @@ pub enum PodDrift {
         /// The templates applied with conflicts.
         templates: Vec<String>,
     },
+    /// Templates marked `enforced: audit` that, were they `enforced: true`, would have refused this
+    /// pod (it has a conflicting item of theirs: applied with conflicts) or would be injected into
+    /// it against its annotations or opt-out label. Otherwise current.
+    EnforcementAudit {
+        /// Those templates.
+        templates: Vec<String>,
+    },
     /// In scope and templates apply, but the pod was never injected.
     NotInjected {
         /// The templates it would get.
@@ -93,7 +100,20 @@ pub fn classify(
     if !templates.is_empty() {
         return PodDrift::Stale { templates };
     }
-    match status.conflicted_templates() {
+    let conflicted = status.conflicted_templates();
+    let audited: Vec<String> = choice
+        .verdicts
+        .iter()
+        .filter(|(name, verdict)| {
+            *verdict == select::TemplateVerdict::AuditEnforced
+                || (conflicted.contains(&&**name) && engine.templates.get(name).is_some_and(|t| t.audit))
+        })
+        .map(|(name, _)| name.to_string())
+        .collect();
+    if !audited.is_empty() {
+        return PodDrift::EnforcementAudit { templates: audited };
+    }
+    match conflicted {
         conflicted if conflicted.is_empty() => PodDrift::Current,
         conflicted => PodDrift::Conflicts { templates: conflicted.into_iter().map(str::to_owned).collect() },
     }

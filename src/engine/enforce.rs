@@ -303,7 +303,8 @@ impl Requirements {
 
 /// The objects the injector keeps in the cluster for one enforced template: the params ConfigMap
 /// (in `own_namespace`) and the binding of the enforcement policy to the pods the template is
-/// enforced for. Both are plain JSON for server-side apply.
+/// enforced for. Both are plain JSON for server-side apply. For an `enforced: audit` template the
+/// binding warns the client and writes the audit log instead of refusing (`Warn`, `Audit`).
 pub fn policy_objects(template: &Template, native: bool, own_namespace: &str) -> (Value, Value) {
     let name = format!("{}{}", names::ENFORCED_OBJECT_PREFIX, template.name);
     let labels = json!({ names::ENFORCED_TEMPLATE_LABEL: &*template.name });
@@ -342,7 +343,7 @@ pub fn policy_objects(template: &Template, native: bool, own_namespace: &str) ->
         "metadata": {"name": name, "labels": labels},
         "spec": {
             "policyName": names::ENFORCEMENT_POLICY,
-            "validationActions": ["Deny"],
+            "validationActions": if template.audit { json!(["Warn", "Audit"]) } else { json!(["Deny"]) },
             "paramRef": {"name": name, "namespace": own_namespace, "parameterNotFoundAction": "Deny"},
             "matchResources": {"namespaceSelector": namespace_selector, "objectSelector": object_selector},
         },
@@ -667,6 +668,56 @@ inject:
         assert_eq!(requirements.init_containers.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), vec!["fixed"]);
         assert_eq!(requirements.init_containers[0].args, Some(vec![]), "no args: the pod must not add any");
         assert_eq!(requirements.unchecked.len(), 2, "{:?}", requirements.unchecked);
+    }
+
+    #[test]
+    fn audit_mode_reports_what_enforcement_would_refuse_and_refuses_nothing() {
+        let audited = AUDIT.replace("enforced: true", "enforced: audit\ndefault: true");
+        let engine = engine(&[("logs", LOGS), ("audit", &audited), ("debug", DEBUG)]);
+        let decide = |pod: &Value| engine.evaluate(&request(pod.clone(), opted_in("shop", &[])));
+        let app = json!({"app": "web"});
+        // A look-alike: admitted, the pod's own item standing, with the refusal it would get.
+        let evil_again = || {
+            json!([{"name": "audit", "image": "evil/not-audit", "command": ["/audit"], "args": ["--level=info"],
+                    "restartPolicy": "Always"}])
+        };
+        let decision = decide(&pod(app.clone(), json!({}), evil_again()));
+        let Outcome::Inject(injection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+        assert!(injection.status.skipped.iter().any(|s| s.template == "audit" && s.name == "audit"));
+        assert_eq!(decision.audited, ["audit"]);
+        let warning = decision.warnings.iter().find(|w| w.contains("enforced: audit")).expect("a warning");
+        assert!(warning.contains("would refuse this pod") && warning.contains("evil/not-audit"), "{warning}");
+        // The drift report lists the admitted pod under the audit.
+        let stored = apply(&pod(app.clone(), json!({}), evil_again()), &injection.patch);
+        let metadata = |field: &str| -> std::collections::BTreeMap<String, String> {
+            serde_json::from_value(stored["metadata"][field].clone()).unwrap()
+        };
+        let drift = crate::engine::drift::classify(
+            &engine,
+            &metadata("labels"),
+            &metadata("annotations"),
+            &opted_in("shop", &[]),
+        );
+        assert_eq!(drift, crate::engine::drift::PodDrift::EnforcementAudit { templates: vec!["audit".into()] });
+        // An opted-out pod: not injected, reported as one enforcement would inject into.
+        let opted_out = json!({"app": "web", names::INJECT_LABEL: names::INJECT_DISABLED});
+        let decision = decide(&pod(opted_out, json!({}), json!([])));
+        assert!(matches!(decision.outcome, Outcome::OutOfScope(_) | Outcome::Inject(_)), "{:?}", decision.outcome);
+        assert_eq!(decision.audited, ["audit"]);
+        assert!(
+            decision.warnings.iter().any(|w| w.contains("would be injected into this pod")),
+            "{:?}",
+            decision.warnings
+        );
+        // A pod the template fits: nothing to report.
+        let decision = decide(&pod(app, json!({}), json!([])));
+        assert!(matches!(decision.outcome, Outcome::Inject(_)));
+        assert!(decision.audited.is_empty() && decision.warnings.is_empty(), "{:?}", decision.warnings);
+        // The policy binding warns and audits instead of denying.
+        let (_, binding) = policy_objects(engine.templates.get("audit").unwrap(), true, "sidecar-injector");
+        assert_eq!(binding["spec"]["validationActions"], json!(["Warn", "Audit"]));
+        let (_, binding) = policy_objects(audit_engine().templates.get("audit").unwrap(), true, "sidecar-injector");
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
     }
 
     fn engine_with(template: &str) -> Engine {

@@ -24,7 +24,7 @@ impl Template {
         check(&template)?;
         prerender(&mut template);
         template.warnings.extend(template::resource_warnings(&template.inject));
-        if template.enforced {
+        if template.enforced || template.audit {
             // Native or classic does not change what can be checked.
             let unchecked = super::enforce::Requirements::of(&template, true).unchecked;
             template.warnings.extend(unchecked.into_iter().map(|what| {

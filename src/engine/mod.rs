@@ -85,6 +85,9 @@ pub struct Decision {
     /// Things the user should know that do not stop the injection (ignored overrides, an
     /// unreadable previous status).
     pub warnings: Vec<String>,
+    /// Templates marked `enforced: audit` that `enforced: true` would have made refuse this pod,
+    /// or inject into it against its annotations (each also explained in `warnings`).
+    pub audited: Vec<String>,
 }
 
 /// The outcome of [`Engine::evaluate`].
@@ -250,6 +253,9 @@ impl Engine {
     }
 }
 
+/// What an `enforced: audit` template reports for a pod that enforcement would give it to.
+const AUDIT_FORCED: &str = "it would be injected into this pod whatever its annotations and opt-out label say";
+
 /// The sidecar mode for this pod: the pod's choice where the template lets it choose, else the
 /// template's.
 fn sidecar_mode(template: &Template, rendered: &RenderedTemplate) -> template::SidecarMode {
@@ -304,28 +310,65 @@ impl Engine {
         let status = match &decision.outcome {
             Outcome::Inject(injection) => &injection.status,
             Outcome::UpToDate(status) => status,
+            Outcome::OutOfScope(select::OutOfScope::PodOptedOut) => {
+                let labels = pod::string_map(&request.pod, "labels").unwrap_or_default();
+                let annotations = pod::string_map(&request.pod, "annotations").unwrap_or_default();
+                let reach =
+                    select::audit_reach_of_opted_out(&self.templates, &labels, &annotations, &request.namespace);
+                for template in reach {
+                    decision
+                        .warnings
+                        .push(format!("template {template} is enforced: audit; with enforced: true {AUDIT_FORCED}"));
+                    decision.audited.push(template.to_string());
+                }
+                return decision;
+            }
             Outcome::OutOfScope(_) | Outcome::Denied(_) => return decision,
         };
-        if let Some(denial) = self.enforcement_denial(request, status) {
+        if let Some(denial) = self.enforcement_denials(request, status, |t| t.enforced).into_iter().next() {
             decision.outcome = Outcome::Denied(denial);
+            return decision;
+        }
+        // `enforced: audit`: what `enforced: true` would do, reported instead of done.
+        let mut findings = Vec::new();
+        for denial in self.enforcement_denials(request, status, |t| t.audit) {
+            if let Denial::Enforced { template, conflicts } = denial {
+                findings.push((template, format!("it would refuse this pod: {}", conflicts.join("; "))));
+            }
+        }
+        let forced = decision.choice.iter().flat_map(|c| &c.verdicts);
+        for (name, _) in forced.filter(|(_, v)| *v == select::TemplateVerdict::AuditEnforced) {
+            findings.push((name.to_string(), AUDIT_FORCED.to_owned()));
+        }
+        for (template, finding) in findings {
+            decision.warnings.push(format!("template {template} is enforced: audit; with enforced: true {finding}"));
+            if !decision.audited.contains(&template) {
+                decision.audited.push(template);
+            }
         }
         decision
     }
 
-    /// The first enforced template of `status` that was applied with conflicts the pod may not
-    /// have (see `enforce`).
-    fn enforcement_denial(&self, request: &PodRequest, status: &InjectionStatus) -> Option<Denial> {
+    /// For each template of `status` that `which` picks and that was applied with conflicts the
+    /// pod may not have under enforcement (see `enforce`), the refusal it calls for.
+    fn enforcement_denials(
+        &self,
+        request: &PodRequest,
+        status: &InjectionStatus,
+        which: fn(&Template) -> bool,
+    ) -> Vec<Denial> {
         let conflicted = status.conflicted_templates();
         if conflicted.is_empty() {
-            return None;
+            return Vec::new();
         }
         let enforced = status
             .templates
             .iter()
             .filter(|t| conflicted.contains(&t.name.as_str()))
-            .filter_map(|t| self.templates.version(&t.name, &t.hash).filter(|t| t.enforced));
+            .filter_map(|t| self.templates.version(&t.name, &t.hash).filter(|t| which(t)));
         let annotations = pod::string_map(&request.pod, "annotations").unwrap_or_default();
         let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(&request.pod));
+        let mut denials = Vec::new();
         for template in enforced {
             let subject = render::Subject::new(request.pod.clone(), &owner);
             let conflicts = match render::render(template, &subject, &annotations, &request.namespace) {
@@ -336,15 +379,15 @@ impl Engine {
                 Err(e) => vec![format!("the template does not render for the pod as it is: {e}")],
             };
             if !conflicts.is_empty() {
-                return Some(Denial::Enforced { template: template.name.to_string(), conflicts });
+                denials.push(Denial::Enforced { template: template.name.to_string(), conflicts });
             }
         }
-        None
+        denials
     }
 
     fn decide(&self, request: &PodRequest, mask_pod_reads: bool) -> Decision {
         let mut warnings = Vec::new();
-        let decision = |choice, outcome, warnings| Decision { choice, outcome, warnings };
+        let decision = |choice, outcome, warnings| Decision { choice, outcome, warnings, audited: Vec::new() };
         let pod = &*request.pod;
         let (labels, annotations) = match (pod::string_map(pod, "labels"), pod::string_map(pod, "annotations")) {
             (Ok(l), Ok(a)) => (l, a),

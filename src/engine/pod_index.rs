@@ -51,6 +51,7 @@ pub fn drift_counts(
             PodDrift::Stale { templates } => (templates.into_iter().map(|t| t.name).collect(), "stale"),
             PodDrift::NotInjected { templates } => (templates, "not_injected"),
             PodDrift::Conflicts { templates } => (templates, "conflicts"),
+            PodDrift::EnforcementAudit { templates } => (templates, "enforcement_audit"),
             PodDrift::Current | PodDrift::OutOfScope => continue,
         };
         for template in templates {

@@ -669,6 +669,9 @@ const APP_LISTS: [(&str, ItemKind, &str); 3] = [
 fn compile_template(template: &Template, native_sidecars: bool, selected: &str) -> Result<Plan, String> {
     let spec = &template.inject;
     let name = &*template.name;
+    if template.audit {
+        return Err("enforced: audit reports what enforcement would refuse, which only the webhook sees".to_owned());
+    }
     // A merged entry depends on what the app container has (its env and envFrom): the webhook's.
     if spec.env.iter().any(|item| item.merge.is_some()) {
         return Err("an appContainers.env item merges into the app's own variable (merge:)".to_owned());

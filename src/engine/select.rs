@@ -112,6 +112,9 @@ pub enum TemplateVerdict {
     /// It will be injected because it is enforced for this pod, although the pod's annotation or
     /// opt-out label (or not being `default: true`) would leave it out.
     Enforced,
+    /// Not injected, but `enforced: audit` and where `enforced: true` would inject it (as
+    /// [`TemplateVerdict::Enforced`]): reported, not injected.
+    AuditEnforced,
     /// Named by an annotation but not defined.
     NotFound,
     /// Not named and not `default: true`.
@@ -142,6 +145,9 @@ impl fmt::Display for TemplateVerdict {
             TemplateVerdict::Enforced => {
                 f.write_str("enforced: injected whatever the pod's annotations and opt-out label say")
             }
+            TemplateVerdict::AuditEnforced => f.write_str(
+                "enforced: audit: not injected now; with enforced: true it would be, whatever the pod's annotations and opt-out label say",
+            ),
             TemplateVerdict::NotFound => f.write_str("no template of that name exists"),
             TemplateVerdict::NotDefault => f.write_str("not default: true and not named by an annotation"),
             TemplateVerdict::PodSelectorMismatch { selector } => {
@@ -212,6 +218,18 @@ pub fn select(
         return Err(OutOfScope::PodOptedOut);
     }
     Ok(choice)
+}
+
+/// The `enforced: audit` templates that `enforced: true` would give a pod that opted out (which
+/// [`select`] leaves out of scope when nothing else applies), for the audit report.
+pub fn audit_reach_of_opted_out(
+    templates: &TemplateSet,
+    pod_labels: &BTreeMap<String, String>,
+    pod_annotations: &BTreeMap<String, String>,
+    namespace: &NamespaceFacts,
+) -> Vec<Arc<str>> {
+    let choice = choose(templates, pod_labels, pod_annotations, namespace, true);
+    choice.verdicts.into_iter().filter(|(_, v)| *v == TemplateVerdict::AuditEnforced).map(|(n, _)| n).collect()
 }
 
 /// Rules 1 and 2: whether the pod's namespace (and kind of pod) is served at all.
@@ -286,12 +304,14 @@ fn choose(
             .collect(),
     };
     // Rule 5: enforced templates the choice above left out come last, in template order.
-    for template in templates.iter().filter(|t| t.enforced) {
+    // Audited ones (`enforced: audit`) are only marked where they would come.
+    for template in templates.iter().filter(|t| t.enforced || t.audit) {
         let listed = verdicts.iter().position(|(name, _)| *name == template.name);
         if listed.is_some_and(|i| verdicts[i].1 == TemplateVerdict::Selected) {
             continue;
         }
         let enforced = match verdict(template) {
+            TemplateVerdict::Selected if template.audit => TemplateVerdict::AuditEnforced,
             TemplateVerdict::Selected => TemplateVerdict::Enforced,
             // Shown only when the pod opts out, to say why even the enforced ones do not apply.
             mismatch if opted_out => mismatch,

@@ -322,6 +322,10 @@ pub struct Template {
     /// its opt-out label and its templates annotation cannot remove it, and a same-name item in the
     /// pod that differs from the template's refuses the pod (see `enforce`).
     pub enforced: bool,
+    /// `enforced: audit`: a dry run of `enforced: true`. Selected like any template; every pod that
+    /// `enforced: true` would refuse, or would give the template against its annotations, is
+    /// reported (admission warning, metric, drift state, a Warn/Audit policy binding) and admitted.
+    pub audit: bool,
     /// Optional selector on pod labels.
     pub pod_selector: Option<TemplateSelector>,
     /// Optional selector on namespace labels.
@@ -402,6 +406,7 @@ impl<'a> Compiler<'a> {
             description: String::new(),
             default: false,
             enforced: false,
+            audit: false,
             pod_selector: None,
             namespace_selector: None,
             sidecar_mode: SidecarMode::Auto,
@@ -425,12 +430,14 @@ impl<'a> Compiler<'a> {
                         );
                     }
                 },
-                "enforced" => match node.value {
-                    SourceValue::Bool(b) => template.enforced = b,
+                "enforced" => match &node.value {
+                    SourceValue::Bool(b) => template.enforced = *b,
+                    SourceValue::String(s) if s == "audit" => template.audit = true,
                     _ => {
-                        return Err(
-                            self.err(node.line, format!("enforced must be true or false, not {}", node.type_name()))
-                        );
+                        return Err(self.err(
+                            node.line,
+                            format!("enforced must be true, false or audit, not {}", node.type_name()),
+                        ));
                     }
                 },
                 "podSelector" => template.pod_selector = self.selector(node, key)?,
@@ -1226,6 +1233,12 @@ mod tests {
                 "podSelector:\n  matchExpressions:\n    - {key: a, operator: Equals}\n",
                 Some(2),
                 "not a valid LabelSelector",
+            ),
+            (
+                "enforced neither true, false nor audit",
+                "enforced: maybe\n",
+                Some(1),
+                "enforced must be true, false or audit",
             ),
             (
                 "merge on an item without a value",

@@ -97,6 +97,9 @@ async fn handle(
     for template in &summary.conflicted {
         metrics.injection_conflicts.get_or_create(&TemplateLabel { template: template.clone() }).inc();
     }
+    for template in &summary.audited {
+        metrics.enforcement_audit.get_or_create(&TemplateLabel { template: template.clone() }).inc();
+    }
     if let Some(skip) = summary.skip {
         metrics.skip(skip);
     }

@@ -14,6 +14,7 @@ pub fn exported() -> BTreeMap<String, String> {
     let template = TemplateLabel { template: "t".into() };
     metrics.injections.get_or_create(&template).inc();
     metrics.injection_conflicts.get_or_create(&template).inc();
+    metrics.enforcement_audit.get_or_create(&template).inc();
     metrics.duration.get_or_create(&EndpointLabel { endpoint: "mutate".into() }).observe(0.001);
     let drift = DriftLabels { namespace: "n".into(), template: "t".into(), state: "stale".into() };
     metrics.drifted_pods.get_or_create(&drift).set(1);

@@ -1010,3 +1010,90 @@ pub async fn s25_namespace_defaults(ctx: &mut Ctx) -> Result<()> {
     namespaces.delete(NS, &Default::default()).await?;
     Ok(())
 }
+
+/// Scenario 26: `enforced: audit` on the real API server. A look-alike pod and an opted-out pod
+/// that `enforced: true` would refuse or inject into are created, each with a warning to the client
+/// in the words of the refusal, counted; the template's policy binding warns and audits instead of
+/// denying; then `enforced: true` refuses the same look-alike.
+pub async fn s26_enforcement_audit(ctx: &mut Ctx) -> Result<()> {
+    let audited = ENFORCED_AUDIT
+        .replace("enforced: true", "enforced: audit")
+        .replace("{tier: prod}", "{tier: audit-dry-run}")
+        .replace("audit-agent", "dry-agent")
+        .replace("audit-spool", "dry-spool");
+    set_template(ctx, "dry.yaml", Some(&audited)).await?;
+    wait_for_binding(ctx, "dry", true).await?;
+    let actions = ctx.plane.kubectl(&[
+        "get",
+        "validatingadmissionpolicybinding",
+        "sidecar-injector-enforced-dry",
+        "-o",
+        "jsonpath={.spec.validationActions}",
+    ])?;
+    ensure!(actions.contains("Warn") && actions.contains("Audit") && !actions.contains("Deny"), "{actions}");
+    let labels = json!({"tier": "audit-dry-run"});
+    let served = Instant::now();
+    let named = json!({"sidecar-injector.io/templates": "dry"});
+    while !ctx
+        .dry_run_pod("e2e-shop", pod("probe", labels.clone(), named.clone()))
+        .await
+        .is_ok_and(|p| all_containers(&p).iter().any(|c| c.name == "dry-agent"))
+    {
+        ensure!(served.elapsed() < Duration::from_secs(15), "the audited template was not served");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let counted = |text: &str| -> f64 {
+        let series = "sidecar_injector_enforcement_audit_total{template=\"dry\"}";
+        text.lines().find_map(|l| l.strip_prefix(series)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+    };
+    let before = counted(&ctx.injector.as_ref().context("no injector")?.metrics());
+    // kubectl prints the admission warnings on stderr.
+    let create = |manifest: &Value| -> Result<String> {
+        let mut child = std::process::Command::new(ctx.plane.bin.join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(&ctx.plane.admin_kubeconfig)
+            .args(["-n", "e2e-shop", "create", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        use std::io::Write;
+        child.stdin.take().context("stdin")?.write_all(manifest.to_string().as_bytes())?;
+        let out = child.wait_with_output()?;
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        ensure!(out.status.success(), "refused: {text}");
+        Ok(text)
+    };
+    let mut look_alike = pod("dry-look-alike", labels.clone(), named.clone());
+    look_alike["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "dry-agent", "image": "evil/not-audit"}));
+    let said = create(&look_alike)?;
+    ensure!(
+        said.contains("template dry is enforced: audit; with enforced: true it would refuse this pod")
+            && said.contains("the pod's sidecar \"dry-agent\" is not the template's"),
+        "no audit warning: {said}"
+    );
+    let opted_out = json!({"tier": "audit-dry-run", "sidecar-injector.io/inject": "disabled"});
+    let said = create(&pod("dry-opted-out", opted_out, json!({})))?;
+    ensure!(said.contains("with enforced: true it would be injected into this pod"), "no audit warning: {said}");
+    let after = counted(&ctx.injector.as_ref().context("no injector")?.metrics());
+    ensure!(after == before + 2.0, "enforcement_audit_total went from {before} to {after}");
+
+    // Enforced for real: the same look-alike is refused.
+    set_template(ctx, "dry.yaml", Some(&audited.replace("enforced: audit", "enforced: true"))).await?;
+    let start = Instant::now();
+    look_alike["metadata"]["name"] = json!("dry-look-alike-2");
+    let message = loop {
+        match ctx.dry_run_pod("e2e-shop", look_alike.clone()).await {
+            Err(e) => break api_message(&e),
+            Ok(_) if start.elapsed() < Duration::from_secs(15) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Ok(_) => bail!("enforced: true did not refuse the look-alike"),
+        }
+    };
+    ensure!(message.contains("template dry is enforced for this pod"), "{message}");
+    set_template(ctx, "dry.yaml", None).await?;
+    wait_for_binding(ctx, "dry", false).await?;
+    Ok(())
+}
