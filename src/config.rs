@@ -205,6 +205,10 @@ pub struct ClusterSettings {
     /// the templates (and its binding) in the cluster, so the API server injects first admissions
     /// itself (`deploy/overlays/policy` turns it on with the RBAC it needs).
     pub injection_policy: bool,
+    /// Publish Kubernetes Events (on a pod's owner, and on template ConfigMaps) for pods injected
+    /// with conflicts, refused, with ignored overrides or `enforced: audit` findings, and for
+    /// refused or unapplied template edits (needs `create`/`patch` on `events.k8s.io` events).
+    pub events: bool,
 }
 
 impl Default for ClusterSettings {
@@ -219,6 +223,7 @@ impl Default for ClusterSettings {
             streaming_lists: true,
             enforcement_policy: true,
             injection_policy: false,
+            events: true,
         }
     }
 }

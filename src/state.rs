@@ -167,6 +167,26 @@ pub struct AppState {
     /// The template ConfigMap check running (one permit); the next waits up to
     /// `server::TEMPLATE_QUEUE_WAIT`, then is refused.
     pub template_queue: Arc<tokio::sync::Semaphore>,
+    /// Where Kubernetes Events go (`cluster::events`); disabled without a cluster.
+    pub events: EventSink,
+}
+
+/// The sending end of the Event publisher: never blocks, drops an Event when the publisher is
+/// behind (Events are advice; admission never waits for them).
+#[derive(Clone, Default)]
+pub struct EventSink(Option<tokio::sync::mpsc::Sender<crate::admission::events::EventIntent>>);
+
+impl EventSink {
+    /// A sink feeding `sender`.
+    pub fn to(sender: tokio::sync::mpsc::Sender<crate::admission::events::EventIntent>) -> Self {
+        EventSink(Some(sender))
+    }
+
+    /// Queues the Events; returns how many were dropped (queue full or publisher gone).
+    pub fn send(&self, intents: Vec<crate::admission::events::EventIntent>) -> usize {
+        let Some(sender) = &self.0 else { return 0 };
+        intents.into_iter().filter(|intent| sender.try_send(intent.clone()).is_err()).count()
+    }
 }
 
 /// Bodies up to this size are "small" for [`InflightRoom`].
@@ -199,8 +219,8 @@ impl InflightRoom {
 impl AppState {
     /// Replaces the engine's templates, counting and logging load errors. The last good version of
     /// a broken template stays in service (see `TemplateSet::update`).
-    /// Blocks (the sandbox waits for a child): call it on a blocking thread.
-    pub fn update_templates(&self, sources: Vec<crate::engine::TemplateSource>) {
+    /// Blocks (the sandbox waits for a child): call it on a blocking thread. Returns the errors.
+    pub fn update_templates(&self, sources: Vec<crate::engine::TemplateSource>) -> Vec<crate::engine::TemplateError> {
         let _one_at_a_time = self.template_work.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let current = self.engine.load();
         let (templates, errors) = current.templates.update(sources, self.precheck.as_ref());
@@ -214,5 +234,6 @@ impl AppState {
         self.metrics.templates_loaded.set(count as i64);
         self.readiness.templates_valid.store(count > 0, Ordering::Relaxed);
         self.engine.store(Arc::new(Engine::new(templates, current.excluded_namespaces.clone())));
+        errors
     }
 }

@@ -39,6 +39,13 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// One label: `result` of an Event (`published`, `suppressed`, `dropped`, `failed`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventResultLabel {
+    /// What became of it.
+    pub result: String,
+}
+
 /// Labels of a drift count.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DriftLabels {
@@ -74,6 +81,9 @@ pub struct Metrics {
     /// `sidecar_injector_enforcement_sync_errors_total`: failed writes of the enforcement policy's
     /// bindings and params (see `cluster::enforcement`).
     pub enforcement_sync_errors: Counter,
+    /// `sidecar_injector_events_total{result}`: Kubernetes Events `published`, `suppressed` (the
+    /// same Event within 30 s), `dropped` (queue full) or `failed` (the API refused them).
+    pub events: Family<EventResultLabel, Counter>,
     /// `sidecar_injector_skips_total{reason}`: pods not injected, by reason.
     pub skips: Family<ReasonLabel, Counter>,
     /// `sidecar_injector_admission_duration_seconds{endpoint}`: time from body received to answer.
@@ -134,6 +144,12 @@ impl Default for Metrics {
             "Failed writes of the enforcement policy's bindings and params for enforced templates",
             enforcement_sync_errors.clone(),
         );
+        let events = Family::<EventResultLabel, Counter>::default();
+        registry.register(
+            "events",
+            "Kubernetes Events by result: published, suppressed (the same Event within 30 s), dropped (queue full), failed",
+            events.clone(),
+        );
         let skips = Family::<ReasonLabel, Counter>::default();
         registry.register("skips", "Pods not injected, by reason", skips.clone());
         let duration =
@@ -184,6 +200,7 @@ impl Default for Metrics {
             injection_conflicts,
             enforcement_audit,
             enforcement_sync_errors,
+            events,
             skips,
             duration,
             template_reload_errors,
@@ -200,6 +217,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Counts `count` Kubernetes Events with `result`.
+    pub fn event(&self, result: &str, count: u64) {
+        if count > 0 {
+            self.events.get_or_create(&EventResultLabel { result: result.to_owned() }).inc_by(count);
+        }
+    }
+
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();

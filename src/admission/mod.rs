@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 
 use crate::engine::template::PreCheck;
 use crate::engine::validate::{self, Verdict};
-use crate::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, names};
+use crate::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, names, render};
 
 /// The only AdmissionReview version served.
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -117,7 +117,7 @@ pub struct Reply {
 }
 
 /// What happened to one request.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Summary {
     /// `CREATE`, `UPDATE`, ... (`unknown` when unreadable).
     pub operation: String,
@@ -133,6 +133,8 @@ pub struct Summary {
     /// Templates marked `enforced: audit` that `enforced: true` would have made refuse the pod, or
     /// inject into it against its annotations (mutate).
     pub audited: Vec<String>,
+    /// Kubernetes Events to publish about it (none for a dry run; see `events`).
+    pub events: Vec<events::EventIntent>,
     /// Short code of a skip, for the skips metric (`not_a_pod`, `not_create`, `namespace_not_opted_in`,
     /// `up_to_date`, `no_template_matched`, ...).
     pub skip: Option<&'static str>,
@@ -388,12 +390,28 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
     }
     let mut request = request;
     let object = request.object.take().expect("parse checked that CREATE carries an object");
+    // Events go on the pod's owner, and never for a dry run.
+    let owner = (!request.dry_run).then(|| events::owner_of(&object.json, &namespace.name)).flatten();
+    let pod_name = crate::engine::pod::display_name(&object.json);
     let pod = PodRequest { pod: Arc::new(object.json), namespace: namespace.clone(), cluster, workload: None };
     let decision = engine.evaluate(&pod);
+    let mut intents = Vec::new();
+    if let Some(owner) = &owner {
+        let of_kind = |matches: fn(&str) -> bool| -> Vec<&str> {
+            decision.warnings.iter().map(String::as_str).filter(|w| matches(w)).collect()
+        };
+        intents.extend(events::warnings(owner, &pod_name, "OverridesIgnored", &of_kind(render::is_ignored_override)));
+        intents.extend(events::warnings(owner, &pod_name, "EnforcementAudit", &of_kind(is_audit_finding)));
+        match &decision.outcome {
+            Outcome::Inject(injection) => intents.extend(events::conflicts(owner, &pod_name, &injection.status)),
+            Outcome::Denied(denial) => intents.push(events::refused(owner, &pod_name, &denial.to_string())),
+            Outcome::OutOfScope(_) | Outcome::UpToDate(_) => {}
+        }
+    }
     let operation = "CREATE".to_owned();
     let base = AdmissionResponse::from(&request);
     let audited = decision.audited;
-    match decision.outcome {
+    let mut reply = match decision.outcome {
         Outcome::OutOfScope(reason) => {
             let mut reply = allow(&request, reason.code(), reason.to_string());
             if !decision.warnings.is_empty() {
@@ -422,7 +440,16 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
             };
             let response = with_warnings(base, decision.warnings);
             let body = encode(response, Some(&injection.patch));
-            let summary = Summary { operation, result: "patched", reason, injected, conflicted, audited, skip };
+            let summary = Summary {
+                operation,
+                result: "patched",
+                reason,
+                injected,
+                conflicted,
+                audited,
+                skip,
+                events: Vec::new(),
+            };
             Reply { status: 200, body, summary }
         }
         Outcome::Denied(denial) => {
@@ -430,7 +457,14 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
             let response = with_warnings(base, decision.warnings).deny(&message);
             reply(response, Summary { operation, result: "denied", reason: message, ..Summary::default() })
         }
-    }
+    };
+    reply.summary.events = intents;
+    reply
+}
+
+/// Whether a decision's warning is an `enforced: audit` finding (the engine words them so).
+fn is_audit_finding(warning: &str) -> bool {
+    warning.contains(" is enforced: audit; ")
 }
 
 /// `POST /validate`: pods on CREATE (the injection happened and survived every mutator) and UPDATE
@@ -494,11 +528,20 @@ pub fn validate(
         };
         match validate::validate_template_data(&data, precheck) {
             Ok(warnings) => Verdict::Allowed(warnings),
-            Err(errors) => Verdict::Denied(format!(
-                "ConfigMap {} has invalid templates: {}",
-                request.name,
-                errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
-            )),
+            Err(errors) => {
+                let message = format!(
+                    "ConfigMap {} has invalid templates: {}",
+                    request.name,
+                    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+                );
+                let mut reply = deny(&request, message.clone());
+                if !request.dry_run {
+                    let uid = request.old_object.as_ref().and_then(|old| old.meta().uid.clone());
+                    let regarding = events::configmap(own_namespace, &request.name, uid);
+                    reply.summary.events.push(events::template_edit(regarding, true, &message));
+                }
+                return reply;
+            }
         }
     } else {
         let kind = format!("{}/{}", request.kind.group, request.kind.kind);
@@ -523,6 +566,8 @@ fn deny(request: &Request, message: String) -> Reply {
     };
     reply(response, summary)
 }
+
+pub mod events;
 
 #[cfg(test)]
 mod tests;

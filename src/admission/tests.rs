@@ -304,3 +304,29 @@ fn the_patch_is_written_as_standard_padded_base64_of_its_json_at_every_length() 
         assert_eq!(answer["response"]["patchType"], "JSONPatch");
     }
 }
+
+#[test]
+fn events_go_on_the_owner_and_never_for_a_dry_run() {
+    let mut owned = pod();
+    owned["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1",
+        "uid": "u-1", "controller": true}]);
+    // A container of the shipped log-shipper's name: applied with conflicts.
+    owned["spec"]["containers"].as_array_mut().unwrap().push(json!({"name": "log-shipper", "image": "own"}));
+    owned["metadata"]["annotations"] = json!({"sidecar-injector.io/log-shipper.image": "other"});
+    let decide = |object: &Value, dry_run: bool| {
+        let mut body = request("Pod", "CREATE", "shop", object.clone());
+        body["dryRun"] = json!(dry_run);
+        mutate(&engine(), parse(&review(body)).unwrap(), &opted_in(), ClusterFacts::default()).summary.events
+    };
+    let events = decide(&owned, false);
+    let reasons: Vec<&str> = events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["OverridesIgnored", "InjectedWithConflicts"], "{events:#?}");
+    assert!(events.iter().all(|e| e.regarding.name.as_deref() == Some("web-1") && e.note.starts_with("pod web-*: ")));
+    assert!(decide(&owned, true).is_empty(), "a dry run has no side effects");
+    assert!(decide(&pod(), false).is_empty(), "a pod without an owner: its creator saw the response");
+    // A refusal.
+    owned["metadata"]["annotations"] = json!({"sidecar-injector.io/log-shipper.memoryLimit": "64Gi"});
+    let events = decide(&owned, false);
+    assert_eq!(events.iter().map(|e| e.reason).collect::<Vec<_>>(), ["InjectionRefused"]);
+    assert!(events[0].note.contains("sidecar-injector.io/log-shipper.memoryLimit"), "{}", events[0].note);
+}

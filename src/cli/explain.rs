@@ -205,18 +205,7 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>], webhook_only
                 out.push_str(&format!("    merge into {note}\n"));
             }
             for skip in &status.skipped {
-                let container = skip.container.as_ref().map(|c| format!(" in container {c}")).unwrap_or_default();
-                let owner = if skip.owner == "pod" {
-                    "the pod already has one".to_owned()
-                } else {
-                    format!("{} already added one", skip.owner)
-                };
-                out.push_str(&format!(
-                    "    skipped {} {:?}{container} from template {}: {owner}\n",
-                    skip.kind.describe(),
-                    skip.name,
-                    skip.template
-                ));
+                out.push_str(&format!("    {}\n", skip.describe()));
             }
         }
         for warning in &e.warnings {

@@ -101,6 +101,7 @@ impl Starting {
             Namespaces::Cache { store, .. } => Some(store.clone()),
             Namespaces::Unknown => None,
         };
+        let metrics_for_events = metrics.clone();
         let state = Arc::new(AppState {
             engine: ArcSwap::from_pointee(engine),
             namespaces,
@@ -116,6 +117,10 @@ impl Starting {
             precheck,
             template_work: Default::default(),
             template_queue: Arc::new(tokio::sync::Semaphore::new(1)),
+            events: match (&client, settings.cluster.events) {
+                (Some(client), true) => cluster::events::publish(client.clone(), metrics_for_events),
+                _ => Default::default(),
+            },
         });
         if let Some(client) = &client {
             cluster::watch_templates(client.clone(), &own_namespace, state.clone());

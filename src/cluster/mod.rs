@@ -13,6 +13,7 @@
 
 pub mod cert_secret;
 pub mod enforcement;
+pub mod events;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -109,8 +110,25 @@ pub fn on_template_event(state: &AppState, store: &Store<ConfigMap>, event: &wat
     if matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
         return;
     }
-    state.update_templates(sources_of(&store.state()));
+    let errors = state.update_templates(sources_of(&store.state()));
     state.readiness.templates_synced.store(true, Ordering::Relaxed);
+    // An edit that broke one of this ConfigMap's templates: the last good version stays in
+    // service, and the ConfigMap says so (the validating webhook refuses such edits first, when
+    // it is up).
+    if let watcher::Event::Apply(configmap) = event {
+        let own: Vec<String> = sources_of(&[Arc::new(configmap.clone())]).into_iter().map(|s| s.name).collect();
+        let mine: Vec<String> = errors.iter().filter(|e| own.contains(&e.template)).map(ToString::to_string).collect();
+        if !mine.is_empty() {
+            let regarding = crate::admission::events::configmap(
+                &configmap.namespace().unwrap_or_default(),
+                &configmap.name_any(),
+                configmap.uid(),
+            );
+            let message = format!("not applied, the last good version stays in service: {}", mine.join("; "));
+            let dropped = state.events.send(vec![crate::admission::events::template_edit(regarding, false, &message)]);
+            state.metrics.event("dropped", dropped as u64);
+        }
+    }
 }
 
 /// Starts a metadata-only watch of every pod, kept in a [`PodIndex`] (only what drift reads, in
@@ -273,6 +291,7 @@ mod tests {
             precheck: Arc::new(crate::engine::template::InProcess),
             template_work: Default::default(),
             template_queue: Arc::new(tokio::sync::Semaphore::new(1)),
+            events: Default::default(),
         }
     }
 

@@ -215,6 +215,12 @@ fn render_with(
     })
 }
 
+/// Whether a warning of a decision is one of the "annotation ... ignored: ..." warnings rendering
+/// gives (an override or choice the template does not allow), for the `OverridesIgnored` Event.
+pub fn is_ignored_override(warning: &str) -> bool {
+    warning.starts_with("annotation ") && warning.contains(" ignored: ")
+}
+
 /// Annotation suffix (`sidecar-injector.io/<template>.app-containers`) of the pod's choice of app
 /// containers.
 pub const APP_CONTAINERS_CHOICE: &str = "app-containers";

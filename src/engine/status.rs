@@ -139,6 +139,19 @@ pub struct Skipped {
     pub owner: String,
 }
 
+impl Skipped {
+    /// The skip in words, as `explain` and the Events say it: `skipped sidecar "logs" in
+    /// container web from template logs: the pod already has one`.
+    pub fn describe(&self) -> String {
+        let container = self.container.as_ref().map(|c| format!(" in container {c}")).unwrap_or_default();
+        let owner = match self.owner.as_str() {
+            "pod" => "the pod already has one".to_owned(),
+            other => format!("{other} already added one"),
+        };
+        format!("skipped {} {:?}{container} from template {}: {owner}", self.kind.describe(), self.name, self.template)
+    }
+}
+
 impl AppContainerAdditions {
     /// Whether nothing was added.
     pub fn is_empty(&self) -> bool {

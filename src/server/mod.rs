@@ -97,6 +97,7 @@ async fn handle(
     for template in &summary.conflicted {
         metrics.injection_conflicts.get_or_create(&TemplateLabel { template: template.clone() }).inc();
     }
+    metrics.event("dropped", state.events.send(reply.summary.events.clone()) as u64);
     for template in &summary.audited {
         metrics.enforcement_audit.get_or_create(&TemplateLabel { template: template.clone() }).inc();
     }

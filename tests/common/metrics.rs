@@ -15,6 +15,7 @@ pub fn exported() -> BTreeMap<String, String> {
     metrics.injections.get_or_create(&template).inc();
     metrics.injection_conflicts.get_or_create(&template).inc();
     metrics.enforcement_audit.get_or_create(&template).inc();
+    metrics.event("published", 1);
     metrics.duration.get_or_create(&EndpointLabel { endpoint: "mutate".into() }).observe(0.001);
     let drift = DriftLabels { namespace: "n".into(), template: "t".into(), state: "stale".into() };
     metrics.drifted_pods.get_or_create(&drift).set(1);

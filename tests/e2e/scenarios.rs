@@ -535,6 +535,11 @@ pub async fn s11_least_privilege(ctx: &mut Ctx) -> Result<()> {
         (&["update", "validatingadmissionpolicies/sidecar-injector.io-enforced"], false),
         (&["create", "configmaps", "-n", "sidecar-injector"], true),
         (&["create", "configmaps", "-n", "e2e-shop"], false),
+        (&["create", "events.events.k8s.io", "-n", "e2e-shop"], true),
+        (&["patch", "events.events.k8s.io", "-n", "e2e-shop"], true),
+        (&["list", "events.events.k8s.io", "-n", "e2e-shop"], false),
+        (&["delete", "events.events.k8s.io", "-n", "e2e-shop"], false),
+        (&["create", "events", "-n", "e2e-shop"], false),
     ];
     for (args, expected) in expectations {
         ensure!(can(args) == *expected, "can-i {} should be {}", args.join(" "), if *expected { "yes" } else { "no" });
@@ -1095,5 +1100,133 @@ pub async fn s26_enforcement_audit(ctx: &mut Ctx) -> Result<()> {
     ensure!(message.contains("template dry is enforced for this pod"), "{message}");
     set_template(ctx, "dry.yaml", None).await?;
     wait_for_binding(ctx, "dry", false).await?;
+    Ok(())
+}
+
+/// Scenario 27: Kubernetes Events on the owning workload. ReplicaSets whose pods get a template
+/// with conflicts, an ignored override, or a refusal each get one Event in the words of `explain`
+/// and the admission response, aggregated however many pods they try; a dry run makes none; a
+/// refused edit of a template ConfigMap gets one on the ConfigMap.
+pub async fn s27_events(ctx: &mut Ctx) -> Result<()> {
+    let replica_set = |name: &str, annotations: Value, containers: Value| {
+        json!({
+            "apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": name, "namespace": "e2e-shop"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"events": name}},
+                "template": {
+                    "metadata": {"labels": {"events": name}, "annotations": annotations},
+                    "spec": {"containers": containers},
+                },
+            },
+        })
+    };
+    let app = json!([{"name": "app", "image": "app:1"}]);
+    let objects = [
+        replica_set(
+            "events-conflicts",
+            json!({}),
+            json!([{"name": "app", "image": "app:1"}, {"name": "log-shipper", "image": "own-shipper:1"}]),
+        ),
+        replica_set("events-ignored", json!({"sidecar-injector.io/log-shipper.image": "other:1"}), app.clone()),
+        replica_set("events-refused", json!({"sidecar-injector.io/log-shipper.memoryLimit": "64Gi"}), app),
+    ];
+    let manifest: String = objects.iter().map(|o| format!("{o}\n")).collect();
+    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["apply", "-f", "-"], Some(&manifest))?;
+    // The refusal's words, as the admission response gives them.
+    let mut refused_pod =
+        pod("refused-probe", json!({}), json!({"sidecar-injector.io/log-shipper.memoryLimit": "64Gi"}));
+    let refusal = match ctx.dry_run_pod("e2e-shop", refused_pod.clone()).await {
+        Err(e) => api_message(&e),
+        Ok(_) => bail!("the bad override was not refused"),
+    };
+    let refusal = refusal.trim_start_matches(|c| c != ':').trim_start_matches(": ").to_owned();
+
+    let events_in = |namespace: &str| -> Result<Vec<Value>> {
+        let list: Value = serde_json::from_str(&ctx.plane.kubectl(&[
+            "-n",
+            namespace,
+            "get",
+            "events.events.k8s.io",
+            "-o",
+            "json",
+        ])?)?;
+        Ok(list["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e["reportingController"] == "sidecar-injector")
+            .collect())
+    };
+    let events = || events_in("e2e-shop");
+    let about = |events: &[Value], name: &str, reason: &str| -> Vec<Value> {
+        events.iter().filter(|e| e["regarding"]["name"] == name && e["reason"] == reason).cloned().collect()
+    };
+    let expected = [
+        ("events-conflicts", "InjectedWithConflicts", "applied with conflicts: the pod's own items stand where the template's would be: skipped sidecar \"log-shipper\" from template log-shipper: the pod already has one".to_owned()),
+        ("events-ignored", "OverridesIgnored", "annotation sidecar-injector.io/log-shipper.image ignored: value \"image\" of template \"log-shipper\" is not overridable".to_owned()),
+        ("events-refused", "InjectionRefused", refusal),
+    ];
+    let start = Instant::now();
+    loop {
+        let all = events()?;
+        let missing: Vec<&str> = expected
+            .iter()
+            .filter(|(name, reason, _)| about(&all, name, reason).is_empty())
+            .map(|(n, _, _)| *n)
+            .collect();
+        if missing.is_empty() {
+            for (name, reason, words) in &expected {
+                let found = about(&all, name, reason);
+                ensure!(found.len() == 1, "{name}: {} {reason} Events, not one aggregated: {found:?}", found.len());
+                let event = &found[0];
+                let note = event["note"].as_str().unwrap_or_default();
+                ensure!(note.contains(words.as_str()), "{name}: {note:?} does not say {words:?}");
+                ensure!(event["type"] == "Warning" && event["regarding"]["kind"] == "ReplicaSet", "{event}");
+                ensure!(event["regarding"]["uid"].as_str().is_some_and(|u| !u.is_empty()), "no uid: {event}");
+            }
+            break;
+        }
+        ensure!(start.elapsed() < Duration::from_secs(30), "no Events for {missing:?} within 30 s: {all:#?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // A dry run with the same owner makes no Event (nor a count).
+    let before = events()?;
+    let rs: Value =
+        serde_json::from_str(&ctx.plane.kubectl(&["-n", "e2e-shop", "get", "rs", "events-refused", "-o", "json"])?)?;
+    refused_pod["metadata"]["name"] = json!("refused-dry-run");
+    refused_pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "name": "events-refused", "uid": rs["metadata"]["uid"], "controller": true}]);
+    let _ = ctx.dry_run_pod("e2e-shop", refused_pod).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let count =
+        |events: &[Value]| about(events, "events-refused", "InjectionRefused").first().map(|e| e["series"].clone());
+    ensure!(
+        count(&events()?) == count(&before),
+        "a dry run changed the Event: {:?} -> {:?}",
+        count(&before),
+        count(&events()?)
+    );
+
+    // A refused template edit: an Event on the ConfigMap.
+    let broken = set_template(ctx, "events-broken.yaml", Some("inject:\n  sidecars: {not: a list}\n")).await;
+    ensure!(broken.is_err(), "the broken edit was accepted");
+    let start = Instant::now();
+    loop {
+        let all = events_in("sidecar-injector")?;
+        if let Some(event) = about(&all, "sidecar-templates", "TemplateEditRefused").first() {
+            let note = event["note"].as_str().unwrap_or_default();
+            ensure!(note.contains("events-broken") && event["regarding"]["kind"] == "ConfigMap", "{event}");
+            break;
+        }
+        ensure!(start.elapsed() < Duration::from_secs(30), "no TemplateEditRefused Event: {all:#?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for name in ["events-conflicts", "events-ignored", "events-refused"] {
+        ctx.plane.kubectl(&["-n", "e2e-shop", "delete", "rs", name, "--wait=false"])?;
+    }
     Ok(())
 }

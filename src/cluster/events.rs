@@ -1,0 +1,70 @@
+//! Publishes the Kubernetes Events that admission decisions and template reloads call for
+//! (`admission::events` decides them): off the request path, through one task, with
+//! kube-runtime's `Recorder`, which aggregates a repeated Event into a series (one object whose
+//! count grows) instead of one object per pod.
+//!
+//! Bounded cost: the queue holds [`QUEUE`] Events (more are dropped and counted); the same Event
+//! (subject, reason) is published at most once per [`SAME_EVENT_EVERY`] (a ReplicaSet creating a
+//! hundred conflicting pods makes one Event, not a hundred API calls); and at most
+//! [`PER_SECOND`] Events a second reach the API server.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::time::Instant;
+
+use crate::admission::events::EventIntent;
+use crate::state::EventSink;
+use crate::telemetry::Metrics;
+
+/// Events waiting to be published.
+pub const QUEUE: usize = 256;
+/// The least time between two publications of the same Event.
+pub const SAME_EVENT_EVERY: Duration = Duration::from_secs(30);
+/// The most Events published a second.
+pub const PER_SECOND: u32 = 10;
+
+/// Starts the publisher; the sink feeds it.
+pub fn publish(client: Client, metrics: Arc<Metrics>) -> EventSink {
+    let (sender, mut receiver) = tokio::sync::mpsc::channel::<EventIntent>(QUEUE);
+    let instance = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_owned()))
+        .filter(|n| !n.is_empty());
+    let recorder = Recorder::new(client, Reporter { controller: "sidecar-injector".into(), instance });
+    tokio::spawn(async move {
+        let mut last: HashMap<(String, &'static str), Instant> = HashMap::new();
+        let spacing = Duration::from_secs(1) / PER_SECOND;
+        while let Some(intent) = receiver.recv().await {
+            let subject = intent.regarding.uid.clone().or_else(|| intent.regarding.name.clone()).unwrap_or_default();
+            let key =
+                (format!("{}/{subject}", intent.regarding.namespace.as_deref().unwrap_or_default()), intent.reason);
+            let now = Instant::now();
+            if last.get(&key).is_some_and(|at| now.duration_since(*at) < SAME_EVENT_EVERY) {
+                metrics.event("suppressed", 1);
+                continue;
+            }
+            last.retain(|_, at| now.duration_since(*at) < SAME_EVENT_EVERY);
+            last.insert(key, now);
+            let event = Event {
+                type_: if intent.warning { EventType::Warning } else { EventType::Normal },
+                reason: intent.reason.to_owned(),
+                note: Some(intent.note),
+                action: intent.action.to_owned(),
+                secondary: None,
+            };
+            match recorder.publish(&event, &intent.regarding).await {
+                Ok(()) => metrics.event("published", 1),
+                Err(error) => {
+                    metrics.event("failed", 1);
+                    tracing::warn!(%error, reason = intent.reason, "could not publish an Event");
+                }
+            }
+            tokio::time::sleep(spacing).await;
+        }
+    });
+    EventSink::to(sender)
+}
