@@ -209,6 +209,10 @@ pub struct ClusterSettings {
     /// with conflicts, refused, with ignored overrides or `enforced: audit` findings, and for
     /// refused or unapplied template edits (needs `create`/`patch` on `events.k8s.io` events).
     pub events: bool,
+    /// Watch the nodes' kubelet versions, so `sidecarMode: auto` adds native sidecars only where
+    /// the pod's nodes run kubelet 1.29 or newer (not by the API server's version; needs
+    /// `list`/`watch` on nodes).
+    pub watch_nodes: bool,
 }
 
 impl Default for ClusterSettings {
@@ -224,6 +228,7 @@ impl Default for ClusterSettings {
             enforcement_policy: true,
             injection_policy: false,
             events: true,
+            watch_nodes: true,
         }
     }
 }

@@ -169,6 +169,9 @@ pub struct AppState {
     pub template_queue: Arc<tokio::sync::Semaphore>,
     /// Where Kubernetes Events go (`cluster::events`); disabled without a cluster.
     pub events: EventSink,
+    /// The nodes' kubelet versions, for native sidecars by node (`engine::nodes`); empty without
+    /// a cluster or with `cluster.watch_nodes` off.
+    pub nodes: ArcSwap<crate::engine::nodes::NodePool>,
 }
 
 /// The sending end of the Event publisher: never blocks, drops an Event when the publisher is

@@ -201,7 +201,7 @@ fn evaluate(engine: &Engine, pod: &Value, native: bool) -> Outcome {
         .evaluate(&PodRequest {
             pod: Arc::new(pod.clone()),
             namespace,
-            cluster: ClusterFacts { native_sidecars: native },
+            cluster: ClusterFacts::api_server(native),
             workload: None,
         })
         .outcome
@@ -307,7 +307,7 @@ proptest! {
         let decision = engine.evaluate(&PodRequest {
             pod: Arc::new(claimed.clone()),
             namespace: NamespaceFacts::known("shop", [("sidecar-injector.io/inject".into(), "enabled".into())].into(), Default::default()),
-            cluster: ClusterFacts { native_sidecars: native },
+            cluster: ClusterFacts::api_server(native),
             workload: None,
         });
         let Outcome::Inject(injection) = decision.outcome else { return Ok(()) };

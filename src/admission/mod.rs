@@ -343,7 +343,8 @@ pub fn template_check_busy(request: &Request, waited: std::time::Duration) -> Re
     )
 }
 
-fn is_kind(request: &Request, group: &str, kind: &str) -> bool {
+/// Whether the request is about objects of this API group and kind.
+pub fn is_kind(request: &Request, group: &str, kind: &str) -> bool {
     request.kind.group == group && request.kind.kind == kind
 }
 

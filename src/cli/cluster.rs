@@ -189,8 +189,17 @@ pub async fn explain(
         &pod_labels,
         &pod_annotations,
     );
+    // As the webhook decides native sidecars: by the kubelets of the nodes the pod can run on
+    // (when the nodes can be listed).
+    let cluster = match Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()).list(&ListParams::default()).await
+    {
+        Ok(nodes) => crate::engine::nodes::NodePool::new(nodes.items.iter().map(crate::engine::nodes::NodeFacts::of))
+            .facts_for(&fresh, cluster),
+        Err(_) => cluster,
+    };
     let request = PodRequest { pod: Arc::new(fresh), namespace: facts.clone(), cluster, workload: None };
     let found = super::inject::PodDecision {
+        cluster,
         label: label.clone(),
         namespace: namespace.to_owned(),
         decision: engine.evaluate(&request),

@@ -36,6 +36,10 @@ pub struct Explanation {
     /// How each env var a template merges into an app container's own is put together.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub merge_notes: Vec<String>,
+    /// Whether added sidecars run as native sidecars, and which rule decided (for pods that get
+    /// sidecars).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sidecars: Option<String>,
     /// Warnings (ignored overrides and the like).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
@@ -86,6 +90,13 @@ pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
         ),
         Outcome::Denied(denial) => ("denied", format!("would be refused: {}", found.denial_message(denial)), None),
     };
+    let sidecars = status.as_ref().filter(|s| !s.containers.is_empty() || !s.native_sidecars.is_empty()).map(|_| {
+        let how = match found.cluster.native_sidecars {
+            true => "native sidecars start here (sidecarMode auto makes them native)",
+            false => "native sidecars do not start here (sidecarMode auto and native make classic containers)",
+        };
+        format!("{how}; decided {}", found.cluster.rule)
+    });
     let mut warnings = decision.warnings.clone();
     if !labels_known && !matches!(decision.outcome, Outcome::OutOfScope(_)) {
         warnings.push("namespace labels not given (--namespace-labels): the namespace counts as opted in".to_owned());
@@ -100,6 +111,7 @@ pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
         removes,
         value_sources,
         merge_notes,
+        sidecars,
         warnings,
     }
 }
@@ -204,6 +216,9 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>], webhook_only
             for note in &e.merge_notes {
                 out.push_str(&format!("    merge into {note}\n"));
             }
+            if let Some(sidecars) = &e.sidecars {
+                out.push_str(&format!("    sidecars: {sidecars}\n"));
+            }
             for skip in &status.skipped {
                 out.push_str(&format!("    {}\n", skip.describe()));
             }
@@ -247,6 +262,7 @@ pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliEr
             removes: None,
             value_sources: Vec::new(),
             merge_notes: Vec::new(),
+            sidecars: None,
             warnings: Vec::new(),
         });
     }

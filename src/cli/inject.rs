@@ -20,6 +20,8 @@ pub(crate) struct PodDecision {
     pub decision: Decision,
     /// Field prefix of the pod inside its document (`spec.template.`).
     pub field_prefix: String,
+    /// Whether native sidecars start where the pod runs, and the rule that said so.
+    pub cluster: crate::engine::ClusterFacts,
 }
 
 impl PodDecision {
@@ -66,9 +68,9 @@ pub(crate) fn decide_all(
             };
             let namespace = workload::namespace_of(doc).unwrap_or(&args.namespace).to_owned();
             let request = PodRequest {
+                cluster: args.cluster_for(&pod),
                 pod: Arc::new(pod),
                 namespace: args.namespace_facts(&namespace),
-                cluster: args.cluster(),
                 workload: workload::Workload::of_document(doc),
             };
             let decision = engine.evaluate(&request);
@@ -79,6 +81,7 @@ pub(crate) fn decide_all(
                     label,
                     namespace,
                     pod: request.pod,
+                    cluster: request.cluster,
                     decision,
                     field_prefix: workload::field_prefix(&kind),
                 }),

@@ -12,9 +12,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use serde_json::Value;
+
+use crate::engine::nodes::{NodeFacts, NodePool};
 use crate::engine::template::PreCheck;
 use crate::engine::template::embedded_sources;
 use crate::engine::{ClusterFacts, NamespaceFacts, TemplateError, TemplateSet, TemplateSource};
@@ -123,6 +127,33 @@ pub struct OfflineArgs {
     /// Kubernetes version of the target cluster (decides native sidecars for `sidecarMode: auto`).
     #[arg(long, value_name = "1.33", value_parser = parse_kube_version)]
     pub kube_version: Option<ClusterFacts>,
+    /// The cluster's nodes (`kubectl get nodes -o yaml`): native sidecars for `sidecarMode: auto`
+    /// are then decided by the kubelets of the nodes each pod can run on, as the webhook does.
+    #[arg(long, value_name = "FILE", value_parser = read_nodes)]
+    pub nodes: Option<Arc<NodePool>>,
+}
+
+/// Reads a file of Node objects (a `List` or one document per node) into a pool.
+fn read_nodes(path: &str) -> Result<Arc<NodePool>, String> {
+    let text = read_input(path).map_err(|e| e.to_string())?;
+    let documents = crate::engine::manifest::read(&text).map_err(|e| format!("{path}: {e}"))?;
+    let nodes: Vec<&Value> = documents
+        .iter()
+        .flat_map(|d| match d.get("items").and_then(Value::as_array) {
+            Some(items) => items.iter().collect(),
+            None => vec![d],
+        })
+        .filter(|d| d.get("kind").and_then(Value::as_str).is_none_or(|k| k == "Node"))
+        .collect();
+    if nodes.is_empty() {
+        return Err(format!("{path}: no Node objects"));
+    }
+    let nodes = nodes
+        .into_iter()
+        .map(|node| serde_json::from_value::<k8s_openapi::api::core::v1::Node>(node.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{path}: not a Node: {e}"))?;
+    Ok(Arc::new(NodePool::new(nodes.iter().map(NodeFacts::of))))
 }
 
 impl OfflineArgs {
@@ -133,6 +164,13 @@ impl OfflineArgs {
             Some(labels) => NamespaceFacts::known(name, labels.clone(), annotations),
             None => NamespaceFacts { annotations, ..NamespaceFacts::unknown(name) },
         }
+    }
+
+    /// The cluster facts for `pod`: by `--nodes` where given, else by `--kube-version`, else a
+    /// recent cluster.
+    pub fn cluster_for(&self, pod: &Value) -> ClusterFacts {
+        let api_server = self.cluster();
+        self.nodes.as_ref().map_or(api_server, |nodes| nodes.facts_for(pod, api_server))
     }
 
     /// The cluster facts from `--kube-version`, or a recent cluster.

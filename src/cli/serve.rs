@@ -117,6 +117,7 @@ impl Starting {
             precheck,
             template_work: Default::default(),
             template_queue: Arc::new(tokio::sync::Semaphore::new(1)),
+            nodes: Default::default(),
             events: match (&client, settings.cluster.events) {
                 (Some(client), true) => cluster::events::publish(client.clone(), metrics_for_events),
                 _ => Default::default(),
@@ -124,6 +125,9 @@ impl Starting {
         });
         if let Some(client) = &client {
             cluster::watch_templates(client.clone(), &own_namespace, state.clone());
+            if settings.cluster.watch_nodes {
+                cluster::watch_nodes(client.clone(), state.clone());
+            }
             let modes = cluster::enforcement::Modes {
                 enforcement: settings.cluster.enforcement_policy,
                 injection: settings.cluster.injection_policy,

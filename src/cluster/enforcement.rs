@@ -101,7 +101,8 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>,
                 continue;
             }
             let engine = state.engine.load_full();
-            let native = state.cluster.load().native_sidecars;
+            // Cluster-wide objects: native only where every node runs a kubelet that starts them.
+            let native = state.nodes.load().facts_for(&serde_json::Value::Null, **state.cluster.load()).native_sidecars;
             let enforced: PolicyObjects = engine
                 .templates
                 .iter()

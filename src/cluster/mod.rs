@@ -21,12 +21,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
+use crate::engine::nodes::{NodeFacts, NodePool};
 use crate::engine::pod_index::{PodIndex, drift_counts};
 use crate::engine::validate::template_sources;
 use crate::engine::{ClusterFacts, NamespaceFacts, TemplateSource, names};
@@ -75,6 +76,51 @@ pub fn watch_namespaces(
         }
     });
     reader
+}
+
+/// Starts a watch of the nodes that keeps, per node, only its name, labels and kubelet version
+/// (`engine::nodes`), and publishes a new pool to `state.nodes` whenever one of those changes
+/// (a node's status heartbeat changes nothing here, so it costs one comparison).
+pub fn watch_nodes(client: Client, state: Arc<AppState>) {
+    let stream = watcher(Api::<Node>::all(client), watcher::Config::default()).backoff(backoff());
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        let mut nodes: BTreeMap<String, NodeFacts> = BTreeMap::new();
+        let mut listing: Option<BTreeMap<String, NodeFacts>> = None;
+        let facts = NodeFacts::of;
+        loop {
+            let changed = match stream.try_next().await {
+                Ok(Some(watcher::Event::Apply(node))) => {
+                    let fresh = facts(&node);
+                    nodes.insert(fresh.name.clone(), fresh.clone()) != Some(fresh)
+                }
+                Ok(Some(watcher::Event::Delete(node))) => nodes.remove(&node.name_any()).is_some(),
+                Ok(Some(watcher::Event::Init)) => {
+                    listing = Some(BTreeMap::new());
+                    false
+                }
+                Ok(Some(watcher::Event::InitApply(node))) => {
+                    let fresh = facts(&node);
+                    listing.get_or_insert_with(BTreeMap::new).insert(fresh.name.clone(), fresh);
+                    false
+                }
+                Ok(Some(watcher::Event::InitDone)) => {
+                    nodes = listing.take().unwrap_or_default();
+                    true
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::warn!(%error, "node watch failed; retrying with backoff");
+                    false
+                }
+            };
+            if changed {
+                let pool = NodePool::new(nodes.values().cloned());
+                tracing::info!(nodes = pool.len(), oldest_kubelet = ?pool.oldest(), "node kubelet versions");
+                state.nodes.store(Arc::new(pool));
+            }
+        }
+    });
 }
 
 /// Starts the template ConfigMap reflector; every change rebuilds the templates in service.
@@ -292,6 +338,7 @@ mod tests {
             template_work: Default::default(),
             template_queue: Arc::new(tokio::sync::Semaphore::new(1)),
             events: Default::default(),
+            nodes: Default::default(),
         }
     }
 

@@ -29,28 +29,82 @@ impl NamespaceFacts {
     }
 }
 
-/// What the engine needs to know about the cluster.
+/// What the engine needs to know about the cluster, for one pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClusterFacts {
-    /// Whether init containers with `restartPolicy: Always` (native sidecars) are supported.
+    /// Whether init containers with `restartPolicy: Always` (native sidecars) start where the pod
+    /// runs.
     pub native_sidecars: bool,
+    /// What decided it (see `nodes`).
+    pub rule: NativeRule,
+}
+
+/// The rule that decided whether native sidecars start (`explain` says it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NativeRule {
+    /// The API server's version (no node's kubelet version is known).
+    ApiServer,
+    /// The kubelet of the node the pod names (`spec.nodeName`).
+    NodeName {
+        /// Its `(major, minor)`.
+        kubelet: (u32, u32),
+    },
+    /// The oldest kubelet among the nodes the pod's nodeSelector and node affinity allow.
+    NodesAllowed {
+        /// Its `(major, minor)`.
+        oldest: (u32, u32),
+        /// How many nodes.
+        nodes: u32,
+    },
+    /// The oldest kubelet of all nodes (the pod may run anywhere, or on no known node).
+    OldestNode {
+        /// Its `(major, minor)`.
+        oldest: (u32, u32),
+        /// How many nodes.
+        nodes: u32,
+    },
+}
+
+impl std::fmt::Display for NativeRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NativeRule::ApiServer => {
+                f.write_str("by the Kubernetes version (the API server's, or --kube-version), as no node's kubelet version is known")
+            }
+            NativeRule::NodeName { kubelet: (major, minor) } => {
+                write!(f, "by the kubelet of the pod's node (spec.nodeName): {major}.{minor}")
+            }
+            NativeRule::NodesAllowed { oldest: (major, minor), nodes } => write!(
+                f,
+                "by the oldest kubelet among the {nodes} node(s) its nodeSelector and node affinity allow: {major}.{minor}"
+            ),
+            NativeRule::OldestNode { oldest: (major, minor), nodes } => {
+                write!(f, "by the oldest kubelet of the cluster's {nodes} node(s): {major}.{minor}")
+            }
+        }
+    }
 }
 
 impl Default for ClusterFacts {
     /// Unknown clusters are assumed to be recent (native sidecars are GA since 1.33, on by
     /// default since 1.29).
     fn default() -> Self {
-        ClusterFacts { native_sidecars: true }
+        ClusterFacts::api_server(true)
     }
 }
 
 impl ClusterFacts {
+    /// Facts decided by the API server's version.
+    pub fn api_server(native_sidecars: bool) -> Self {
+        ClusterFacts { native_sidecars, rule: NativeRule::ApiServer }
+    }
+
     /// Facts for a Kubernetes version, as reported by `/version` (`major` "1", `minor` "33" or
     /// "33+").
     pub fn from_version(major: &str, minor: &str) -> Option<Self> {
         let major: u32 = major.trim().parse().ok()?;
         let minor: u32 = minor.trim().trim_end_matches('+').parse().ok()?;
-        Some(ClusterFacts { native_sidecars: (major, minor) >= (1, 29) })
+        Some(ClusterFacts::api_server((major, minor) >= (1, 29)))
     }
 
     /// Facts for a version written `1.33` or `v1.33.2`.
@@ -71,8 +125,8 @@ mod tests {
             let facts = ClusterFacts::from_version(major, minor);
             assert_eq!(facts.map(|f| f.native_sidecars).unwrap_or(false), native, "{major}.{minor}");
         }
-        assert_eq!(ClusterFacts::from_version_string("v1.28.3"), Some(ClusterFacts { native_sidecars: false }));
-        assert_eq!(ClusterFacts::from_version_string("1.33"), Some(ClusterFacts { native_sidecars: true }));
+        assert_eq!(ClusterFacts::from_version_string("v1.28.3"), Some(ClusterFacts::api_server(false)));
+        assert_eq!(ClusterFacts::from_version_string("1.33"), Some(ClusterFacts::api_server(true)));
         assert_eq!(ClusterFacts::from_version_string("banana"), None);
     }
 }

@@ -17,6 +17,11 @@ use super::template::{self, Template, TemplateError};
 use super::workload::Workload;
 
 impl Template {
+    /// Whether the template adds sidecars (whose mode `sidecarMode` decides).
+    pub fn has_sidecars(&self) -> bool {
+        !self.inject.sidecars.is_empty()
+    }
+
     /// Parses, compiles and test-renders a template. The error names the template, the line and the
     /// problem.
     pub fn load(name: &str, source: &str) -> Result<Template, TemplateError> {

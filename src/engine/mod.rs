@@ -16,6 +16,7 @@ pub mod inject;
 mod load;
 pub mod manifest;
 pub mod names;
+pub mod nodes;
 pub mod ownership;
 pub mod pod;
 pub mod pod_index;
@@ -276,14 +277,14 @@ fn sidecar_mode_warnings(
     let mode = sidecar_mode(template, rendered);
     if mode == template::SidecarMode::Native && !cluster.native_sidecars {
         warnings.push(format!(
-            "template {} asks for native sidecars (sidecarMode: native), which need Kubernetes 1.29 or newer: on this cluster they are added as classic containers",
-            template.name
+            "template {} asks for native sidecars (sidecarMode: native), which need a kubelet 1.29 or newer: they are added as classic containers (decided {})",
+            template.name, cluster.rule
         ));
     }
     if !mode.is_native(cluster.native_sidecars) && matches!(owner.kind.as_str(), "Job" | "CronJob") {
         warnings.push(format!(
-            "template {} adds classic sidecar containers to a pod of {} {}: the Job does not complete while they run (native sidecars, Kubernetes 1.29+ with sidecarMode native or auto, stop by themselves)",
-            template.name, owner.kind, owner.name
+            "template {} adds classic sidecar containers to a pod of {} {}: the Job does not complete while they run (native sidecars, kubelet 1.29+ with sidecarMode native or auto, stop by themselves; decided {})",
+            template.name, owner.kind, owner.name, cluster.rule
         ));
     }
     warnings

@@ -30,7 +30,7 @@ pub fn opted_in(name: &str, extra: &[(&str, &str)]) -> NamespaceFacts {
 
 /// A request for a pod in a namespace on a cluster with native sidecars.
 pub fn request(pod: Value, namespace: NamespaceFacts) -> PodRequest {
-    PodRequest { pod: Arc::new(pod), namespace, cluster: ClusterFacts { native_sidecars: true }, workload: None }
+    PodRequest { pod: Arc::new(pod), namespace, cluster: ClusterFacts::api_server(true), workload: None }
 }
 
 /// Applies a patch to a copy of the pod.

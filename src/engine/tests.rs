@@ -140,7 +140,7 @@ fn sidecar_mode_decides_native_or_classic() {
     ];
     for (native, init, containers) in cases {
         let mut req = request(pod.clone(), opted_in("shop", &[]));
-        req.cluster = ClusterFacts { native_sidecars: native };
+        req.cluster = ClusterFacts::api_server(native);
         let decision = engine.evaluate(&req);
         let warned = decision.warnings.iter().any(|w| w.contains("template proxy asks for native sidecars"));
         assert_eq!(warned, !native, "{:?}", decision.warnings);

@@ -141,7 +141,13 @@ async fn decide(endpoint: Endpoint, req: &HttpRequest, payload: web::Payload, st
             span.record("name", name.as_str());
             let namespace = state.namespaces.facts(admission::namespace_of(&request), &state.metrics).await;
             let engine = state.engine.load_full();
-            let cluster = **state.cluster.load();
+            // Native sidecars by the kubelets of the nodes the pod can run on (`engine::nodes`).
+            let cluster = match &request.object {
+                Some(object) if admission::is_kind(&request, "", "Pod") => {
+                    state.nodes.load().facts_for(&object.json, **state.cluster.load())
+                }
+                _ => **state.cluster.load(),
+            };
             if endpoint == Endpoint::Validate && admission::is_configmap(&request) {
                 check_template_configmap(state, engine, request, namespace, cluster).await
             } else {

@@ -125,6 +125,7 @@ async fn run(root: &Path) -> Result<bool> {
         s25_namespace_defaults,
         s26_enforcement_audit,
         s27_events,
+        s28_native_by_nodes,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,

@@ -540,6 +540,9 @@ pub async fn s11_least_privilege(ctx: &mut Ctx) -> Result<()> {
         (&["list", "events.events.k8s.io", "-n", "e2e-shop"], false),
         (&["delete", "events.events.k8s.io", "-n", "e2e-shop"], false),
         (&["create", "events", "-n", "e2e-shop"], false),
+        (&["watch", "nodes"], true),
+        (&["get", "nodes/kwok-node-0"], false),
+        (&["patch", "nodes/kwok-node-0"], false),
     ];
     for (args, expected) in expectations {
         ensure!(can(args) == *expected, "can-i {} should be {}", args.join(" "), if *expected { "yes" } else { "no" });
@@ -1227,6 +1230,71 @@ pub async fn s27_events(ctx: &mut Ctx) -> Result<()> {
     }
     for name in ["events-conflicts", "events-ignored", "events-refused"] {
         ctx.plane.kubectl(&["-n", "e2e-shop", "delete", "rs", name, "--wait=false"])?;
+    }
+    Ok(())
+}
+
+/// Scenario 28: native sidecars by the nodes' kubelets. KWOK nodes report a 1.28 and a 1.37
+/// kubelet beside a 1.37 API server: a pod that can run anywhere gets classic sidecars (the
+/// oldest node decides), one whose nodeSelector or DaemonSet-style affinity keeps it on the 1.37
+/// node gets native ones, the warning names the rule; without the old node, native again.
+pub async fn s28_native_by_nodes(ctx: &mut Ctx) -> Result<()> {
+    let node = |name: &str, pool: &str, version: &str| {
+        json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {"kubernetes.io/hostname": name, "type": "kwok", "pool": pool}},
+            "spec": {"taints": [{"key": "e2e/mixed-pool", "effect": "NoSchedule"}]},
+            "status": {"nodeInfo": {"kubeletVersion": version},
+                "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"}, "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"}}})
+    };
+    let manifest = format!("{}\n{}\n", node("mixed-old", "old", "v1.28.15"), node("mixed-new", "new", "v1.37.1"));
+    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["create", "-f", "-"], Some(&manifest))?;
+    let native = |pod: &Pod| log_shipper(pod).is_some_and(|c| c.restart_policy.as_deref() == Some("Always"));
+    let anywhere = pod("anywhere", json!({}), json!({}));
+    let start = Instant::now();
+    while ctx.dry_run_pod("e2e-shop", anywhere.clone()).await.is_ok_and(|p| native(&p)) {
+        ensure!(start.elapsed() < Duration::from_secs(30), "the 1.28 node never made sidecars classic");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stored = ctx.dry_run_pod("e2e-shop", anywhere.clone()).await?;
+    let classic = stored.spec.as_ref().is_some_and(|s| s.containers.iter().any(|c| c.name == "log-shipper"));
+    ensure!(classic, "a pod that may land on the 1.28 node has no classic log-shipper");
+    let mut on_new = pod("on-new", json!({}), json!({}));
+    on_new["spec"]["nodeSelector"] = json!({"pool": "new"});
+    ensure!(native(&ctx.dry_run_pod("e2e-shop", on_new).await?), "nodeSelector on the 1.37 node: not native");
+    let mut daemon = pod("daemon", json!({}), json!({}));
+    daemon["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["mixed-new"]}]}]}}});
+    ensure!(native(&ctx.dry_run_pod("e2e-shop", daemon).await?), "a DaemonSet pod on the 1.37 node: not native");
+    // A Job's pod that may land on the old node: classic sidecars, and the warning names the rule.
+    let mut job_pod = pod("job-pod", json!({}), json!({}));
+    job_pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "batch/v1", "kind": "Job", "name": "report", "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]);
+    let out = std::process::Command::new(ctx.plane.bin.join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&ctx.plane.admin_kubeconfig)
+        .args(["-n", "e2e-shop", "create", "--dry-run=server", "-o", "name", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().expect("stdin").write_all(job_pod.to_string().as_bytes())?;
+            child.wait_with_output()
+        })?;
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    ensure!(
+        said.contains("the Job does not complete while they run")
+            && said.contains("decided by the oldest kubelet of the cluster's")
+            && said.contains(": 1.28"),
+        "no warning naming the rule: {said}"
+    );
+
+    ctx.plane.kubectl(&["delete", "node", "mixed-old", "mixed-new"])?;
+    let start = Instant::now();
+    while !ctx.dry_run_pod("e2e-shop", anywhere.clone()).await.is_ok_and(|p| native(&p)) {
+        ensure!(start.elapsed() < Duration::from_secs(30), "native sidecars did not come back without the 1.28 node");
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(())
 }

@@ -585,6 +585,74 @@ spec:
     Ok(())
 }
 
+/// 10. Native sidecars by the nodes' kubelets, as the real kubelet runs them: beside the real
+///     1.37 node, a Node object reporting a 1.28 kubelet (never schedulable) makes a pod that may
+///     run anywhere get a classic log-shipper container, while a pod pinned to the real node gets
+///     a native one; both start on the real kubelet as decided.
+pub fn n10_native_by_nodes(ctx: &mut Ctx) -> Result<()> {
+    ctx.apply(
+        r#"apiVersion: v1
+kind: Node
+metadata:
+  name: upgrade-pending
+  labels: {kubernetes.io/hostname: upgrade-pending}
+spec:
+  unschedulable: true
+  taints: [{key: e2e/not-a-real-node, effect: NoSchedule}]
+status:
+  nodeInfo: {kubeletVersion: v1.28.15}
+"#,
+    )?;
+    let pod = |name: &str, pinned: bool| {
+        let selector = if pinned {
+            format!("  nodeSelector: {{kubernetes.io/hostname: {}}}\n", crate::node::NODE_NAME)
+        } else {
+            String::new()
+        };
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {SHOP}, annotations: {{sidecar-injector.io/templates: log-shipper}}}}\nspec:\n{selector}  terminationGracePeriodSeconds: 1\n  containers:\n    - name: app\n      image: {BUSYBOX}\n      imagePullPolicy: Never\n      command: [/bin/sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 1; done']\n"
+        )
+    };
+    // The injector sees the old node within a moment: wait until a dry run of the unpinned pod
+    // gets a classic log-shipper.
+    eventually("the 1.28 node deciding", Duration::from_secs(30), || {
+        let out = ctx.plane.kubectl_as(
+            &ctx.plane.admin_kubeconfig,
+            &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+            Some(&pod("probe", false)),
+        )?;
+        let stored: Value = serde_json::from_str(&out)?;
+        let classic =
+            stored["spec"]["containers"].as_array().is_some_and(|c| c.iter().any(|c| c["name"] == "log-shipper"));
+        Ok(classic.then_some(()))
+    })?;
+    ctx.apply(&pod("anywhere", false))?;
+    ctx.apply(&pod("pinned", true))?;
+    for name in ["anywhere", "pinned"] {
+        ctx.kubectl(&["-n", SHOP, "wait", "--for=condition=Ready", &format!("pod/{name}"), "--timeout=90s"])?;
+    }
+    let anywhere = ctx.json(&["-n", SHOP, "get", "pod", "anywhere"])?;
+    let running = |statuses: &Value| {
+        statuses
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["name"] == "log-shipper" && s["state"]["running"].is_object()))
+    };
+    ensure!(
+        running(&anywhere["status"]["containerStatuses"]),
+        "no running classic log-shipper: {}",
+        anywhere["status"]
+    );
+    let pinned = ctx.json(&["-n", SHOP, "get", "pod", "pinned"])?;
+    ensure!(
+        running(&pinned["status"]["initContainerStatuses"]),
+        "no running native log-shipper on the real kubelet: {}",
+        pinned["status"]
+    );
+    ctx.kubectl(&["-n", SHOP, "delete", "pod", "anywhere", "pinned", "--wait=false"])?;
+    ctx.kubectl(&["delete", "node", "upgrade-pending"])?;
+    Ok(())
+}
+
 /// 4. A template edit in the ConfigMap → `drift` lists the Deployment's old pod → `drift --restart`
 ///    → a new pod Running and Ready with the new template, the old one gone.
 pub fn n4_drift_restart(ctx: &mut Ctx) -> Result<()> {
