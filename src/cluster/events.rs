@@ -34,14 +34,21 @@ pub fn publish(client: Client, metrics: Arc<Metrics>) -> EventSink {
         .ok()
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_owned()))
         .filter(|n| !n.is_empty());
-    let recorder = Recorder::new(client, Reporter { controller: "sidecar-injector".into(), instance });
+    let reporter = Reporter { controller: "sidecar-injector".into(), instance };
+    let recorder = Recorder::new(client.clone(), reporter.clone());
     tokio::spawn(async move {
         let mut last: HashMap<(String, &'static str), Instant> = HashMap::new();
         let spacing = Duration::from_secs(1) / PER_SECOND;
         while let Some(intent) = receiver.recv().await {
             let subject = intent.regarding.uid.clone().or_else(|| intent.regarding.name.clone()).unwrap_or_default();
-            let key =
-                (format!("{}/{subject}", intent.regarding.namespace.as_deref().unwrap_or_default()), intent.reason);
+            // A template edit's Event carries that edit's errors: each distinct one is its own Event
+            // (a series would keep the first edit's note).
+            let own_note = intent.action == "LoadTemplates";
+            let note_part = if own_note { intent.note.clone() } else { String::new() };
+            let key = (
+                format!("{}/{subject}/{note_part}", intent.regarding.namespace.as_deref().unwrap_or_default()),
+                intent.reason,
+            );
             let now = Instant::now();
             if last.get(&key).is_some_and(|at| now.duration_since(*at) < SAME_EVENT_EVERY) {
                 metrics.event("suppressed", 1);
@@ -56,7 +63,15 @@ pub fn publish(client: Client, metrics: Arc<Metrics>) -> EventSink {
                 action: intent.action.to_owned(),
                 secondary: None,
             };
-            match recorder.publish(&event, &intent.regarding).await {
+            let fresh;
+            let publisher = match own_note {
+                true => {
+                    fresh = Recorder::new(client.clone(), reporter.clone());
+                    &fresh
+                }
+                false => &recorder,
+            };
+            match publisher.publish(&event, &intent.regarding).await {
                 Ok(()) => metrics.event("published", 1),
                 Err(error) => {
                     metrics.event("failed", 1);

@@ -1220,9 +1220,10 @@ pub async fn s27_events(ctx: &mut Ctx) -> Result<()> {
     let start = Instant::now();
     loop {
         let all = events_in("sidecar-injector")?;
-        if let Some(event) = about(&all, "sidecar-templates", "TemplateEditRefused").first() {
-            let note = event["note"].as_str().unwrap_or_default();
-            ensure!(note.contains("events-broken") && event["regarding"]["kind"] == "ConfigMap", "{event}");
+        // s06's refused edit has an Event of its own: this edit's is another one.
+        let refused = about(&all, "sidecar-templates", "TemplateEditRefused");
+        if let Some(event) = refused.iter().find(|e| e["note"].as_str().is_some_and(|n| n.contains("events-broken"))) {
+            ensure!(event["regarding"]["kind"] == "ConfigMap", "{event}");
             break;
         }
         ensure!(start.elapsed() < Duration::from_secs(30), "no TemplateEditRefused Event: {all:#?}");
