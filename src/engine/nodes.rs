@@ -52,24 +52,29 @@ impl NodeFacts {
     }
 }
 
-/// The cluster's nodes, for the decision.
+/// The cluster's nodes whose kubelet version can be read (the others say nothing), for the
+/// decision; built once per change of the nodes, read on every pod admission.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodePool {
     nodes: Vec<NodeFacts>,
+    /// The oldest kubelet of all: the answer for most pods, which say nothing about nodes.
+    oldest: Option<(u32, u32)>,
 }
 
 impl NodePool {
-    /// A pool of these nodes.
+    /// A pool of these nodes (those without a readable kubelet version are left out).
     pub fn new(nodes: impl IntoIterator<Item = NodeFacts>) -> Self {
-        NodePool { nodes: nodes.into_iter().collect() }
+        let nodes: Vec<NodeFacts> = nodes.into_iter().filter(|n| n.kubelet.is_some()).collect();
+        let oldest = nodes.iter().filter_map(|n| n.kubelet).min();
+        NodePool { nodes, oldest }
     }
 
-    /// The oldest readable kubelet version.
+    /// The oldest kubelet version.
     pub fn oldest(&self) -> Option<(u32, u32)> {
-        self.nodes.iter().filter_map(|n| n.kubelet).min()
+        self.oldest
     }
 
-    /// How many nodes.
+    /// How many nodes report a readable kubelet version.
     pub fn len(&self) -> usize {
         self.nodes.len()
     }
@@ -82,12 +87,11 @@ impl NodePool {
     /// The facts for `pod`: whether native sidecars start where it can run, and which rule said
     /// so. `api_server` holds for a pool without readable kubelet versions.
     pub fn facts_for(&self, pod: &Value, api_server: ClusterFacts) -> ClusterFacts {
-        let known: Vec<&NodeFacts> = self.nodes.iter().filter(|n| n.kubelet.is_some()).collect();
-        if known.is_empty() {
+        let Some(oldest_of_all) = self.oldest else {
             return api_server;
-        }
+        };
+        let known = &self.nodes;
         let spec = pod.get("spec");
-        let oldest = |nodes: &[&NodeFacts]| nodes.iter().filter_map(|n| n.kubelet).min();
         let facts = |version: (u32, u32), rule: fn((u32, u32), u32) -> NativeRule, nodes: usize| ClusterFacts {
             native_sidecars: version >= (1, 29),
             rule: rule(version, nodes as u32),
@@ -99,13 +103,15 @@ impl NodePool {
         }
         let constraints = Constraints::of(spec);
         if let Some(constraints) = constraints.filter(|c| c.limits()) {
-            let fitting: Vec<&NodeFacts> = known.iter().copied().filter(|n| constraints.allow(n)).collect();
-            if let Some(version) = oldest(&fitting) {
-                return facts(version, |v, n| NativeRule::NodesAllowed { oldest: v, nodes: n }, fitting.len());
+            let fitting = known.iter().filter(|n| constraints.allow(n));
+            let (count, version) = fitting.fold((0, None), |(count, oldest): (usize, Option<(u32, u32)>), n| {
+                (count + 1, oldest.min(n.kubelet).or(n.kubelet))
+            });
+            if let Some(version) = version {
+                return facts(version, |v, n| NativeRule::NodesAllowed { oldest: v, nodes: n }, count);
             }
         }
-        let version = oldest(&known).expect("known is not empty");
-        facts(version, |v, n| NativeRule::OldestNode { oldest: v, nodes: n }, known.len())
+        facts(oldest_of_all, |v, n| NativeRule::OldestNode { oldest: v, nodes: n }, known.len())
     }
 }
 
