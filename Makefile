@@ -1,5 +1,6 @@
 # The commands the README names. `make test` is what CI runs (through .ci/run).
-.PHONY: test lint unit kubectl-yaml monitoring helm e2e node-e2e scale hostile-load release golden bench fuzz
+# `make props` is not in `make test`: it runs the property tests with many random cases.
+.PHONY: props test lint unit kubectl-yaml monitoring helm e2e node-e2e scale hostile-load release golden bench fuzz
 
 test: lint unit kubectl-yaml monitoring helm e2e hostile-load node-e2e
 
@@ -68,6 +69,20 @@ golden:
 
 bench:
 	cargo bench --locked --bench engine
+
+# The property tests (tests/properties.rs) with PROPS_CASES new random cases each (make test runs a
+# fixed set); PROPS_SEED=N replays a run. Each property runs alone and prints its cases and time. A
+# failure is persisted to tests/properties.proptest-regressions: commit it with the fix.
+PROPS_CASES ?= 50000
+props:
+	cargo test --profile props --locked --test properties --no-run
+	@total=$$(date +%s); for property in $$(cargo test --profile props --locked --test properties -- --list 2>/dev/null | sed -n 's/: test$$//p'); do \
+		start=$$(date +%s); \
+		PROPS_CASES=$(PROPS_CASES) cargo test --profile props --locked --test properties -- --exact $$property --nocapture --quiet >$(TARGET_DIR)/props-$$property.log 2>&1 \
+			|| { cat $(TARGET_DIR)/props-$$property.log; echo "props: $$property FAILED"; exit 1; }; \
+		grep -h '^props:' $(TARGET_DIR)/props-$$property.log | head -1; \
+		echo "props: $$property: $(PROPS_CASES) cases passed in $$(( $$(date +%s) - start )) s"; \
+	done; echo "props: every property passed $(PROPS_CASES) cases in $$(( $$(date +%s) - total )) s"
 
 # Fuzzing with libFuzzer (needs the nightly toolchain and `cargo install cargo-fuzz`): each target
 # for FUZZ_SECONDS. New findings land in fuzz/artifacts/; commit a reproducer as

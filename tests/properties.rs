@@ -5,18 +5,59 @@
 //! - re-injecting an injection made with other templates equals injecting the original pod;
 //! - whatever status annotation a pod carries (copied, edited, forged), nothing of the pod that an
 //!   earlier injection did not provably add is ever removed or changed.
+//!
+//! Deterministic in `make test`: every property runs [`FIXED_CASES`] cases from [`FIXED_SEED`],
+//! the same cases on every run, after every regression persisted in
+//! `properties.proptest-regressions`. `make props` runs `PROPS_CASES` new random cases of each
+//! (`PROPS_SEED` replays a run; each property prints its seed, cases and time). A case that fails
+//! there is persisted to that file by proptest: commit it with the fix.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use json_patch::PatchOperation;
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
 use serde_json::{Map, Value, json};
 use sidecar_injector::engine::compare::first_difference;
 use sidecar_injector::engine::template::InProcess;
 use sidecar_injector::engine::{
     ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, manifest,
 };
+
+/// The seed of `make test`'s cases.
+const FIXED_SEED: u64 = 0x51de_ca12_1a7e_2026;
+/// Cases per property in `make test`.
+const FIXED_CASES: u32 = 256;
+
+/// The run's configuration: the fixed cases, or with `PROPS_CASES` that many random ones from
+/// one seed per run (printed, so `PROPS_SEED` can replay it).
+fn config() -> ProptestConfig {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let number = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<u64>().ok());
+    let Some(cases) = number("PROPS_CASES") else {
+        return ProptestConfig {
+            cases: FIXED_CASES,
+            rng_seed: RngSeed::Fixed(FIXED_SEED),
+            ..ProptestConfig::default()
+        };
+    };
+    let seed = *SEED.get_or_init(|| {
+        let seed = number("PROPS_SEED").unwrap_or_else(|| {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            (now.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32)
+        });
+        eprintln!("props: {cases} random cases per property, PROPS_SEED={seed}");
+        seed
+    });
+    ProptestConfig {
+        cases: u32::try_from(cases).unwrap_or(u32::MAX),
+        rng_seed: RngSeed::Fixed(seed),
+        // Shrinking a failure found among many cases may take long; it is what makes it readable.
+        max_shrink_time: 600_000,
+        ..ProptestConfig::default()
+    }
+}
 
 const NAMES: [&str; 5] = ["a", "b", "app", "logs", "proxy"];
 const KEYS: [&str; 4] = ["team", "tier", "example.com/x", "sidecar-injector.io/extra"];
@@ -231,7 +272,7 @@ fn normalize(value: &Value) -> Value {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(config())]
 
     #[test]
     fn patches_only_add_keep_everything_and_are_idempotent(
@@ -387,7 +428,7 @@ fn env_of(pod: &Value) -> Value {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(config())]
 
     /// For any author value: the injection keeps the author's entries first and untouched,
     /// stripping it (`/validate`'s view) or taking it back (re-injection with a template that no
@@ -433,5 +474,118 @@ proptest! {
             other => panic!("{other:?}"),
         };
         prop_assert_eq!(env_of(&taken_back), author_env, "taking the injection back gives back exactly the author's env");
+    }
+}
+
+/// Fragment parts as agents' options and paths look, separators included (`:` and ` ` split
+/// fragments themselves, so a part may already hold what another fragment adds).
+const PARTS: [&str; 6] = ["-javaagent:/a.jar", "-Dx=1", "/otel", "=", "/otel:/lib", "-Xss1m -Dy"];
+
+/// A fragment: one to three parts joined by the merge's separator.
+fn fragment(separator: &'static str) -> impl Strategy<Value = String> {
+    proptest::collection::vec(proptest::sample::select(PARTS.to_vec()), 1..=3).prop_map(move |p| p.join(separator))
+}
+
+/// A template edit of a fragment as operators make them: shortened (a part dropped), extended,
+/// reordered, replaced, or the same.
+fn edit(old: String, separator: &'static str) -> impl Strategy<Value = String> {
+    let parts: Vec<String> = old.split(separator).map(str::to_owned).collect();
+    let count = parts.len();
+    (0..5u8, 0..count, fragment(separator)).prop_map(move |(how, at, other)| {
+        let mut parts = parts.clone();
+        match how {
+            0 if count > 1 => {
+                parts.remove(at);
+            }
+            1 => parts.insert(at, other),
+            2 => parts.reverse(),
+            3 => return other,
+            _ => {}
+        }
+        parts.join(separator)
+    })
+}
+
+/// Where the app's own value of the merged variable comes from: nothing visible, `envFrom`, a
+/// literal (maybe holding one of the fragments, or parts of them), `valueFrom`; with and without
+/// other variables around it.
+fn app_value(name: &'static str, separator: &'static str, fragments: Vec<String>) -> impl Strategy<Value = Value> {
+    let literal = proptest::collection::vec(
+        proptest::sample::select(
+            fragments.into_iter().chain(PARTS.iter().map(|p| (*p).to_owned())).collect::<Vec<_>>(),
+        ),
+        0..=2,
+    )
+    .prop_map(move |parts| parts.join(separator));
+    (0..4u8, literal, any::<bool>(), any::<bool>()).prop_map(move |(form, literal, env_from, other)| {
+        let mut env = Vec::new();
+        if other {
+            env.push(json!({"name": "OTHER", "value": "1"}));
+        }
+        match form {
+            1 => env.push(json!({"name": name, "value": literal})),
+            2 => env.push(json!({"name": name, "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}})),
+            _ => {}
+        }
+        let mut container = json!({"name": "app", "image": "app:1", "env": env});
+        if env_from || form == 3 {
+            container["envFrom"] = json!([{"configMapRef": {"name": "app-env"}}]);
+        }
+        normalize(&container)
+    })
+}
+
+/// A merge, three successive versions of its fragment (each an edit of the one before) and an
+/// app container.
+fn fragment_edits() -> impl Strategy<Value = (bool, Vec<String>, Value)> {
+    any::<bool>()
+        .prop_flat_map(|append| {
+            let separator = if append { " " } else { ":" };
+            (Just(append), fragment(separator))
+        })
+        .prop_flat_map(|(append, first)| {
+            let separator = if append { " " } else { ":" };
+            (Just(append), Just(first.clone()), edit(first, separator))
+        })
+        .prop_flat_map(|(append, first, second)| {
+            let separator = if append { " " } else { ":" };
+            (Just(append), Just(first), Just(second.clone()), edit(second, separator))
+        })
+        .prop_flat_map(|(append, first, second, third)| {
+            let (name, separator) = if append { ("JAVA_TOOL_OPTIONS", " ") } else { ("PATH", ":") };
+            let fragments = vec![first, second, third];
+            (Just(append), Just(fragments.clone()), app_value(name, separator, fragments))
+        })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The family of the re-injection bug that dropped a merged entry (a fragment edited so that
+    /// the old fragment held the new one): for every edit of a fragment, and every form of the
+    /// app's own value, re-injecting an injected pod gives what a fresh injection of the author's
+    /// pod gives, through a chain of edits, and stripping gives back the author's env.
+    #[test]
+    fn re_injection_after_any_fragment_edit_equals_a_fresh_injection((append, fragments, container) in fragment_edits()) {
+        let name = if append { "JAVA_TOOL_OPTIONS" } else { "PATH" };
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [container]}});
+        let author_env = env_of(&pod);
+        let mut engine = engine(&[merging_template(name, &fragments[0], append)]);
+        let mut current = patched(&pod, evaluate(&engine, &pod, true)).0;
+        for fragment in &fragments[1..] {
+            engine = edited(&engine, &[merging_template(name, fragment, append)]);
+            current = match evaluate(&engine, &current, true) {
+                outcome @ Outcome::Inject(_) => patched(&current, outcome).0,
+                Outcome::UpToDate(_) => current,
+                other => panic!("{other:?}"),
+            };
+            let fresh = patched(&pod, evaluate(&engine, &pod, true)).0;
+            prop_assert_eq!(env_of(&current), env_of(&fresh), "re-injection after editing the fragment to {:?}", fragment);
+            prop_assert!(matches!(evaluate(&engine, &current, true), Outcome::UpToDate(_)), "injecting again adds nothing");
+            let text = current["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap();
+            let status = sidecar_injector::engine::status::InjectionStatus::parse(text).unwrap();
+            let stripped = sidecar_injector::engine::validate::strip_injection(&current, &status);
+            prop_assert_eq!(env_of(&stripped), author_env.clone(), "strip gives back the author's env");
+        }
     }
 }

@@ -10,6 +10,12 @@
 //! controller reference: a ReplicaSet, Job, StatefulSet, DaemonSet). A pod without an owner was
 //! created by a person, who got the same words as the admission response. Template edits go on the
 //! template ConfigMap. The words are those of `explain` and the admission response.
+//!
+//! An owner reference is the pod's claim, and anyone who can create a pod can write any name and
+//! uid into it. So an Event goes on an owner only once the publisher has seen that an object of
+//! that kind, name and uid exists ([`VerifiedOwners`] remembers what it saw), and only for the
+//! kinds whose controllers make pods in Kubernetes itself ([`OWNER_KINDS`]), which the injector
+//! may read. Any other claim gets no Event; its creator still got the admission warning.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use serde_json::Value;
@@ -32,14 +38,28 @@ pub struct EventIntent {
     pub note: String,
 }
 
+/// The owner kinds an Event may go on: `(apiVersion, kind, resource)`, the controllers of
+/// Kubernetes itself that make pods. The RBAC in `deploy/` lets the injector `get` exactly these.
+pub const OWNER_KINDS: [(&str, &str, &str); 5] = [
+    ("apps/v1", "ReplicaSet", "replicasets"),
+    ("apps/v1", "StatefulSet", "statefulsets"),
+    ("apps/v1", "DaemonSet", "daemonsets"),
+    ("batch/v1", "Job", "jobs"),
+    ("v1", "ReplicationController", "replicationcontrollers"),
+];
+
 /// The Events API's limit on a note.
 pub const MAX_NOTE_BYTES: usize = 1024;
 
-/// The controller reference of a pod, in the pod's namespace, as the Event's subject.
+/// The controller reference of a pod, in the pod's namespace, as the Event's subject: only of an
+/// [`OWNER_KINDS`] kind with a name and a uid (still a claim, which the publisher checks).
 pub fn owner_of(pod: &Value, namespace: &str) -> Option<ObjectReference> {
     let owners = pod.get("metadata")?.get("ownerReferences")?.as_array()?;
     let owner = owners.iter().find(|o| o.get("controller") == Some(&Value::Bool(true)))?;
-    let text = |key: &str| owner.get(key).and_then(Value::as_str).map(str::to_owned);
+    let text = |key: &str| owner.get(key).and_then(Value::as_str).filter(|t| !t.is_empty()).map(str::to_owned);
+    resource_of(&text("apiVersion")?, &text("kind")?)?;
+    text("name")?;
+    text("uid")?;
     Some(ObjectReference {
         api_version: text("apiVersion"),
         kind: text("kind"),
@@ -48,6 +68,63 @@ pub fn owner_of(pod: &Value, namespace: &str) -> Option<ObjectReference> {
         namespace: Some(namespace.to_owned()),
         ..ObjectReference::default()
     })
+}
+
+/// The resource of an [`OWNER_KINDS`] kind.
+pub fn resource_of(api_version: &str, kind: &str) -> Option<&'static str> {
+    OWNER_KINDS.iter().find(|(v, k, _)| *v == api_version && *k == kind).map(|(_, _, resource)| *resource)
+}
+
+/// What the publisher saw of claimed owners: whether an object with the claimed kind, namespace,
+/// name and uid exists. Bounded: at most [`VerifiedOwners::CAPACITY`] answers, each for
+/// [`VerifiedOwners::TTL`] (an owner deleted and made again under its name has a new uid, so an
+/// answer for a uid only goes stale by the object's deletion).
+#[derive(Debug, Default)]
+pub struct VerifiedOwners {
+    seen: std::collections::HashMap<OwnerKey, (bool, std::time::Instant)>,
+}
+
+/// An owner as claimed: namespace, kind, name, uid.
+pub type OwnerKey = (String, String, String, String);
+
+impl VerifiedOwners {
+    /// The most answers kept.
+    pub const CAPACITY: usize = 4096;
+    /// How long an answer is kept.
+    pub const TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// The key of a claimed owner, `None` for a subject that is not one ([`owner_of`]'s).
+    pub fn key(regarding: &ObjectReference) -> Option<OwnerKey> {
+        let text = |t: &Option<String>| t.clone().unwrap_or_default();
+        Some((text(&regarding.namespace), regarding.kind.clone()?, regarding.name.clone()?, regarding.uid.clone()?))
+    }
+
+    /// The answer kept for `key`, if it is still fresh at `now`.
+    pub fn get(&self, key: &OwnerKey, now: std::time::Instant) -> Option<bool> {
+        self.seen.get(key).filter(|(_, at)| now.duration_since(*at) < Self::TTL).map(|(exists, _)| *exists)
+    }
+
+    /// Keeps an answer; when full, forgets the stale ones, and if none is stale, all of them (an
+    /// owner is looked up again, never believed unchecked).
+    pub fn insert(&mut self, key: OwnerKey, exists: bool, now: std::time::Instant) {
+        if self.seen.len() >= Self::CAPACITY && !self.seen.contains_key(&key) {
+            self.seen.retain(|_, (_, at)| now.duration_since(*at) < Self::TTL);
+            if self.seen.len() >= Self::CAPACITY {
+                self.seen.clear();
+            }
+        }
+        self.seen.insert(key, (exists, now));
+    }
+
+    /// How many answers are kept.
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Whether no answer is kept.
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
 }
 
 /// A template ConfigMap as the Event's subject.
@@ -135,6 +212,62 @@ mod tests {
             (Some("ReplicaSet"), Some("web-5d8"), Some("u-1"), Some("shop"))
         );
         assert_eq!(owner_of(&json!({"metadata": {"name": "bare"}}), "shop"), None);
+    }
+
+    #[test]
+    fn only_an_owner_of_a_kind_that_can_be_checked_is_a_subject() {
+        let with_owner = |owner: Value| json!({"metadata": {"generateName": "p-", "ownerReferences": [owner]}});
+        // (controller reference, an Event subject)
+        let cases = [
+            (json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "a", "uid": "u", "controller": true}), true),
+            (json!({"apiVersion": "batch/v1", "kind": "Job", "name": "a", "uid": "u", "controller": true}), true),
+            (
+                json!({"apiVersion": "v1", "kind": "ReplicationController", "name": "a", "uid": "u", "controller": true}),
+                true,
+            ),
+            (json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "a", "uid": "u"}), false),
+            (json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "a", "controller": true}), false),
+            (json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "", "uid": "u", "controller": true}), false),
+            (
+                json!({"apiVersion": "apps/v1beta2", "kind": "ReplicaSet", "name": "a", "uid": "u", "controller": true}),
+                false,
+            ),
+            (json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "a", "uid": "u", "controller": true}), false),
+            (
+                json!({"apiVersion": "example.com/v1", "kind": "Thing", "name": "a", "uid": "u", "controller": true}),
+                false,
+            ),
+        ];
+        for (owner, subject) in cases {
+            assert_eq!(owner_of(&with_owner(owner.clone()), "shop").is_some(), subject, "{owner}");
+        }
+    }
+
+    #[test]
+    fn verified_owners_are_remembered_for_a_while_and_bounded() {
+        let start = std::time::Instant::now();
+        let key = |i: usize| ("shop".to_owned(), "ReplicaSet".to_owned(), format!("rs-{i}"), format!("uid-{i}"));
+        let mut seen = VerifiedOwners::default();
+        assert_eq!(seen.get(&key(0), start), None);
+        seen.insert(key(0), true, start);
+        seen.insert(key(1), false, start);
+        assert_eq!(seen.get(&key(0), start), Some(true));
+        assert_eq!(seen.get(&key(1), start + VerifiedOwners::TTL / 2), Some(false));
+        assert_eq!(seen.get(&key(0), start + VerifiedOwners::TTL), None, "looked up again once stale");
+        for i in 2..VerifiedOwners::CAPACITY * 3 {
+            seen.insert(key(i), true, start);
+            assert!(seen.len() <= VerifiedOwners::CAPACITY);
+        }
+        let later = start + VerifiedOwners::TTL;
+        seen.insert(key(0), true, later);
+        assert_eq!(seen.len(), 1, "stale answers go first when full");
+        let subject = owner_of(
+            &json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs-0", "uid": "uid-0", "controller": true}]}}),
+            "shop",
+        )
+        .unwrap();
+        assert_eq!(VerifiedOwners::key(&subject), Some(key(0)));
+        assert_eq!(VerifiedOwners::key(&configmap("shop", "x", None)), None);
     }
 
     #[test]

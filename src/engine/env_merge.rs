@@ -95,13 +95,26 @@ fn refers_to_itself(name: &str, value: &str) -> bool {
     value.match_indices("$(").any(|(at, _)| value[at + 2..].strip_prefix(name).is_some_and(|r| r.starts_with(')')))
 }
 
-/// Whether the container's own literal value of `name` (its first entry) already holds `fragment`
-/// as one of its `separator`-delimited parts: the agent is loaded already (by hand, or by an
-/// injection whose status was lost), and adding it again would load it twice.
-pub fn already_has(container: &Value, name: &str, merge: &EnvMerge, fragment: &str) -> bool {
+/// The author's own entry of `name` in `container`: its first `env` entry of that name that an
+/// earlier injection did not add (`injected`: the indexes of the entries an earlier injection
+/// provably added, ascending, which re-injection removes). An injected entry is never the author's value:
+/// read as one, a template edit that shortens a fragment would find the old fragment "already
+/// there" in the very entry it replaces, and drop the merge.
+pub fn own_entry<'c>(container: &'c Value, name: &str, injected: &[usize]) -> Option<&'c Value> {
     let env = container.get("env").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-    let Some(own) = env.iter().find(|e| e.get("name").and_then(Value::as_str) == Some(name)) else { return false };
-    let Some(value) = own.get("value").and_then(Value::as_str) else { return false };
+    env.iter()
+        .enumerate()
+        .find(|(index, e)| {
+            e.get("name").and_then(Value::as_str) == Some(name) && injected.binary_search(index).is_err()
+        })
+        .map(|(_, e)| e)
+}
+
+/// Whether the author's own literal value (`own`, from [`own_entry`]) already holds `fragment` as
+/// one of its `separator`-delimited parts: the agent is loaded already (by hand, or by an
+/// injection whose status was lost), and adding it again would load it twice.
+pub fn already_has(own: Option<&Value>, merge: &EnvMerge, fragment: &str) -> bool {
+    let Some(value) = own.and_then(|own| own.get("value")).and_then(Value::as_str) else { return false };
     match merge.separator.is_empty() {
         true => value.contains(fragment),
         false => value.split(merge.separator.as_str()).any(|part| part == fragment),
@@ -133,11 +146,10 @@ pub enum AppValue {
 }
 
 impl AppValue {
-    /// Finds the app's value of `name` in `container` (its first `env` entry of that name, else its
-    /// `envFrom` sources).
-    pub fn of(container: &Value, name: &str) -> Self {
-        let env = container.get("env").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-        match env.iter().find(|e| e.get("name").and_then(Value::as_str) == Some(name)) {
+    /// Finds the app's value of `name`: the author's own entry (`own`, from [`own_entry`]), else the
+    /// `envFrom` sources of `container`.
+    pub fn of(container: &Value, own: Option<&Value>, name: &str) -> Self {
+        match own {
             Some(entry) if entry.get("valueFrom").is_some() => AppValue::ValueFrom,
             Some(_) => AppValue::Literal,
             None => match possible_sources(container, name) {
@@ -214,8 +226,32 @@ mod tests {
             ("PYTHONPATH", AppValue::MaybeFrom(vec!["configMap/all".into()])),
         ];
         for (name, expected) in cases {
-            assert_eq!(AppValue::of(&container, name), expected, "{name}");
+            assert_eq!(AppValue::of(&container, own_entry(&container, name, &[]), name), expected, "{name}");
         }
-        assert_eq!(AppValue::of(&json!({"name": "bare"}), "LD_PRELOAD"), AppValue::NotVisible);
+        assert_eq!(AppValue::of(&json!({"name": "bare"}), None, "LD_PRELOAD"), AppValue::NotVisible);
+    }
+
+    #[test]
+    fn an_entry_an_earlier_injection_added_is_never_the_authors_value() {
+        let merge = EnvMerge { position: Position::Prepend, separator: ":".into() };
+        // (env, indexes an earlier injection added, index of the author's entry, whether "=" is loaded)
+        let injected = json!({"name": "PATH", "value": "=:$(PATH)"});
+        let cases = [
+            (json!([injected]), vec![], Some(0), true), // no status: a copy of an injection counts
+            (json!([injected]), vec![0], None, false),  // re-injection: the entry being replaced does not
+            (json!([{"name": "PATH", "value": "/bin:="}, injected]), vec![1], Some(0), true),
+            (json!([{"name": "PATH", "value": "/bin"}, injected]), vec![1], Some(0), false),
+        ];
+        for (env, removed, expected, loaded) in cases {
+            let container = json!({"name": "app", "env": env, "envFrom": [{"configMapRef": {"name": "app-env"}}]});
+            let own = own_entry(&container, "PATH", &removed);
+            assert_eq!(own, expected.map(|i| &container["env"][i]), "{container} {removed:?}");
+            assert_eq!(already_has(own, &merge, "="), loaded, "{container} {removed:?}");
+        }
+        let container = json!({"name": "app", "env": [injected], "envFrom": [{"configMapRef": {"name": "app-env"}}]});
+        assert_eq!(
+            AppValue::of(&container, own_entry(&container, "PATH", &[0]), "PATH"),
+            AppValue::MaybeFrom(vec!["configMap/app-env".into()])
+        );
     }
 }

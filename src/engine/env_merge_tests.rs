@@ -145,6 +145,41 @@ fn re_injection_after_a_template_change_swaps_the_fragment_and_removal_gives_bac
     }
 }
 
+/// The CI issue's case: the old fragment holds the new one (an agent's options shortened, `=:`
+/// to `=`). The entry being replaced is the injection's, not the author's value, so the new
+/// fragment is added, whatever form the app's value has.
+#[test]
+fn a_fragment_shortened_by_an_edit_is_still_merged_on_re_injection() {
+    let merging = |name: &str, fragment: &str, how: &str| {
+        format!(
+            "default: true\ninject:\n  appContainers:\n    env:\n      - {{name: {name}, value: {fragment:?}, merge: {{{how}}}}}\n"
+        )
+    };
+    // (variable, how it merges, old fragment, new fragment)
+    let edits = [
+        ("PATH", "prepend: \":\"", "=:", "="),
+        ("JAVA_TOOL_OPTIONS", "append: \" \"", "-javaagent:/a.jar -Dx=1", "-javaagent:/a.jar"),
+    ];
+    for (name, how, old, new) in edits {
+        let v1 = engine(&[("agent", &merging(name, old, how))]);
+        let (set, errors) = v1
+            .templates
+            .update([TemplateSource { name: "agent".into(), text: merging(name, new, how) }], &template::InProcess);
+        assert!(errors.is_empty(), "{errors:?}");
+        let v2 = Engine::new(set, v1.excluded_namespaces.clone());
+        for (form, container) in forms() {
+            let original = pod(&container);
+            let fresh = injected(&v2, &original);
+            let reinjected = injected(&v2, &injected(&v1, &original));
+            assert_eq!(env_of(&reinjected), env_of(&fresh), "{name} {form}: {old:?} -> {new:?}");
+            assert!(
+                env_of(&fresh).iter().any(|e| e["value"].as_str().is_some_and(|v| v.contains(new))),
+                "{name} {form}"
+            );
+        }
+    }
+}
+
 #[test]
 fn two_templates_merging_into_one_variable_chain_in_order() {
     let engine = engine(&[("a", &agent("/a.jar")), ("b", &agent("/b.jar"))]);

@@ -349,10 +349,15 @@ pub fn plan(
                         Some(_) => true,
                         None => !env_merge::possible_sources(app.container, key).is_empty(),
                     });
+                    // For a merging env var: the author's entry of this name, never one an earlier
+                    // injection added.
+                    let own = (*kind == ItemKind::Env && t.env_merges.contains_key(*key))
+                        .then(|| env_merge::own_entry(app.container, key, &list.removed))
+                        .flatten();
                     // For `explain`: where the value a merging env var adds to comes from.
                     let mut uncertain = false;
                     let merge_note = t.env_merges.get(*key).filter(|_| *kind == ItemKind::Env).map(|merge| {
-                        let app_value = env_merge::AppValue::of(app.container, key);
+                        let app_value = env_merge::AppValue::of(app.container, own, key);
                         uncertain = merged.is_some() && matches!(app_value, env_merge::AppValue::MaybeFrom(_));
                         let note = match (merged, app_value) {
                             (Some(_), env_merge::AppValue::NotVisible) => {
@@ -370,9 +375,7 @@ pub fn plan(
                     };
                     let loaded_already = merges
                         && list.taken.holder(claim_key).is_none()
-                        && t.env_merges
-                            .get(*key)
-                            .is_some_and(|merge| env_merge::already_has(app.container, key, merge, fragment));
+                        && t.env_merges.get(*key).is_some_and(|merge| env_merge::already_has(own, merge, fragment));
                     let claimed = match loaded_already {
                         true => Err(Owner::Pod),
                         false => list.taken.claim(claim_key, owner),

@@ -541,6 +541,11 @@ pub async fn s11_least_privilege(ctx: &mut Ctx) -> Result<()> {
         (&["delete", "events.events.k8s.io", "-n", "e2e-shop"], false),
         (&["create", "events", "-n", "e2e-shop"], false),
         (&["watch", "nodes"], true),
+        (&["get", "replicasets/web", "-n", "e2e-shop"], true),
+        (&["get", "jobs/x", "-n", "e2e-shop"], true),
+        (&["list", "replicasets", "-n", "e2e-shop"], false),
+        (&["watch", "jobs", "--all-namespaces"], false),
+        (&["get", "deployments/web", "-n", "e2e-shop"], false),
         (&["get", "nodes/kwok-node-0"], false),
         (&["patch", "nodes/kwok-node-0"], false),
     ];
@@ -1229,8 +1234,53 @@ pub async fn s27_events(ctx: &mut Ctx) -> Result<()> {
         ensure!(start.elapsed() < Duration::from_secs(30), "no TemplateEditRefused Event: {all:#?}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    for name in ["events-conflicts", "events-ignored", "events-refused"] {
+
+    // Owners are claims: bare pods that name a ReplicaSet which does not exist, and a real one
+    // with a uid not its own, get no Event on either. A ReplicaSet made after them (whose pods the
+    // one publishing task sees after theirs) gets its Event: the proof they were looked at.
+    let rs: Value =
+        serde_json::from_str(&ctx.plane.kubectl(&["-n", "e2e-shop", "get", "rs", "events-ignored", "-o", "json"])?)?;
+    let ignored = json!({"sidecar-injector.io/log-shipper.image": "other:1"});
+    let claims = [
+        ("claims-missing", "payments-7f9", "8d5e2c43-5d5b-4a64-9b21-5f1f6b1f0a01".to_owned()),
+        ("claims-wrong-uid", "events-ignored", format!("{}-not", rs["metadata"]["uid"].as_str().unwrap_or_default())),
+    ];
+    for (name, owner, uid) in &claims {
+        let mut forged = pod(name, json!({}), ignored.clone());
+        forged["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner, "uid": uid, "controller": true}]);
+        ctx.create_pod("e2e-shop", forged).await.with_context(|| format!("creating {name}"))?;
+    }
+    let verified = replica_set("events-verified", ignored, json!([{"name": "app", "image": "app:1"}]));
+    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["apply", "-f", "-"], Some(&verified.to_string()))?;
+    let start = Instant::now();
+    let all = loop {
+        let all = events()?;
+        if !about(&all, "events-verified", "OverridesIgnored").is_empty() {
+            break all;
+        }
+        ensure!(start.elapsed() < Duration::from_secs(30), "no Event for events-verified within 30 s: {all:#?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let on_claims: Vec<&Value> = all
+        .iter()
+        .filter(|e| {
+            e["regarding"]["name"] == "payments-7f9"
+                || e["note"].as_str().is_some_and(|n| claims.iter().any(|(pod, _, _)| n.contains(pod)))
+        })
+        .collect();
+    ensure!(on_claims.is_empty(), "Events on owners nobody verified: {on_claims:#?}");
+    let metrics = ctx.injector.as_ref().context("no injector")?.metrics();
+    ensure!(
+        metrics.lines().any(|l| l.starts_with("sidecar_injector_events_total{result=\"owner_not_found\"}")),
+        "owner_not_found is not counted"
+    );
+
+    for name in ["events-conflicts", "events-ignored", "events-refused", "events-verified"] {
         ctx.plane.kubectl(&["-n", "e2e-shop", "delete", "rs", name, "--wait=false"])?;
+    }
+    for (name, _, _) in &claims {
+        ctx.plane.kubectl(&["-n", "e2e-shop", "delete", "pod", name, "--wait=false", "--ignore-not-found"])?;
     }
     Ok(())
 }
