@@ -83,7 +83,7 @@ fn pod() -> impl Strategy<Value = Value> {
         proptest::option::of(string_map()),
         proptest::sample::subsequence(NAMES.to_vec(), 1..=3),
         proptest::option::of(names()),
-        proptest::option::of(names()),
+        proptest::option::of((names(), any::<bool>())),
         proptest::collection::vec((names(), proptest::sample::subsequence(PATHS.to_vec(), 0..=2)), 3),
     )
         .prop_map(|(labels, annotations, containers, init, volumes, per_container)| {
@@ -109,11 +109,13 @@ fn pod() -> impl Strategy<Value = Value> {
             if let Some(init) = init {
                 spec.insert("initContainers".into(), named(&init, "i-"));
             }
-            if let Some(volumes) = volumes {
-                spec.insert(
-                    "volumes".into(),
-                    Value::Array(volumes.iter().map(|n| json!({"name": n, "emptyDir": {}})).collect()),
-                );
+            // The templates' volumes are emptyDirs: the pod's own may be the same, or the host's root.
+            if let Some((volumes, host)) = volumes {
+                let volume = |n: &str| match host {
+                    true => json!({"name": n, "hostPath": {"path": "/"}}),
+                    false => json!({"name": n, "emptyDir": {}}),
+                };
+                spec.insert("volumes".into(), Value::Array(volumes.iter().map(|n| volume(n)).collect()));
             }
             spec.insert("x-future".into(), json!([1, 2]));
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
@@ -130,11 +132,16 @@ fn template() -> impl Strategy<Value = String> {
         names(),
         names(),
         names(),
-        proptest::sample::subsequence(PATHS.to_vec(), 0..=2),
+        (proptest::sample::subsequence(PATHS.to_vec(), 0..=2), any::<proptest::sample::Index>(), any::<bool>()),
         proptest::sample::select(vec!["native", "container", "auto"]),
         "[a-z]{1,4}",
     )
-        .prop_map(|(labels, annotations, init, sidecars, volumes, env, mounts, mode, value)| {
+        .prop_map(|(labels, annotations, init, sidecars, volumes, env, (mounts, volume, sidecars_mount), mode, value)| {
+            // Mounts name one of the template's own volumes (none without volumes).
+            let (mounts, sidecars_mount, volume) = match volumes.is_empty() {
+                true => (Vec::new(), false, ""),
+                false => (mounts, sidecars_mount, *volume.get(&volumes)),
+            };
             let doc = json!({
                 "default": true,
                 "sidecarMode": mode,
@@ -147,11 +154,12 @@ fn template() -> impl Strategy<Value = String> {
                         "name": format!("c-{n}"),
                         "image": "{{ values.v }}",
                         "args": ["{{ workload.name }}", "{{ pod.spec.containers | length }}", "{{ namespace.name }}"],
+                        "volumeMounts": if sidecars_mount { json!([{"name": volume, "mountPath": "/shared"}]) } else { json!([]) },
                     })).collect()),
                     "volumes": Value::Array(volumes.iter().map(|n| json!({"name": n, "emptyDir": {}})).collect()),
                     "appContainers": {
                         "env": Value::Array(env.iter().map(|n| json!({"name": n.to_uppercase(), "value": "{{ values.v }}"})).collect()),
-                        "volumeMounts": Value::Array(mounts.iter().map(|p| json!({"name": "a", "mountPath": p})).collect()),
+                        "volumeMounts": Value::Array(mounts.iter().map(|p| json!({"name": volume, "mountPath": p})).collect()),
                     },
                 },
             });
@@ -304,6 +312,31 @@ proptest! {
         prop_assert_eq!(unique.len(), names_after.len(), "container names stay unique");
 
         prop_assert!(matches!(evaluate(&engine, &out, native), Outcome::UpToDate(_)), "injecting again changes nothing");
+
+        // A mount the injection added binds to the volume its template defines, never to the
+        // pod's own volume of that name (the templates' volumes are all emptyDirs).
+        let template_volumes: BTreeSet<String> = templates.iter()
+            .flat_map(|t| manifest::read(t).unwrap_or_default())
+            .flat_map(|t| t["inject"]["volumes"].as_array().cloned().unwrap_or_default())
+            .filter_map(|v| v["name"].as_str().map(str::to_owned))
+            .collect();
+        let mounts = |pod: &Value| -> Vec<(String, Value)> {
+            ["containers", "initContainers"].iter()
+                .flat_map(|l| pod["spec"][*l].as_array().cloned().unwrap_or_default())
+                .flat_map(|c| {
+                    let name = c["name"].as_str().unwrap_or_default().to_owned();
+                    c["volumeMounts"].as_array().cloned().unwrap_or_default().into_iter().map(move |m| (name.clone(), m))
+                })
+                .collect()
+        };
+        let before = mounts(&pod);
+        for (container, mount) in mounts(&out).into_iter().filter(|m| !before.contains(m)) {
+            let volume = mount["name"].as_str().unwrap_or_default();
+            if !template_volumes.contains(volume) { continue; }
+            let bound = out["spec"]["volumes"].as_array().and_then(|v| v.iter().find(|v| v["name"] == volume));
+            prop_assert!(bound.is_some_and(|v| v.get("emptyDir").is_some()),
+                "container {} mounts {} onto {:?}, not its template's volume", container, mount, bound);
+        }
     }
 
     #[test]

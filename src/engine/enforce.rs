@@ -49,6 +49,12 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
             found.push(format!("{what} is also added by template {other}, which comes first"));
             continue;
         }
+        if let Some(volume) = skip.owner.strip_prefix("volume:") {
+            found.push(format!(
+                "{what} mounts volume {volume:?}, and the pod's volume of that name is not the template's"
+            ));
+            continue;
+        }
         let named = |items: &[Value], key: &str| {
             items.iter().find(|i| i.get(key).and_then(Value::as_str) == Some(&skip.name)).cloned()
         };

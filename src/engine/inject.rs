@@ -276,8 +276,40 @@ pub fn plan(
                 Err(by) => skip(ItemKind::Annotation, key, None, by),
             }
         }
+        // A name is an identity only within its kind: when the pod (or an earlier template) holds
+        // a volume of this template's name with another definition, whatever of this template
+        // mounts it would bind to that volume instead (the author's hostPath where the template
+        // meant an emptyDir). Those mounts and containers are skipped too, naming the volume.
+        let displaced: Vec<&str> = items
+            .volumes
+            .iter()
+            .filter(|volume| {
+                let name = rendered_name(volume);
+                let held: Vec<&Value> = match taken_volumes.holder(name) {
+                    None | Some(Owner::Kept) => return false,
+                    Some(Owner::Template(other)) => whole_items[..template_index]
+                        .iter()
+                        .zip(templates.iter())
+                        .filter(|(_, t)| t.rendered.name == other)
+                        .flat_map(|(items, _)| &items.volumes)
+                        .collect(),
+                    Some(Owner::Pod | Owner::Volume(_)) => volumes.into_iter().flatten().collect(),
+                };
+                !held.iter().any(|held| rendered_name(held) == name && held == volume)
+            })
+            .map(|volume| rendered_name(volume))
+            .collect();
+        // Whether `name` is held by the pod or an earlier template (their claim is the reason a
+        // same-named item is skipped, before any displaced volume).
+        let held = |taken: &Taken, name: &str| !matches!(taken.holder(name), None | Some(Owner::Kept));
         for (index, container) in items.init_containers.iter().enumerate() {
             let name = rendered_name(container);
+            if let Some(volume) = mounts_any(container, &displaced).filter(|_| !held(&taken_containers, name)) {
+                skip(ItemKind::InitContainer, name, None, Owner::Volume(volume));
+                // Still this template's name: a later template's item of it must not stand in.
+                taken_containers.hold(name, owner);
+                continue;
+            }
             match taken_containers.claim(name, owner) {
                 Ok(claimed) => {
                     status.init_containers.push(name.to_owned());
@@ -290,6 +322,12 @@ pub fn plan(
         }
         for (index, sidecar) in items.sidecars.iter().enumerate() {
             let name = rendered_name(sidecar);
+            if let Some(volume) = mounts_any(sidecar, &displaced).filter(|_| !held(&taken_containers, name)) {
+                skip(ItemKind::Sidecar, name, None, Owner::Volume(volume));
+                // Still this template's name: a later template's item of it must not stand in.
+                taken_containers.hold(name, owner);
+                continue;
+            }
             let claimed = match taken_containers.claim(name, owner) {
                 Ok(claimed) => claimed,
                 Err(by) => {
@@ -342,6 +380,15 @@ pub fn plan(
         for app in app_containers.iter_mut().filter(|app| t.targets.includes(app.name)) {
             for ((kind, items), list) in kinds.iter().zip(&mut app.lists) {
                 for (item, key, merged) in items {
+                    if *kind == ItemKind::VolumeMount
+                        && !held(&list.taken, key)
+                        && let Some(volume) =
+                            displaced.iter().find(|v| item.get("name").and_then(Value::as_str) == Some(**v))
+                    {
+                        skip(*kind, key, Some(app.name), Owner::Volume(volume));
+                        list.taken.hold(key, owner);
+                        continue;
+                    }
                     // A merging env var whose name the container (or an earlier template) already
                     // defines, or may get from `envFrom`, adds the entry that refers to it instead.
                     let merged = merged.filter(|_| match list.taken.holder(key) {
@@ -648,6 +695,19 @@ fn mount_unless_path_taken(container: &mut Value, mount: &Value) {
     }
 }
 
+/// The first of `volumes` that `container` mounts (`volumeMounts`) or attaches (`volumeDevices`).
+fn mounts_any<'v>(container: &Value, volumes: &[&'v str]) -> Option<&'v str> {
+    if volumes.is_empty() {
+        return None;
+    }
+    let uses = ["volumeMounts", "volumeDevices"]
+        .into_iter()
+        .filter_map(|field| container.get(field).and_then(Value::as_array))
+        .flatten()
+        .filter_map(|m| m.get("name").and_then(Value::as_str));
+    uses.into_iter().find_map(|used| volumes.iter().find(|v| **v == used).copied())
+}
+
 struct AppContainer<'p> {
     name: &'p str,
     container: &'p Value,
@@ -751,6 +811,9 @@ enum Owner<'a> {
     Pod,
     Template(&'a str),
     Kept,
+    /// Not a holder of the name: the item mounts this volume of its template, which was skipped
+    /// for another volume of that name (only ever the cause of a skip).
+    Volume(&'a str),
 }
 
 /// How a template got a name.
@@ -767,6 +830,7 @@ impl std::fmt::Display for Owner<'_> {
         match self {
             Owner::Pod | Owner::Kept => f.write_str("pod"),
             Owner::Template(name) => write!(f, "template:{name}"),
+            Owner::Volume(name) => write!(f, "volume:{name}"),
         }
     }
 }

@@ -5,7 +5,8 @@
 //! or templates annotation, in a namespace that names no templates. Its selected templates are the
 //! `default: true` (and enforced) ones whose selectors match, in the engine's order. Every other
 //! pod is left untouched, so the webhook decides it exactly as before: one for which a selected
-//! template is *webhook-only* (see below), an enforced template meets a same-name item, an
+//! template is *webhook-only* (see below), an enforced template meets a same-name item, a
+//! template's volume meets a same-name one (what mounts it may be displaced), an
 //! override is invalid or is of an integer (admission CEL has no `int(string)`), or a pod choice is
 //! made. The stored pod is the webhook's, item for item: the same positions, "the pod's own wins",
 //! the token mount of `inject`, the status annotation byte for byte (so the webhook, seeing it,
@@ -964,6 +965,7 @@ impl Program {
         // order: per template, its own items, then its app-container items.
         let mut skips: Vec<String> = Vec::new();
         let mut skip_any_by_plan: Vec<Vec<String>> = vec![Vec::new(); plans.len()];
+        let mut volume_skips: Vec<String> = Vec::new();
         let mut app_ops: [Vec<String>; 3] = Default::default();
         let mut app_added: [Vec<(String, String)>; 3] = Default::default(); // (added(c) CEL, key JSON)
 
@@ -1044,6 +1046,8 @@ impl Program {
             for item in &plan.volumes {
                 let pod_has = format!("({} in variables.volumeNames)", lit(&item.key));
                 let added = static_item(&mut vars, "volumes", item.kind, &item.key, &item.when, pod_has, true);
+                // A skipped volume may displace what mounts it (`inject`): the webhook's to decide.
+                volume_skips.push(format!("({s}{} && !{added})", when_and(&item.when)));
                 volume_ops.push((added.clone(), item.value.clone()));
                 st_volumes.push((added, json_text_lit(&item.key)));
             }
@@ -1111,11 +1115,12 @@ impl Program {
         vars.push((
             "handled".into(),
             format!(
-                "{} && !{namespace_defaults} && !{} && !{} && !{}",
+                "{} && !{namespace_defaults} && !{} && !{} && !{} && !{}",
                 any(selected.iter().cloned()),
                 any(leave_to_webhook.iter().map(|c| format!("({c})"))),
                 any(enforced_conflicts),
                 any(inadmissible),
+                any(volume_skips),
             ),
         ));
 

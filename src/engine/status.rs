@@ -135,7 +135,8 @@ pub struct Skipped {
     /// The app container, for env vars and mounts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
-    /// Who had it first: `pod` or `template:<name>`.
+    /// Who had it first: `pod` or `template:<name>`; or `volume:<name>` for an item that mounts
+    /// a volume of its template that was skipped (the name means another volume in the pod).
     pub owner: String,
 }
 
@@ -146,7 +147,12 @@ impl Skipped {
         let container = self.container.as_ref().map(|c| format!(" in container {c}")).unwrap_or_default();
         let owner = match self.owner.as_str() {
             "pod" => "the pod already has one".to_owned(),
-            other => format!("{other} already added one"),
+            other => match other.strip_prefix("volume:") {
+                Some(volume) => format!(
+                    "it mounts the template's volume {volume:?}, which was skipped: that name is another volume in this pod"
+                ),
+                None => format!("{other} already added one"),
+            },
         };
         format!("skipped {} {:?}{container} from template {}: {owner}", self.kind.describe(), self.name, self.template)
     }

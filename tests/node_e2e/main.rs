@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 
 use controlplane::ControlPlane;
 use node::Node;
@@ -174,6 +174,8 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
     let node = Node::start(&plane, &bin.join("node"), &images)?;
     println!("node-e2e: node and images ready after {:.1} s", setup.elapsed().as_secs_f64());
     let mut ctx = Ctx { plane, node, binary };
+    scenarios::setup(&mut ctx).context("the suite's setup (install, namespace, local images)")?;
+    println!("node-e2e: injector installed after {:.1} s", setup.elapsed().as_secs_f64());
 
     use scenarios::*;
     let all: Vec<(&str, Scenario)> = vec![
@@ -194,12 +196,25 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
         .unwrap_or_default();
     let mut passed = 0;
     let mut failed = Vec::new();
+    // Each scenario must name only the suite's local images: a pull attempt fails the scenario
+    // that made it (the ones already seen belong to an earlier one).
+    let mut pulls_seen = pull_attempts(&ctx)?;
+    if !pulls_seen.is_empty() {
+        println!("  FAIL  setup: the kubelet tried to pull images:\n    {}", pulls_seen.join("\n    "));
+        failed.push("setup");
+    }
     for (name, scenario) in all {
         if !only.is_empty() && !only.iter().any(|o| name.starts_with(o.as_str())) {
             continue;
         }
         let started = Instant::now();
-        match scenario(&mut ctx) {
+        let outcome = scenario(&mut ctx).and_then(|()| {
+            let pulls: Vec<String> = pull_attempts(&ctx)?.into_iter().filter(|p| !pulls_seen.contains(p)).collect();
+            pulls_seen.extend(pulls.iter().cloned());
+            ensure!(pulls.is_empty(), "the kubelet tried to pull images:\n    {}", pulls.join("\n    "));
+            Ok(())
+        });
+        match outcome {
             Ok(()) => {
                 passed += 1;
                 println!("  ok    {name} ({:.1} s)", started.elapsed().as_secs_f64());

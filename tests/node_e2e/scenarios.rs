@@ -231,6 +231,7 @@ pub fn n1_install(ctx: &mut Ctx) -> Result<()> {
         .replace("        imagePullPolicy: Never\n", "");
     ensure!(ours_as_shipped == shipped, "deploy/overlays/node-e2e changes more than the image");
 
+    // `setup` applied it; applying it again changes nothing.
     ctx.kubectl(&["apply", "-k", "deploy/overlays/node-e2e"])?;
     ctx.kubectl(&["-n", INJECTOR_NS, "rollout", "status", "deployment/sidecar-injector", "--timeout=180s"])?;
     let enforce = ctx.kubectl(&[
@@ -290,9 +291,46 @@ pub fn n1_install(ctx: &mut Ctx) -> Result<()> {
     ensure!(ca.contains("BEGIN CERTIFICATE"), "the self-managed certificate Secret has no CA bundle");
     let bundles = ctx.ca_bundles()?;
     ensure!(bundles.len() == 4 && bundles.iter().all(|b| *b == ca), "a webhook's caBundle is not the Secret's CA");
-    ctx.opted_in_namespace(SHOP)?;
-    ctx.wait_for_injection(SHOP, |c| c["image"] == "cr.fluentbit.io/fluent/fluent-bit:3.2.10")?;
+    ctx.wait_for_injection(SHOP, |c| c["image"] == FLUENT_BIT)?;
     Ok(())
+}
+
+/// What every scenario stands on, done once before any of them runs, so that any selection of
+/// scenarios passes: the install as a user makes it (`kubectl apply -k` of the node-e2e overlay),
+/// the opted-in namespace, and the operator's edit that points the templates at the suite's local
+/// images (no kubelet here can pull anything else).
+pub fn setup(ctx: &mut Ctx) -> Result<()> {
+    ctx.kubectl(&["apply", "-k", "deploy/overlays/node-e2e"])?;
+    ctx.kubectl(&["-n", INJECTOR_NS, "rollout", "status", "deployment/sidecar-injector", "--timeout=180s"])?;
+    ctx.opted_in_namespace(SHOP)?;
+    // The shipped templates as installed, before the edit.
+    ctx.wait_for_injection(SHOP, |c| c["image"] == "cr.fluentbit.io/fluent/fluent-bit:3.2.10")?;
+    use_local_images(ctx)
+}
+
+/// Every image pull the kubelet attempted, as `namespace/pod: message`. The node has only the
+/// suite's local images and no registry, so any attempt is a test naming an image it does not
+/// have (its pod would sit in `ImagePullBackOff` until the test times out).
+pub fn pull_attempts(ctx: &Ctx) -> Result<Vec<String>> {
+    let events = ctx.json(&["get", "events", "--all-namespaces"])?;
+    Ok(events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| match e["reason"].as_str() {
+            Some("Pulling" | "ErrImageNeverPull") => true,
+            Some("Failed" | "BackOff") => e["message"].as_str().is_some_and(|m| m.to_lowercase().contains("pull")),
+            _ => false,
+        })
+        .map(|e| {
+            format!(
+                "{}/{}: {}",
+                e["involvedObject"]["namespace"].as_str().unwrap_or_default(),
+                e["involvedObject"]["name"].as_str().unwrap_or_default(),
+                e["message"].as_str().unwrap_or_default()
+            )
+        })
+        .collect())
 }
 
 /// One operator edit of the templates ConfigMap (`kubectl replace` of what `edit` makes of its data).
@@ -348,11 +386,9 @@ inject:
     ctx.wait_for_injection(SHOP, |c| c["image"] == FLUENT_BIT)
 }
 
-/// 2. A Deployment whose app writes a line into the log directory the log-shipper template mounts:
-///    the injected (native) sidecar really reads it, and the env the otel-agent template injects
-///    is in the app container's environment, `$(VAR)` references expanded by kubelet.
-pub fn n2_workloads(ctx: &mut Ctx) -> Result<()> {
-    use_local_images(ctx)?;
+/// The web Deployment (n2 looks into its pod, n4 drifts it), applied and rolled out; applying it
+/// again changes nothing.
+fn web_deployment(ctx: &Ctx) -> Result<()> {
     ctx.apply(&format!(
         r#"apiVersion: apps/v1
 kind: Deployment
@@ -374,6 +410,14 @@ spec:
 "#
     ))?;
     ctx.kubectl(&["-n", SHOP, "rollout", "status", "deployment/web", "--timeout=120s"])?;
+    Ok(())
+}
+
+/// 2. A Deployment whose app writes a line into the log directory the log-shipper template mounts:
+///    the injected (native) sidecar really reads it, and the env the otel-agent template injects
+///    is in the app container's environment, `$(VAR)` references expanded by kubelet.
+pub fn n2_workloads(ctx: &mut Ctx) -> Result<()> {
+    web_deployment(ctx)?;
     let pods = ctx.pods(SHOP, "app.kubernetes.io/name=web")?;
     let pod = pods.iter().find(|p| ready(p)).context("no Ready web pod")?;
     let pod_name = name(pod);
@@ -656,6 +700,7 @@ status:
 /// 4. A template edit in the ConfigMap → `drift` lists the Deployment's old pod → `drift --restart`
 ///    → a new pod Running and Ready with the new template, the old one gone.
 pub fn n4_drift_restart(ctx: &mut Ctx) -> Result<()> {
+    web_deployment(ctx)?;
     let mut old: Vec<String> = ctx.pods(SHOP, "app.kubernetes.io/name=web")?.iter().map(name).collect();
     old.sort();
     ensure!(!old.is_empty(), "no web pods to drift");
