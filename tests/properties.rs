@@ -20,6 +20,7 @@ use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use serde_json::{Map, Value, json};
 use sidecar_injector::engine::compare::first_difference;
+use sidecar_injector::engine::pod_resources;
 use sidecar_injector::engine::template::InProcess;
 use sidecar_injector::engine::{
     ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, manifest,
@@ -85,8 +86,9 @@ fn pod() -> impl Strategy<Value = Value> {
         proptest::option::of(names()),
         proptest::option::of((names(), any::<bool>())),
         proptest::collection::vec((names(), proptest::sample::subsequence(PATHS.to_vec(), 0..=2)), 3),
+        proptest::option::of((1..4u32, any::<bool>())),
     )
-        .prop_map(|(labels, annotations, containers, init, volumes, per_container)| {
+        .prop_map(|(labels, annotations, containers, init, volumes, per_container, pod_level)| {
             let mut metadata = Map::new();
             metadata.insert("name".into(), json!("p"));
             if let Some(labels) = labels {
@@ -118,6 +120,16 @@ fn pod() -> impl Strategy<Value = Value> {
                 spec.insert("volumes".into(), Value::Array(volumes.iter().map(|n| volume(n)).collect()));
             }
             spec.insert("x-future".into(), json!([1, 2]));
+            // Pod-level resources (KEP-2837) that the app containers' requests fit: Guaranteed
+            // (requests equal limits) or with a memory limit only.
+            if let Some((n, guaranteed)) = pod_level {
+                let requests = json!({"cpu": format!("{}m", n * 100), "memory": format!("{}Mi", n * 64)});
+                let limits = if guaranteed { requests.clone() } else { json!({"memory": format!("{}Mi", n * 256)}) };
+                spec.insert("resources".into(), json!({"requests": requests, "limits": limits}));
+                for container in spec["containers"].as_array_mut().unwrap() {
+                    container["resources"] = json!({"requests": {"cpu": "30m", "memory": "20Mi"}});
+                }
+            }
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
         })
 }
@@ -155,6 +167,7 @@ fn template() -> impl Strategy<Value = String> {
                         "image": "{{ values.v }}",
                         "args": ["{{ workload.name }}", "{{ pod.spec.containers | length }}", "{{ namespace.name }}"],
                         "volumeMounts": if sidecars_mount { json!([{"name": volume, "mountPath": "/shared"}]) } else { json!([]) },
+                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}},
                     })).collect()),
                     "volumes": Value::Array(volumes.iter().map(|n| json!({"name": n, "emptyDir": {}})).collect()),
                     "appContainers": {
@@ -198,13 +211,23 @@ fn unchanged_but_for_additions(before: &Value, after: &Value) -> bool {
 /// A status annotation as a pod might carry it: names drawn from the pod's own items and the
 /// templates', hashes current or made up.
 /// Claimed sidecars, init containers, volumes, env vars, whether the hashes are current, and keys.
-type Claim = (Vec<&'static str>, Vec<&'static str>, Vec<&'static str>, Vec<&'static str>, bool, Vec<&'static str>);
+/// And whether it claims a padding of the pod-level resources.
+type Claim =
+    (Vec<&'static str>, Vec<&'static str>, Vec<&'static str>, Vec<&'static str>, bool, Vec<&'static str>, bool);
 
 fn claim() -> impl Strategy<Value = Claim> {
-    (names(), names(), names(), names(), any::<bool>(), proptest::sample::subsequence(KEYS.to_vec(), 0..=2))
+    (
+        names(),
+        names(),
+        names(),
+        names(),
+        any::<bool>(),
+        proptest::sample::subsequence(KEYS.to_vec(), 0..=2),
+        any::<bool>(),
+    )
 }
 
-fn with_claim(pod: &Value, engine: &Engine, (containers, init, volumes, env, current, keys): Claim) -> Value {
+fn with_claim(pod: &Value, engine: &Engine, (containers, init, volumes, env, current, keys, padded): Claim) -> Value {
     let templates: Vec<Value> = engine
         .templates
         .iter()
@@ -232,6 +255,7 @@ fn with_claim(pod: &Value, engine: &Engine, (containers, init, volumes, env, cur
         "labels": keys,
         "annotations": keys,
         "appContainers": app,
+        "podResources": if padded { json!({"requests": {"cpu": "50m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}}) } else { Value::Null },
     });
     let mut pod = pod.clone();
     let metadata = pod["metadata"].as_object_mut().unwrap();
@@ -295,12 +319,26 @@ proptest! {
             let own = path.ends_with("sidecar-injector.io~1status") || path.ends_with("sidecar-injector.io~1injected");
             prop_assert!(matches!(op, PatchOperation::Add(_)) || own, "{op:?}");
         }
-        // Everything the pod had is still there, unchanged (lists of named items matched by name).
+        // Pod-level resources: the patched pod is one the API server accepts, and taking the
+        // injection back gives the author's values exactly.
+        let text = out["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap();
+        let status = sidecar_injector::engine::status::InjectionStatus::parse(text).unwrap();
+        if let Some(level) = pod_resources::PodLevel::of(&out) {
+            let list = |field: &str| out["spec"][field].as_array().map(|l| l.iter().collect::<Vec<_>>()).unwrap_or_default();
+            prop_assert_eq!(pod_resources::violations(&level, &(list("initContainers"), list("containers"))), Vec::<String>::new());
+            let stripped = sidecar_injector::engine::validate::strip_injection(&out, &status);
+            prop_assert_eq!(&stripped["spec"]["resources"], &pod["spec"]["resources"], "strip gives back the author's pod-level values");
+        }
+        // Everything else the pod had is still there, unchanged (lists of named items matched by name).
+        let mut compared = out.clone();
+        if let Some(resources) = pod["spec"].get("resources") {
+            compared["spec"]["resources"] = resources.clone();
+        }
         let mut original = pod.clone();
         if let Some(labels) = original["metadata"].get_mut("labels").and_then(Value::as_object_mut) {
             labels.remove("sidecar-injector.io/injected");
         }
-        prop_assert_eq!(first_difference(&original, &out, ""), None);
+        prop_assert_eq!(first_difference(&original, &compared, ""), None);
         let names_before: BTreeSet<String> = ["containers", "initContainers"].iter()
             .flat_map(|l| pod["spec"][*l].as_array().cloned().unwrap_or_default())
             .map(|c| c["name"].as_str().unwrap().to_owned()).collect();
@@ -413,6 +451,15 @@ proptest! {
             for (key, value) in claimed["metadata"][section].as_object().into_iter().flatten() {
                 if key == "sidecar-injector.io/status" || key == "sidecar-injector.io/injected" || gone.contains(key) { continue; }
                 prop_assert_eq!(&out["metadata"][section][key], value, "{} {} was changed or removed", section, key);
+            }
+        }
+        // Pod-level resources never go below what the author wrote, whatever padding is claimed.
+        if let (Some(author), Some(now)) = (pod_resources::PodLevel::of(&pod), pod_resources::PodLevel::of(&out)) {
+            for (field, mine, theirs) in [("requests", &author.requests, &now.requests), ("limits", &author.limits, &now.limits)] {
+                for (resource, (text, value)) in mine {
+                    let after = theirs.get(resource).map(|(_, v)| *v).unwrap_or_default();
+                    prop_assert!(after >= *value, "{} {} went from the author's {} to {:?}", field, resource, text, theirs.get(resource));
+                }
             }
         }
         // And what was removed is only ever something the injection had really added to `base`.

@@ -219,6 +219,12 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>], webhook_only
             if let Some(sidecars) = &e.sidecars {
                 out.push_str(&format!("    sidecars: {sidecars}\n"));
             }
+            if let Some(padding) = &status.pod_resources {
+                out.push_str(&format!(
+                    "    pod-level resources (spec.resources) padded so the injected containers fit and the app keeps its budget: {}\n",
+                    padding.describe()
+                ));
+            }
             for skip in &status.skipped {
                 out.push_str(&format!("    {}\n", skip.describe()));
             }

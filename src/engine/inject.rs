@@ -29,7 +29,7 @@ use super::compare::env_from_key;
 use super::pod::{self, PodShapeError, shape_error};
 use super::render::RenderedTemplate;
 use super::status::{AppContainerAdditions, InjectionStatus, ItemKind, Skipped, TemplateRef};
-use super::{env_merge, names};
+use super::{env_merge, names, pod_resources};
 
 /// A rendered template and whether its sidecars become native sidecars.
 #[derive(Debug, Clone)]
@@ -56,6 +56,9 @@ pub struct Injection {
     /// The merges that rest on an `envFrom` source having the variable, which the API cannot
     /// show: warnings for the pod's creator.
     pub merge_warnings: Vec<String>,
+    /// What the API server would refuse in the pod this patch makes (pod-level resources the
+    /// injected containers do not fit), one sentence each: the pod is then left as it is.
+    pub invalid: Vec<String>,
     /// Where each overridden value came from, as `<template>.<value> from annotation <key>`
     /// (for `explain`).
     pub value_sources: Vec<String>,
@@ -297,7 +300,7 @@ pub fn plan(
                 };
                 !held.iter().any(|held| rendered_name(held) == name && held == volume)
             })
-            .map(|volume| rendered_name(volume))
+            .map(rendered_name)
             .collect();
         // Whether `name` is held by the pod or an earlier template (their claim is the reason a
         // same-named item is skipped, before any displaced volume).
@@ -462,6 +465,31 @@ pub fn plan(
             }
         }
     }
+    // Pod-level resources the pod sets grow by what the injected containers add to them.
+    let pod_level = {
+        let author: pod_resources::Containers = (
+            staying(init_containers, &removed_init, &kept.init_containers, true),
+            staying(Some(containers), &removed_containers, &kept.containers, true),
+        );
+        let mut after: pod_resources::Containers = (
+            new_init.iter().chain(staying(init_containers, &removed_init, &[], false)).collect(),
+            staying(Some(containers), &removed_containers, &[], false),
+        );
+        after.1.extend(new_containers.iter());
+        resize_pod_level(pod, previous.pod_resources.as_ref().or(kept.pod_resources.as_ref()), &author, &after)
+    };
+    let mut pod_level_ops = Vec::new();
+    let mut invalid = Vec::new();
+    match pod_level {
+        None => {}
+        Some(Ok((now, padded, padding))) => {
+            for (field, resource, text) in pod_resources::changes(&now, &padded) {
+                pod_level_ops.push((pod_resources::path(field, resource), Value::String(text.to_owned())));
+            }
+            status.pod_resources = (!padding.is_empty()).then_some(padding);
+        }
+        Some(Err(violations)) => invalid = violations,
+    }
     let sorted = |added: &BTreeMap<String, String>, kept: Vec<String>| -> Vec<String> {
         added.keys().cloned().chain(kept).collect::<std::collections::BTreeSet<_>>().into_iter().collect()
     };
@@ -540,6 +568,10 @@ pub fn plan(
         new_pull_secrets.is_empty(),
     );
     builder.append(&pull_secrets_path, pull_secrets_left, new_pull_secrets);
+    for (path, value) in pod_level_ops {
+        let path = PointerBuf::parse(&path).expect("pod_resources::path writes a pointer");
+        builder.ops.push(PatchOperation::Add(AddOperation { path, value }));
+    }
 
     let removed = removed_items(
         previous,
@@ -553,7 +585,56 @@ pub fn plan(
         &annotation_removals,
         &app_containers,
     );
-    Ok(Injection { patch: builder.ops, status, removed: Box::new(removed), merge_notes, merge_warnings, value_sources })
+    Ok(Injection {
+        patch: builder.ops,
+        status,
+        removed: Box::new(removed),
+        merge_notes,
+        merge_warnings,
+        value_sources,
+        invalid,
+    })
+}
+
+/// The items of a pod's container list that stay (not at `removed`), without the `injected` ones
+/// when `author_only`.
+fn staying<'p>(
+    list: Option<&'p Vec<Value>>,
+    removed: &[usize],
+    injected: &[String],
+    author_only: bool,
+) -> Vec<&'p Value> {
+    let injected_here = |c: &Value| injected.iter().any(|n| Some(n.as_str()) == c.get("name").and_then(Value::as_str));
+    list.into_iter()
+        .flatten()
+        .enumerate()
+        .filter(|(i, c)| !(removed.contains(i) || author_only && injected_here(c)))
+        .map(|(_, c)| c)
+        .collect()
+}
+
+/// For a pod that sets pod-level resources: its values now, the values padded for the injected
+/// containers, and the padding; or what the API server would refuse in the padded pod.
+/// `earlier`: the padding of an earlier injection (proven by `ownership`), taken back first;
+/// `author`: the pod's containers without any injected one; `after`: with the injection's.
+fn resize_pod_level(
+    pod: &Value,
+    earlier: Option<&pod_resources::Padding>,
+    author: &pod_resources::Containers<'_>,
+    after: &pod_resources::Containers<'_>,
+) -> Option<Result<(pod_resources::PodLevel, pod_resources::PodLevel, pod_resources::Padding), Vec<String>>> {
+    let now = pod_resources::PodLevel::of(pod)?;
+    let authors = match earlier {
+        Some(padding) => now.with(padding, -1)?,
+        None => now.clone(),
+    };
+    let padding = pod_resources::padding(&authors, author, after);
+    let padded = authors.with(&padding, 1)?;
+    let violations = pod_resources::violations(&padded, after);
+    Some(match violations.is_empty() {
+        true => Ok((now, padded, padding)),
+        false => Err(violations),
+    })
 }
 
 use super::names::SERVICE_ACCOUNT_TOKEN_PATH;

@@ -20,6 +20,7 @@ pub mod nodes;
 pub mod ownership;
 pub mod pod;
 pub mod pod_index;
+pub mod pod_resources;
 pub mod policy;
 pub mod render;
 pub mod select;
@@ -135,6 +136,13 @@ pub enum Denial {
         /// Each conflict, as a sentence.
         conflicts: Vec<String>,
     },
+    /// An enforced template's injection would make a pod the API server refuses.
+    WouldBeInvalid {
+        /// The enforced template.
+        template: String,
+        /// What the API server would say.
+        reasons: Vec<String>,
+    },
 }
 
 impl fmt::Display for Denial {
@@ -155,6 +163,11 @@ impl fmt::Display for Denial {
                 "sidecar-injector: the pod's {} annotation says it was injected with the current templates, but {}; if another mutating webhook changes the injected containers, exclude them there; to inject a copied pod afresh, remove the annotation",
                 names::STATUS_ANNOTATION,
                 changes.join("; ")
+            ),
+            Denial::WouldBeInvalid { template, reasons } => write!(
+                f,
+                "sidecar-injector: template {template} is enforced for this pod, but the API server would refuse the pod with it: {}",
+                reasons.join("; ")
             ),
             Denial::Enforced { template, conflicts } => write!(
                 f,
@@ -233,6 +246,9 @@ impl Engine {
             if planned.len() == selected.len() {
                 let reason = planned.is_empty().then(|| choice.summary_of_none());
                 match inject::plan(pod, inject::Earlier::Keep(&assessed.present), planned, reason) {
+                    Ok(fresh) if !fresh.invalid.is_empty() => {
+                        return ClaimCheck::Decided(refuse_or_admit(fresh, selected, warnings));
+                    }
                     Ok(fresh) if fresh.status == *claim && assessed.all_present => {
                         return ClaimCheck::Decided(Outcome::UpToDate(claim.clone()));
                     }
@@ -251,6 +267,21 @@ impl Engine {
             false => Arc::new(validate::strip_injection(pod, &assessed.owned)),
         };
         ClaimCheck::Replace { owned: assessed.owned, base }
+    }
+}
+
+/// An injection that would make a pod the API server refuses (`Injection::invalid`) is not
+/// applied: an enforced template refuses the pod with the API server's reasons; otherwise the pod
+/// is admitted as its author wrote it (fail open; the reasons go in the warning and the metric).
+fn refuse_or_admit(injection: inject::Injection, selected: &[&Arc<Template>], warnings: &mut Vec<String>) -> Outcome {
+    let reasons = injection.invalid;
+    match selected.iter().find(|t| t.enforced && !t.audit) {
+        Some(template) => Outcome::Denied(Denial::WouldBeInvalid { template: template.name.to_string(), reasons }),
+        None => {
+            let reason = select::OutOfScope::WouldBeInvalid { reasons };
+            warnings.push(format!("sidecar-injector: {reason}"));
+            Outcome::OutOfScope(reason)
+        }
     }
 }
 
@@ -460,7 +491,7 @@ impl Engine {
             .filter_map(|c| c.get("name").and_then(Value::as_str))
             .collect();
         let mut planned = Vec::with_capacity(selected.len());
-        for template in selected {
+        for template in &selected {
             if let Err(e) = render::check_chosen_containers(template, &base_annotations, &container_names) {
                 return decision(Some(choice), Outcome::Denied(Denial::Render(RenderError::Override(e))), warnings);
             }
@@ -477,6 +508,10 @@ impl Engine {
         }
         let reason = planned.is_empty().then(|| choice.summary_of_none());
         match inject::plan(pod, inject::Earlier::Replace(&owned), planned, reason) {
+            Ok(injection) if !injection.invalid.is_empty() => {
+                let outcome = refuse_or_admit(injection, &selected, &mut warnings);
+                decision(Some(choice), outcome, warnings)
+            }
             Ok(injection) => {
                 warnings.extend(injection.merge_warnings.iter().cloned());
                 decision(Some(choice), Outcome::Inject(injection), warnings)

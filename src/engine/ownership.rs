@@ -197,6 +197,23 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             }
         }
     }
+    if let Some(claimed) = &claim.pod_resources {
+        // The padding of pod-level resources: proven when it is exactly what the injected
+        // containers present account for.
+        match super::pod_resources::proves(pod, claimed, &present.init_containers, &present.containers) {
+            true => {
+                owned.pod_resources = Some(claimed.clone());
+                present.pod_resources = Some(claimed.clone());
+            }
+            false => {
+                all_present = false;
+                doubts.push(format!(
+                    "the claimed padding of spec.resources ({}) is not what the injected containers in the pod account for; the pod's values are kept as they are",
+                    claimed.describe()
+                ));
+            }
+        }
+    }
     Ownership { owned, present, all_present, altered, doubts }
 }
 

@@ -6,7 +6,8 @@
 //! `default: true` (and enforced) ones whose selectors match, in the engine's order. Every other
 //! pod is left untouched, so the webhook decides it exactly as before: one for which a selected
 //! template is *webhook-only* (see below), an enforced template meets a same-name item, a
-//! template's volume meets a same-name one (what mounts it may be displaced), an
+//! template's volume meets a same-name one (what mounts it may be displaced), a pod that sets
+//! pod-level `spec.resources` (padded by the webhook, see `pod_resources`), an
 //! override is invalid or is of an integer (admission CEL has no `int(string)`), or a pod choice is
 //! made. The stored pod is the webhook's, item for item: the same positions, "the pod's own wins",
 //! the token mount of `inject`, the status annotation byte for byte (so the webhook, seeing it,
@@ -49,6 +50,54 @@ pub struct CompiledPolicy {
     pub webhook_only: Vec<(String, WebhookOnly)>,
     /// Templates the policy injects, in its order.
     pub compiled: Vec<String>,
+}
+
+/// The volume names a template's containers and app-container mounts refer to; `None` when one is
+/// an expression (then any of its volumes may be).
+fn mounted_volume_names(spec: &super::template::InjectSpec) -> Option<Vec<String>> {
+    /// The `name`s of a list of mounts.
+    fn names_in(list: &Piece, out: &mut Vec<String>) -> Option<()> {
+        match list {
+            Piece::Literal(Value::Array(items)) => {
+                out.extend(items.iter().filter_map(|m| m.get("name").and_then(Value::as_str).map(str::to_owned)));
+                Some(())
+            }
+            Piece::Seq(items) => items.iter().try_for_each(|item| name_of(&item.piece, out)),
+            _ => None,
+        }
+    }
+    fn name_of(mount: &Piece, out: &mut Vec<String>) -> Option<()> {
+        match mount {
+            Piece::Literal(m) => out.extend(m.get("name").and_then(Value::as_str).map(str::to_owned)),
+            Piece::Map(entries) => match entries.iter().find(|(k, _)| k == "name").map(|(_, p)| p) {
+                Some(Piece::Literal(Value::String(name))) => out.push(name.clone()),
+                Some(_) => return None,
+                None => {}
+            },
+            _ => return None,
+        }
+        Some(())
+    }
+    let mut names = Vec::new();
+    for container in spec.sidecars.iter().chain(&spec.init_containers) {
+        match &container.piece {
+            Piece::Literal(c) => {
+                for field in ["volumeMounts", "volumeDevices"] {
+                    names_in(&Piece::Literal(c.get(field).cloned().unwrap_or(Value::Array(Vec::new()))), &mut names)?;
+                }
+            }
+            Piece::Map(entries) => {
+                for (_, list) in entries.iter().filter(|(k, _)| k == "volumeMounts" || k == "volumeDevices") {
+                    names_in(list, &mut names)?;
+                }
+            }
+            _ => return None,
+        }
+    }
+    for mount in &spec.volume_mounts {
+        name_of(&mount.piece, &mut names)?;
+    }
+    Some(names)
 }
 
 /// Why `template` is webhook-only, or `None` when it compiles.
@@ -638,6 +687,9 @@ struct Item {
 
 #[derive(Debug, Clone)]
 struct Plan {
+    /// The template's volumes that something of the template mounts (all of them when a mount's
+    /// volume name is an expression).
+    mounted: Vec<String>,
     name: String,
     hash: String,
     selected: String,
@@ -730,7 +782,13 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         Ok(out)
     };
     let native = template.sidecar_mode.is_native(native_sidecars);
+    let volume_names = items(&spec.volumes, ItemKind::Volume, None)?;
+    let mounted = match mounted_volume_names(spec) {
+        Some(names) => volume_names.iter().map(|v| v.key.clone()).filter(|v| names.contains(v)).collect(),
+        None => volume_names.iter().map(|v| v.key.clone()).collect(),
+    };
     Ok(Plan {
+        mounted,
         name: name.to_owned(),
         hash: template.hash.clone(),
         selected: format!("({selected})"),
@@ -741,7 +799,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         annotations: string_map(&spec.annotations)?,
         init_containers: items(&spec.init_containers, ItemKind::InitContainer, Some(false))?,
         sidecars: items(&spec.sidecars, ItemKind::Sidecar, Some(native))?,
-        volumes: items(&spec.volumes, ItemKind::Volume, None)?,
+        volumes: volume_names,
         pull_secrets: items(&spec.image_pull_secrets, ItemKind::ImagePullSecret, None)?,
         app: [
             items(&spec.env, ItemKind::Env, None)?,
@@ -1045,9 +1103,23 @@ impl Program {
             }
             for item in &plan.volumes {
                 let pod_has = format!("({} in variables.volumeNames)", lit(&item.key));
+                let pod_has_volume = pod_has.clone();
                 let added = static_item(&mut vars, "volumes", item.kind, &item.key, &item.when, pod_has, true);
-                // A skipped volume may displace what mounts it (`inject`): the webhook's to decide.
-                volume_skips.push(format!("({s}{} && !{added})", when_and(&item.when)));
+                // A volume skipped for another of its name displaces what mounts it (`inject`): the
+                // webhook's to decide, when the pod has one, or an earlier template one that is
+                // not the same.
+                let selected = &selected;
+                let differing_earlier = plans[..i].iter().enumerate().flat_map(|(j, earlier)| {
+                    earlier
+                        .volumes
+                        .iter()
+                        .filter(|v| v.key == item.key && v.value != item.value)
+                        .map(move |v| format!("({}{})", selected[j], when_and(&v.when)))
+                });
+                let displaced = any(std::iter::once(pod_has_volume.clone()).chain(differing_earlier));
+                if plan.mounted.contains(&item.key) {
+                    volume_skips.push(format!("({s}{} && {displaced})", when_and(&item.when)));
+                }
                 volume_ops.push((added.clone(), item.value.clone()));
                 st_volumes.push((added, json_text_lit(&item.key)));
             }
@@ -1115,7 +1187,7 @@ impl Program {
         vars.push((
             "handled".into(),
             format!(
-                "{} && !{namespace_defaults} && !{} && !{} && !{} && !{}",
+                "{} && !{namespace_defaults} && !{} && !{} && !{} && !{} && !object.spec.?resources.hasValue()",
                 any(selected.iter().cloned()),
                 any(leave_to_webhook.iter().map(|c| format!("({c})"))),
                 any(enforced_conflicts),

@@ -26,7 +26,7 @@ use super::env_merge::EnvMerge;
 use super::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
 use super::facts::NamespaceFacts;
 use super::names;
-use super::template::{AppTargets, Piece, SeqItem, SidecarMode, Template, TemplateError};
+use super::template::{AppTargets, Piece, PodResources, SeqItem, SidecarMode, Template, TemplateError};
 use super::workload::Workload;
 
 /// Instructions all expressions of one template may execute for one pod.
@@ -195,13 +195,28 @@ fn render_with(
     let spec = &template.inject;
     let err = RenderError::Template;
     let (env, env_merges) = renderer.env_items(&spec.env).map_err(err)?;
+    let mut init_containers = renderer.items(&spec.init_containers).map_err(err)?;
+    let mut sidecars = renderer.items(&spec.sidecars).map_err(err)?;
+    // `podResources: share` in a pod that sets pod-level resources: the containers run inside the
+    // pod's budget, without requests or limits of their own.
+    if template.pod_resources == PodResources::Share && sets_pod_level_resources(&subject.pod) {
+        for container in init_containers.iter_mut().chain(&mut sidecars) {
+            if let Some(Value::Object(resources)) = container.get_mut("resources") {
+                resources.remove("requests");
+                resources.remove("limits");
+                if resources.is_empty() {
+                    container.as_object_mut().map(|c| c.remove("resources"));
+                }
+            }
+        }
+    }
     Ok(RenderedTemplate {
         name: template.name.to_string(),
         hash: template.hash.clone(),
         labels: renderer.string_map(&spec.labels, "inject.labels").map_err(err)?,
         annotations: renderer.string_map(&spec.annotations, "inject.annotations").map_err(err)?,
-        init_containers: renderer.items(&spec.init_containers).map_err(err)?,
-        sidecars: renderer.items(&spec.sidecars).map_err(err)?,
+        init_containers,
+        sidecars,
         volumes: renderer.items(&spec.volumes).map_err(err)?,
         env,
         env_merges,
@@ -212,6 +227,14 @@ fn render_with(
         sidecar_mode,
         warnings,
         value_sources,
+    })
+}
+
+/// Whether the pod sets pod-level resources (`spec.resources` with requests or limits).
+fn sets_pod_level_resources(pod: &JinjaValue) -> bool {
+    let resources = pod.get_attr("spec").and_then(|spec| spec.get_attr("resources"));
+    resources.is_ok_and(|r| {
+        ["requests", "limits"].iter().any(|f| r.get_attr(f).is_ok_and(|m| m.len().is_some_and(|n| n > 0)))
     })
 }
 

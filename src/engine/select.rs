@@ -42,6 +42,12 @@ pub enum OutOfScope {
     },
     /// The pod carries the opt-out label.
     PodOptedOut,
+    /// The API server would refuse the pod the injection makes (its pod-level resources cannot
+    /// hold the injected containers): admitted as its author wrote it.
+    WouldBeInvalid {
+        /// What the API server would say, one sentence each.
+        reasons: Vec<String>,
+    },
 }
 
 impl OutOfScope {
@@ -52,6 +58,7 @@ impl OutOfScope {
             OutOfScope::ExcludedNamespace { .. } => "excluded_namespace",
             OutOfScope::NamespaceNotOptedIn { .. } => "namespace_not_opted_in",
             OutOfScope::PodOptedOut => "pod_opted_out",
+            OutOfScope::WouldBeInvalid { .. } => "would_be_invalid",
         }
     }
 }
@@ -74,6 +81,11 @@ impl fmt::Display for OutOfScope {
             OutOfScope::PodOptedOut => {
                 write!(f, "the pod opts out with label {}={}", names::INJECT_LABEL, names::INJECT_DISABLED)
             }
+            OutOfScope::WouldBeInvalid { reasons } => write!(
+                f,
+                "not injected: the API server would refuse the injected pod ({}); the pod is admitted as written",
+                reasons.join("; ")
+            ),
         }
     }
 }

@@ -42,6 +42,10 @@ pub struct InjectionStatus {
     /// Env vars and volume mounts added, per app container.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub app_containers: BTreeMap<String, AppContainerAdditions>,
+    /// What the injection added to the pod-level `spec.resources` the pod sets, so that its
+    /// containers fit (see `pod_resources`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_resources: Option<super::pod_resources::Padding>,
     /// Items a template wanted to add but the pod (or an earlier template) already had.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<Skipped>,

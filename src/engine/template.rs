@@ -55,6 +55,17 @@ impl fmt::Display for TemplateError {
 
 impl std::error::Error for TemplateError {}
 
+/// `podResources`: what a template's containers do to a pod that sets pod-level resources
+/// (`spec.resources`, KEP-2837). A pod without them is untouched either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodResources {
+    /// The injected containers keep their requests and limits, and the pod-level values the pod
+    /// sets grow by what they add (see `pod_resources`): the app keeps its budget.
+    Pad,
+    /// The injected containers lose their requests and limits and run inside the pod's budget.
+    Share,
+}
+
 /// How a template's `sidecars` are added to the pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -332,6 +343,8 @@ pub struct Template {
     pub namespace_selector: Option<TemplateSelector>,
     /// Native or classic sidecars.
     pub sidecar_mode: SidecarMode,
+    /// What the injected containers do to a pod that sets pod-level resources (`podResources`).
+    pub pod_resources: PodResources,
     /// Default values, referenced as `values.<key>`.
     pub values: serde_json::Map<String, Value>,
     /// Values a pod may override by annotation, with what an override must look like.
@@ -410,6 +423,7 @@ impl<'a> Compiler<'a> {
             pod_selector: None,
             namespace_selector: None,
             sidecar_mode: SidecarMode::Auto,
+            pod_resources: PodResources::Pad,
             values: serde_json::Map::new(),
             overridable: Vec::new(),
             pod_choices: PodChoices::default(),
@@ -442,6 +456,17 @@ impl<'a> Compiler<'a> {
                 },
                 "podSelector" => template.pod_selector = self.selector(node, key)?,
                 "namespaceSelector" => template.namespace_selector = self.selector(node, key)?,
+                "podResources" => {
+                    template.pod_resources = match self.plain_string(node, key)?.as_str() {
+                        "pad" => PodResources::Pad,
+                        "share" => PodResources::Share,
+                        other => {
+                            return Err(
+                                self.err(node.line, format!("podResources must be pad or share, not {other:?}"))
+                            );
+                        }
+                    }
+                }
                 "sidecarMode" => {
                     template.sidecar_mode = match self.plain_string(node, key)?.as_str() {
                         "native" => SidecarMode::Native,
@@ -469,7 +494,7 @@ impl<'a> Compiler<'a> {
                     return Err(self.err(
                         *key_line,
                         format!(
-                            "unknown key {other:?} (expected description, default, enforced, podSelector, namespaceSelector, sidecarMode, values, overridable, podChoices, inject)"
+                            "unknown key {other:?} (expected description, default, enforced, podSelector, namespaceSelector, sidecarMode, podResources, values, overridable, podChoices, inject)"
                         ),
                     ));
                 }

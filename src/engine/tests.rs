@@ -909,3 +909,80 @@ fn template_container_targets_select_the_app_containers() {
     let injection = inject(&only_worker, &web_pod());
     assert_eq!(injection.status.app_containers.keys().collect::<Vec<_>>(), vec!["worker"]);
 }
+
+/// A sidecar with requests and limits, for pods that set pod-level resources.
+const BUDGETED: &str = r#"
+default: true
+sidecarMode: native
+inject:
+  sidecars:
+    - name: agent
+      image: agent:1
+      resources: {requests: {cpu: 10m, memory: 32Mi}, limits: {memory: 64Mi}}
+"#;
+
+fn budgeted_pod(app_limit: &str) -> Value {
+    json!({"metadata": {"name": "p", "namespace": "shop"}, "spec": {
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+        "containers": [{"name": "app", "image": "app:1",
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": app_limit}}}]}})
+}
+
+#[test]
+fn pod_level_resources_are_padded_and_recorded_and_taken_back_exactly() {
+    let engine = engine(&[("agent", BUDGETED)]);
+    let pod = budgeted_pod("128Mi");
+    let injection = inject(&engine, &pod);
+    let out = apply(&pod, &injection.patch);
+    assert_eq!(
+        out["spec"]["resources"],
+        json!({"requests": {"cpu": "110m", "memory": "160Mi"}, "limits": {"memory": "320Mi"}})
+    );
+    let padding = injection.status.pod_resources.clone().expect("recorded");
+    assert_eq!(padding.describe(), "requests cpu +10m, memory +32Mi; limits memory +64Mi");
+    assert!(matches!(engine.evaluate(&request(out.clone(), opted_in("shop", &[]))).outcome, Outcome::UpToDate(_)));
+    assert_eq!(validate::strip_injection(&out, &injection.status)["spec"]["resources"], pod["spec"]["resources"]);
+    // A template that no longer adds the sidecar takes the padding back with it.
+    let (set, errors) = engine.templates.update(
+        [TemplateSource { name: "agent".into(), text: "default: true\ninject:\n  labels: {a: b}\n".into() }],
+        &template::InProcess,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let without = Engine::new(set, engine.excluded_namespaces.clone());
+    let Outcome::Inject(taken_back) = without.evaluate(&request(out.clone(), opted_in("shop", &[]))).outcome else {
+        panic!("expected a re-injection")
+    };
+    assert_eq!(apply(&out, &taken_back.patch)["spec"]["resources"], pod["spec"]["resources"]);
+    // A pod without pod-level resources is untouched, and records nothing.
+    let mut plain = pod.clone();
+    plain["spec"].as_object_mut().unwrap().remove("resources");
+    let injection = inject(&engine, &plain);
+    assert_eq!(injection.status.pod_resources, None);
+    assert!(injection.patch.iter().all(|op| !op.path().to_string().starts_with("/spec/resources")));
+}
+
+#[test]
+fn a_pod_the_api_server_would_refuse_after_the_injection_is_left_as_written_or_refused_when_enforced() {
+    // The app's own limit is over the pod's: whatever is padded, the API server refuses the pod.
+    let pod = budgeted_pod("512Mi");
+    let engine_for = |text: &str| engine(&[("agent", text)]);
+    let decision = engine_for(BUDGETED).evaluate(&request(pod.clone(), opted_in("shop", &[])));
+    let Outcome::OutOfScope(reason) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    assert_eq!(reason.code(), "would_be_invalid");
+    assert!(
+        decision
+            .warnings
+            .iter()
+            .any(|w| w
+                .contains("container app's limits[memory] 512Mi must be less than or equal to the pod's limit 320Mi")),
+        "{:?}",
+        decision.warnings
+    );
+    let enforced = BUDGETED.replace("default: true", "default: true\nenforced: true");
+    let decision = engine_for(&enforced).evaluate(&request(pod, opted_in("shop", &[])));
+    let Outcome::Denied(denial) = decision.outcome else { panic!("expected a refusal") };
+    assert!(
+        denial.to_string().contains("template agent is enforced for this pod, but the API server would refuse"),
+        "{denial}"
+    );
+}

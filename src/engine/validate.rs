@@ -272,6 +272,19 @@ fn find_by<'p>(items: Option<&'p Vec<Value>>, key: &str, value: &str) -> Option<
 /// The pod as it was before the injection the status describes.
 pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
     let mut pod = pod.clone();
+    // The pod-level resources as the author wrote them: the padding taken back.
+    if let Some(padding) = &status.pod_resources
+        && let Some(authors) = super::pod_resources::PodLevel::of(&pod).and_then(|now| now.with(padding, -1))
+        && let Some(Value::Object(resources)) = pod.get_mut("spec").and_then(|s| s.get_mut("resources"))
+    {
+        for (field, map) in [("requests", &authors.requests), ("limits", &authors.limits)] {
+            if let Some(Value::Object(values)) = resources.get_mut(field) {
+                for (resource, (text, _)) in map {
+                    values.insert(resource.clone(), Value::String(text.clone()));
+                }
+            }
+        }
+    }
     let retain_unnamed = |list: Option<&mut Value>, names: &[String]| {
         if let Some(Value::Array(items)) = list {
             items

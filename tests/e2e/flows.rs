@@ -456,9 +456,17 @@ pub async fn s24_monitoring_uses_real_api_server_metrics(ctx: &mut Ctx) -> Resul
     let dry_run = kube::api::PostParams { dry_run: true, ..Default::default() };
     ensure!(configmaps.create(&dry_run, &broken).await.is_err(), "the broken template was accepted");
     // A fail-open: a pod while the injector is away (the policy refuses it).
+    // The policy takes a moment to be in effect after the install (this may be the first scenario).
     ctx.stop_injector();
-    let refused =
-        ctx.dry_run_pod("e2e-shop", crate::scenarios::pod("fail-open", json!({"app": "web"}), json!({}))).await;
+    let start = std::time::Instant::now();
+    let refused = loop {
+        let attempt =
+            ctx.dry_run_pod("e2e-shop", crate::scenarios::pod("fail-open", json!({"app": "web"}), json!({}))).await;
+        if attempt.is_err() || start.elapsed() > Duration::from_secs(15) {
+            break attempt;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     ctx.start_injector()?;
     ensure!(refused.is_err(), "a pod was admitted without the injector");
 
@@ -478,5 +486,70 @@ pub async fn s24_monitoring_uses_real_api_server_metrics(ctx: &mut Ctx) -> Resul
     let missing: Vec<&String> = used.iter().filter(|name| !exported.contains(name.as_str())).collect();
     println!("      API server metrics the monitoring uses, all exported: {used:?}");
     ensure!(missing.is_empty(), "the API server exports no {missing:?}");
+    Ok(())
+}
+
+/// Scenario 29: pod-level resources (KEP-2837). A Deployment whose pods set `spec.resources` equal
+/// to what its app requests (Guaranteed) gets its pods, in a namespace with a ResourceQuota: the
+/// log-shipper's requests and limits are added to the pod-level values (the API server refused
+/// every pod before), the pod stays Guaranteed, and the status records the padding.
+pub async fn s29_pod_level_resources(ctx: &mut Ctx) -> Result<()> {
+    let namespace = "e2e-pod-resources";
+    ctx.namespace(namespace, &[("sidecar-injector.io/inject", "enabled")]).await?;
+    kubectl_apply(
+        ctx,
+        namespace,
+        "apiVersion: v1\nkind: ResourceQuota\nmetadata: {name: quota}\nspec:\n  hard: {requests.cpu: \"8\", requests.memory: 8Gi, limits.cpu: \"16\", limits.memory: 16Gi}\n",
+    )?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    kubectl_apply(
+        ctx,
+        namespace,
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: payments}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: payments}}
+  template:
+    metadata: {labels: {app: payments}}
+    spec:
+      resources:
+        requests: {cpu: 200m, memory: 128Mi}
+        limits: {cpu: 200m, memory: 128Mi}
+      containers:
+        - name: app
+          image: registry.example/payments:1
+          resources: {requests: {cpu: 200m, memory: 128Mi}}
+"#,
+    )?;
+    let start = Instant::now();
+    let pod = loop {
+        let pods = ctx.pods(namespace).list(&ListParams::default().labels("app=payments")).await?;
+        if let Some(pod) = pods.items.into_iter().next() {
+            break pod;
+        }
+        let events =
+            ctx.plane.kubectl(&["-n", namespace, "get", "events", "--field-selector", "reason=FailedCreate"])?;
+        ensure!(start.elapsed() < Duration::from_secs(30), "the ReplicaSet made no pod within 30 s: {events}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let status = crate::scenarios::status(&pod).context("not injected")?;
+    let padding = status.pod_resources.clone().context("no padding recorded")?;
+    let resources = serde_json::to_value(pod.spec.as_ref().and_then(|s| s.resources.clone()))?;
+    // The shipped log-shipper: requests cpu 10m, memory 32Mi; limits cpu 200m, memory 64Mi.
+    // Guaranteed pads requests as limits.
+    ensure!(
+        resources
+            == json!({"requests": {"cpu": "400m", "memory": "192Mi"}, "limits": {"cpu": "400m", "memory": "192Mi"}}),
+        "pod-level resources {resources}, padding {padding:?}"
+    );
+    ensure!(
+        pod.status.as_ref().and_then(|s| s.qos_class.as_deref()) == Some("Guaranteed"),
+        "QoS class {:?}",
+        pod.status.as_ref().and_then(|s| s.qos_class.clone())
+    );
+    ctx.plane.kubectl(&["-n", namespace, "delete", "deployment", "payments", "--wait=false"])?;
     Ok(())
 }

@@ -93,6 +93,7 @@ async fn run(root: &Path) -> Result<bool> {
     if ctx.first_ca_bundle.is_empty() {
         bail!("the injector did not create its certificate Secret");
     }
+    scenarios::setup(&mut ctx).await.context("the namespaces every scenario may use")?;
     println!("e2e: injector ready, setup took {:.1} s", setup.elapsed().as_secs_f64());
 
     use flows::*;
@@ -126,6 +127,7 @@ async fn run(root: &Path) -> Result<bool> {
         s26_enforcement_audit,
         s27_events,
         s28_native_by_nodes,
+        s29_pod_level_resources,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,

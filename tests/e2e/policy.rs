@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::scenarios::{Ctx, pod, status};
+use crate::scenarios::{Ctx, api_message, pod, status};
 
 /// A second default template, for these namespaces only: a classic sidecar next to log-shipper's
 /// native one, a volume log-shipper already adds (skipped, owned by log-shipper), overridable
@@ -47,11 +47,13 @@ const THROUGH_POLICY: &str = "e2e-pm-policy";
 
 /// The pods of the comparison: (case, pod). The same bodies go to both namespaces.
 fn cases() -> Vec<(&'static str, Value)> {
+    // The pod's own label and mount path stand (a same-named volume of its own is the webhook's
+    // alone: see `displaced_volume`).
     let mut conflicts =
         pod("conflicts", json!({"app": "web", "logging.sidecar-injector.io/shipper": "mine"}), json!({}));
-    conflicts["spec"]["volumes"] = json!([{"name": "app-logs", "emptyDir": {}}]);
+    conflicts["spec"]["volumes"] = json!([{"name": "own-logs", "emptyDir": {}}]);
     conflicts["spec"]["containers"] = json!([
-        {"name": "app", "image": "registry.example/app:1", "volumeMounts": [{"name": "app-logs", "mountPath": "/var/log/app"}]},
+        {"name": "app", "image": "registry.example/app:1", "volumeMounts": [{"name": "own-logs", "mountPath": "/var/log/app"}]},
         {"name": "aux", "image": "registry.example/aux:1"},
     ]);
     let mut generated = pod("unused", json!({"app": "web"}), json!({}));
@@ -235,6 +237,15 @@ pub async fn s23_policy_mode(ctx: &mut Ctx) -> Result<()> {
                 .push((case, ctx.create_pod(THROUGH_POLICY, body).await.with_context(|| format!("{case}: policy"))?));
         }
         policy_pods.push(("a Job's pod", job_pod(ctx, THROUGH_POLICY).await?));
+        // A pod whose own volume has the name of one a template mounts: what that template would
+        // mount is displaced (`inject`), which only the webhook decides; with it down, the
+        // injection policy refuses the pod.
+        let mut displaced_volume = pod("displaced-volume", json!({"app": "web"}), json!({}));
+        displaced_volume["spec"]["volumes"] = json!([{"name": "app-logs", "hostPath": {"path": "/"}}]);
+        match ctx.create_pod(THROUGH_POLICY, displaced_volume).await {
+            Err(error) if api_message(&error).contains("sidecar injection did not happen") => {}
+            other => bail!("a pod with its own app-logs volume was not left to the webhook: {other:?}"),
+        }
         anyhow::Ok(policy_pods)
     }
     .await;
@@ -253,9 +264,9 @@ pub async fn s23_policy_mode(ctx: &mut Ctx) -> Result<()> {
         ensure!(status(through_policy).is_some_and(|s| !s.templates.is_empty()), "{case}: the policy did not inject");
         let owners: Vec<String> =
             status(through_policy).map(|s| s.skipped.into_iter().map(|k| k.owner).collect()).unwrap_or_default();
-        // The volume both templates add is log-shipper's, unless the pod has its own.
+        // The volume both templates add is log-shipper's; only the conflicts case has items of its own.
         let own = case.starts_with("conflicts");
-        ensure!(owners.contains(&"template:log-shipper".to_owned()) != own, "{case}: skips {owners:?}");
+        ensure!(owners.contains(&"template:log-shipper".to_owned()), "{case}: skips {owners:?}");
         ensure!(owners.contains(&"pod".to_owned()) == own, "{case}: skips {owners:?}");
         let (a, b) = (comparable(through_webhook, THROUGH_WEBHOOK), comparable(through_policy, THROUGH_POLICY));
         if let Some(difference) = first_difference(&a, &b, "pod") {

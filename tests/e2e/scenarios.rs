@@ -155,10 +155,17 @@ pub async fn s01_overlay_accepted(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
+/// What the scenarios share, made once before any of them runs so that any selection passes: the
+/// opted-in namespace `e2e-shop`, with the webhook injecting there, and the plain `e2e-plain`.
+pub async fn setup(ctx: &mut Ctx) -> Result<()> {
+    ctx.namespace("e2e-shop", &[("sidecar-injector.io/inject", "enabled")]).await?;
+    ctx.namespace("e2e-plain", &[]).await?;
+    wait_for_injection(ctx, "e2e-shop").await?;
+    Ok(())
+}
+
 /// Scenario 2: A pod in an opted-in namespace is stored injected.
 pub async fn s02_pod_injected(ctx: &mut Ctx) -> Result<()> {
-    ctx.namespace("e2e-shop", &[("sidecar-injector.io/inject", "enabled")]).await?;
-    wait_for_injection(ctx, "e2e-shop").await?;
     let calls_before = mutate_calls(ctx)?;
     let stored = ctx.create_pod("e2e-shop", pod("web", json!({"app": "web"}), json!({}))).await?;
     // The sidecar gets the API-token mount the ServiceAccount plugin would add after the webhooks,
@@ -196,7 +203,6 @@ pub async fn s02_pod_injected(ctx: &mut Ctx) -> Result<()> {
 
 /// Scenario 3: Pods outside the injection's scope are stored untouched.
 pub async fn s03_untouched(ctx: &mut Ctx) -> Result<()> {
-    ctx.namespace("e2e-plain", &[]).await?;
     let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}}))?;
     let _ = Api::<ServiceAccount>::namespaced(ctx.client.clone(), "kube-system")
         .create(&PostParams::default(), &account)
@@ -583,12 +589,17 @@ pub async fn s13_explain_cluster(ctx: &mut Ctx) -> Result<()> {
         "{opted_in:#}"
     );
 
-    let existing = explain(ctx, &["--namespace", "e2e-shop", "pod/web"])?;
+    // Pods of its own: an injected one, and one that opts out.
+    ctx.create_pod("e2e-shop", pod("explain-web", json!({"app": "web"}), json!({}))).await?;
+    let opted_out_pod =
+        pod("explain-opted-out", json!({"app": "web", "sidecar-injector.io/inject": "disabled"}), json!({}));
+    ctx.create_pod("e2e-shop", opted_out_pod).await?;
+    let existing = explain(ctx, &["--namespace", "e2e-shop", "pod/explain-web"])?;
     ensure!(existing["existingPod"]["injected"] == true, "{existing:#}");
 
     // An opted-out pod still reaches the injector (through the entry for opted-out pods, which
     // only enforced templates use); the injector's decision says why nothing is injected.
-    let opted_out = explain(ctx, &["--namespace", "e2e-shop", "pod/opted-out"])?;
+    let opted_out = explain(ctx, &["--namespace", "e2e-shop", "pod/explain-opted-out"])?;
     ensure!(
         opted_out["wouldInject"] == false
             && opted_out["firstFailingRule"]["rule"] == "templates"

@@ -231,8 +231,7 @@ pub fn n1_install(ctx: &mut Ctx) -> Result<()> {
         .replace("        imagePullPolicy: Never\n", "");
     ensure!(ours_as_shipped == shipped, "deploy/overlays/node-e2e changes more than the image");
 
-    // `setup` applied it; applying it again changes nothing.
-    ctx.kubectl(&["apply", "-k", "deploy/overlays/node-e2e"])?;
+    // The suite's `setup` installed it with `kubectl apply -k deploy/overlays/node-e2e`.
     ctx.kubectl(&["-n", INJECTOR_NS, "rollout", "status", "deployment/sidecar-injector", "--timeout=180s"])?;
     let enforce = ctx.kubectl(&[
         "get",

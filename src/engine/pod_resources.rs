@@ -1,0 +1,512 @@
+//! Pod-level resources (KEP-2837, on by default since Kubernetes 1.34): a pod may set
+//! `spec.resources`, and the API server then requires the containers' aggregate requests to fit
+//! the pod's requests, and each container's limits to stay within the pod's limits. An injected
+//! sidecar with requests of its own would make such a pod invalid (a Deployment whose every pod
+//! create is refused after our patch), or take its share out of the app's budget unseen.
+//!
+//! So the injection **pads** the pod-level values the pod sets by what its containers add, counted
+//! as Kubernetes counts them ([`aggregate`]: containers and native sidecars add up, an init
+//! container that runs to completion counts by the largest one at a time), and records the
+//! padding in the status so that strip and re-injection give back exactly the author's values.
+//! Only the resources the pod sets are padded; a pod without `spec.resources` is untouched. A pod
+//! whose pod-level requests equal its limits for a resource (Guaranteed) gets the same padding on
+//! both, so it stays Guaranteed; limits grow at least as much as requests, so requests never
+//! exceed limits.
+//!
+//! Before answering, [`violations`] checks the padded pod against the API server's rules for
+//! pod-level resources: a pod we would make invalid is left as its author wrote it.
+//!
+//! Quantities are exact: parsed to nano-units in an `i128` (`Ei` is 2^60, times 10^9, fits), and
+//! written back in the suffix family the author used.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// What an injection added to the pod's `spec.resources`: per resource name, the quantity added.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Padding {
+    /// Added to `spec.resources.requests`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, String>,
+    /// Added to `spec.resources.limits`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, String>,
+}
+
+impl Padding {
+    /// Whether nothing was added.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty() && self.limits.is_empty()
+    }
+
+    /// In words, for `explain`: `requests cpu +10m, memory +32Mi; limits memory +64Mi`.
+    pub fn describe(&self) -> String {
+        let part = |field: &str, map: &BTreeMap<String, String>| {
+            (!map.is_empty()).then(|| {
+                format!("{field} {}", map.iter().map(|(k, v)| format!("{k} +{v}")).collect::<Vec<_>>().join(", "))
+            })
+        };
+        [part("requests", &self.requests), part("limits", &self.limits)]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+/// Which list of `spec.resources`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    /// `requests` (a container without a request for a resource is defaulted to its limit).
+    Requests,
+    /// `limits`.
+    Limits,
+}
+
+impl Field {
+    fn key(self) -> &'static str {
+        match self {
+            Field::Requests => "requests",
+            Field::Limits => "limits",
+        }
+    }
+}
+
+/// A container's quantity of `resource`, in nano-units (0 when it sets none or an unreadable one).
+fn container_quantity(container: &Value, resource: &str, field: Field) -> i128 {
+    let resources = container.get("resources");
+    let of = |key: &str| resources.and_then(|r| r.get(key)).and_then(|m| m.get(resource)).and_then(Value::as_str);
+    let text = match field {
+        Field::Requests => of("requests").or_else(|| of("limits")),
+        Field::Limits => of("limits"),
+    };
+    text.and_then(parse).unwrap_or(0)
+}
+
+/// The pod's aggregate of `resource` as Kubernetes computes it for scheduling and for the
+/// pod-level check: app containers and native sidecars (`restartPolicy: Always`) add up; an init
+/// container that runs to completion needs its own quantity plus the sidecars started before it,
+/// and only the largest such moment counts.
+pub fn aggregate(init_containers: &[&Value], containers: &[&Value], resource: &str, field: Field) -> i128 {
+    let mut sum: i128 = containers.iter().map(|c| container_quantity(c, resource, field)).sum();
+    let (mut sidecars, mut init_peak) = (0i128, 0i128);
+    for init in init_containers {
+        let own = container_quantity(init, resource, field);
+        let at_start = if init.get("restartPolicy").and_then(Value::as_str) == Some("Always") {
+            sum += own;
+            sidecars += own;
+            sidecars
+        } else {
+            own + sidecars
+        };
+        init_peak = init_peak.max(at_start);
+    }
+    sum.max(init_peak)
+}
+
+/// The pod-level values a pod sets: per field, resource name → (text, nano-units). `None` when the
+/// pod sets no `spec.resources` requests or limits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodLevel {
+    /// `spec.resources.requests`.
+    pub requests: BTreeMap<String, (String, i128)>,
+    /// `spec.resources.limits`.
+    pub limits: BTreeMap<String, (String, i128)>,
+}
+
+impl PodLevel {
+    /// Reads `spec.resources` (quantities that do not parse are left alone: never padded).
+    pub fn of(pod: &Value) -> Option<PodLevel> {
+        let resources = pod.get("spec")?.get("resources")?;
+        let read = |field: Field| -> BTreeMap<String, (String, i128)> {
+            resources
+                .get(field.key())
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, v)| {
+                    let text = v.as_str()?;
+                    Some((k.clone(), (text.to_owned(), parse(text)?)))
+                })
+                .collect()
+        };
+        let level = PodLevel { requests: read(Field::Requests), limits: read(Field::Limits) };
+        (!level.requests.is_empty() || !level.limits.is_empty()).then_some(level)
+    }
+
+    fn field(&self, field: Field) -> &BTreeMap<String, (String, i128)> {
+        match field {
+            Field::Requests => &self.requests,
+            Field::Limits => &self.limits,
+        }
+    }
+
+    fn field_mut(&mut self, field: Field) -> &mut BTreeMap<String, (String, i128)> {
+        match field {
+            Field::Requests => &mut self.requests,
+            Field::Limits => &mut self.limits,
+        }
+    }
+
+    /// These values with `padding` taken away (`sign` -1) or added (`sign` 1); `None` when a
+    /// padded resource is not set, or would go below zero (a padding that does not fit the pod).
+    pub fn with(&self, padding: &Padding, sign: i128) -> Option<PodLevel> {
+        let mut out = self.clone();
+        for (field, map) in [(Field::Requests, &padding.requests), (Field::Limits, &padding.limits)] {
+            for (resource, amount) in map {
+                let amount = parse(amount)?;
+                let (text, value) = out.field_mut(field).get_mut(resource)?;
+                let new = *value + sign * amount;
+                if new < 0 {
+                    return None;
+                }
+                *text = format(new, text);
+                *value = new;
+            }
+        }
+        Some(out)
+    }
+}
+
+/// The containers of a pod: init containers (in order) and app containers.
+pub type Containers<'a> = (Vec<&'a Value>, Vec<&'a Value>);
+
+/// What to add to the author's pod-level values (`author`) when the pod's containers go from
+/// `before` (the author's) to `after` (with the injected ones).
+pub fn padding(author: &PodLevel, before: &Containers<'_>, after: &Containers<'_>) -> Padding {
+    let grows = |resource: &str, field: Field| {
+        let then = aggregate(&before.0, &before.1, resource, field);
+        let now = aggregate(&after.0, &after.1, resource, field);
+        (now - then).max(0)
+    };
+    let mut padding = Padding::default();
+    for (resource, (text, value)) in &author.requests {
+        let mut amount = grows(resource, Field::Requests);
+        // Guaranteed stays Guaranteed: requests padded as the limit is.
+        if author.limits.get(resource).is_some_and(|(_, limit)| limit == value) {
+            amount = amount.max(grows(resource, Field::Limits));
+        }
+        if amount > 0 {
+            padding.requests.insert(resource.clone(), format(amount, text));
+        }
+    }
+    for (resource, (text, _)) in &author.limits {
+        // At least what the requests grow by, so requests never exceed limits.
+        let amount = grows(resource, Field::Limits).max(grows(resource, Field::Requests));
+        if amount > 0 {
+            padding.limits.insert(resource.clone(), format(amount, text));
+        }
+    }
+    padding
+}
+
+/// Whether `claimed` (a status annotation's padding) is exactly what the pod's injected
+/// containers (`injected_init`, `injected`: the names proven to be the injector's) account for:
+/// only then may it be taken back. A claim is the pod author's word otherwise, and taking it
+/// back would rewrite values the author wrote.
+pub fn proves(pod: &Value, claimed: &Padding, injected_init: &[String], injected: &[String]) -> bool {
+    let Some(now) = PodLevel::of(pod) else { return false };
+    let Some(authors) = now.with(claimed, -1) else { return false };
+    let list = |field: &str| -> Vec<&Value> {
+        pod.get("spec").and_then(|s| s.get(field)).and_then(Value::as_array).into_iter().flatten().collect()
+    };
+    let (init, containers) = (list("initContainers"), list("containers"));
+    fn author_only<'p>(items: &[&'p Value], names: &[String]) -> Vec<&'p Value> {
+        let named = |c: &Value| c.get("name").and_then(Value::as_str).is_some_and(|n| names.iter().any(|x| x == n));
+        items.iter().copied().filter(|c| !named(c)).collect()
+    }
+    let before: Containers = (author_only(&init, injected_init), author_only(&containers, injected));
+    let recomputed = padding(&authors, &before, &(init, containers));
+    // The amounts compared as quantities, not as text.
+    let same = |a: &BTreeMap<String, String>, b: &BTreeMap<String, String>| {
+        a.len() == b.len()
+            && a.iter().all(|(k, v)| b.get(k).is_some_and(|w| parse(v).is_some() && parse(v) == parse(w)))
+    };
+    same(&recomputed.requests, &claimed.requests) && same(&recomputed.limits, &claimed.limits)
+}
+
+/// What the API server would refuse in a pod with these pod-level values and containers, one
+/// sentence each, in its own words where it has them.
+pub fn violations(level: &PodLevel, containers: &Containers<'_>) -> Vec<String> {
+    let mut found = Vec::new();
+    for (resource, (text, value)) in &level.requests {
+        let needed = aggregate(&containers.0, &containers.1, resource, Field::Requests);
+        if needed > *value {
+            found.push(format!(
+                "spec.resources.requests[{resource}] {text} must be greater than or equal to aggregate container requests of {}",
+                format(needed, text)
+            ));
+        }
+        if let Some((limit_text, limit)) = level.limits.get(resource)
+            && value > limit
+        {
+            found.push(format!(
+                "spec.resources.requests[{resource}] {text} must be less than or equal to the pod's limit {limit_text}"
+            ));
+        }
+    }
+    for (resource, (text, value)) in &level.limits {
+        for container in containers.0.iter().chain(&containers.1) {
+            let own = container_quantity(container, resource, Field::Limits);
+            if own > *value {
+                let name = container.get("name").and_then(Value::as_str).unwrap_or_default();
+                found.push(format!(
+                    "container {name}'s limits[{resource}] {} must be less than or equal to the pod's limit {text}",
+                    format(own, text)
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// The JSON Patch path of a pod-level quantity.
+pub fn path(field: Field, resource: &str) -> String {
+    format!("/spec/resources/{}/{}", field.key(), resource.replace('~', "~0").replace('/', "~1"))
+}
+
+/// The pod-level values that differ between `from` and `to`: (field, resource, new text).
+pub fn changes<'a>(from: &'a PodLevel, to: &'a PodLevel) -> Vec<(Field, &'a str, &'a str)> {
+    [Field::Requests, Field::Limits]
+        .into_iter()
+        .flat_map(|field| {
+            to.field(field).iter().filter_map(move |(resource, (text, value))| {
+                (from.field(field).get(resource).map(|(_, v)| v) != Some(value)).then_some((
+                    field,
+                    resource.as_str(),
+                    text.as_str(),
+                ))
+            })
+        })
+        .collect()
+}
+
+const NANO: i128 = 1_000_000_000;
+
+/// A Kubernetes quantity in nano-units (`100m` is 100,000,000): a signed decimal number and a
+/// binary (`Ki`..`Ei`), decimal (`n`, `u`, `m`, `k`..`E`) or exponent (`e3`) suffix; rounded up to
+/// a nano-unit, as Kubernetes rounds. `None` for anything else, or too large.
+pub fn parse(text: &str) -> Option<i128> {
+    let text = text.trim();
+    if text.is_empty() || text.len() > 40 {
+        return None;
+    }
+    let (negative, rest) = match text.as_bytes()[0] {
+        b'-' => (true, &text[1..]),
+        b'+' => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+    let (number, suffix) = rest.split_at(number_end);
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+        return None;
+    }
+    let digits = format!("{whole}{fraction}");
+    let mantissa: i128 = digits.parse().ok()?;
+    let scale = i32::try_from(fraction.len()).ok()?;
+    // The suffix as (multiplier, power of ten), applied to nano-units.
+    let (multiplier, power): (i128, i32) = match suffix {
+        "" => (1, 0),
+        "n" => (1, -9),
+        "u" => (1, -6),
+        "m" => (1, -3),
+        "k" => (1, 3),
+        "M" => (1, 6),
+        "G" => (1, 9),
+        "T" => (1, 12),
+        "P" => (1, 15),
+        "E" => (1, 18),
+        "Ki" => (1 << 10, 0),
+        "Mi" => (1 << 20, 0),
+        "Gi" => (1 << 30, 0),
+        "Ti" => (1 << 40, 0),
+        "Pi" => (1 << 50, 0),
+        "Ei" => (1 << 60, 0),
+        exponent if exponent.starts_with(['e', 'E']) => {
+            (1, exponent[1..].parse::<i32>().ok().filter(|e| e.abs() <= 30)?)
+        }
+        _ => return None,
+    };
+    // value = mantissa * multiplier * 10^(power - scale) units = that * 10^9 nano-units.
+    let exponent = power - scale + 9;
+    let scaled = mantissa.checked_mul(multiplier)?;
+    let nanos = if exponent >= 0 {
+        scaled.checked_mul(10i128.checked_pow(u32::try_from(exponent).ok()?)?)?
+    } else {
+        let divisor = 10i128.checked_pow(u32::try_from(-exponent).ok()?)?;
+        (scaled + divisor - 1) / divisor
+    };
+    Some(if negative { -nanos } else { nanos })
+}
+
+/// Writes nano-units as a quantity in the suffix family of `like` (binary `Mi`-style, decimal
+/// `M`-style, or plain), in the largest unit that keeps it exact; fractions as `m`, `u` or `n`.
+pub fn format(nanos: i128, like: &str) -> String {
+    let sign = if nanos < 0 { "-" } else { "" };
+    let nanos = nanos.abs();
+    if nanos % NANO != 0 {
+        let (divisor, suffix) =
+            [(1_000_000, "m"), (1_000, "u"), (1, "n")].into_iter().find(|(d, _)| nanos % d == 0).unwrap_or((1, "n"));
+        return format!("{sign}{}{suffix}", nanos / divisor);
+    }
+    let units = nanos / NANO;
+    let binary = like.trim_end().ends_with('i');
+    let decimal = like.trim_end().ends_with(['k', 'M', 'G', 'T', 'P', 'E']);
+    let families: &[(i128, &str)] = match (binary, decimal) {
+        (true, _) => {
+            &[(1 << 60, "Ei"), (1 << 50, "Pi"), (1 << 40, "Ti"), (1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki")]
+        }
+        (_, true) => &[
+            (1_000_000_000_000_000_000, "E"),
+            (1_000_000_000_000_000, "P"),
+            (1_000_000_000_000, "T"),
+            (1_000_000_000, "G"),
+            (1_000_000, "M"),
+            (1_000, "k"),
+        ],
+        _ => &[],
+    };
+    match families.iter().find(|(unit, _)| units != 0 && units % unit == 0) {
+        Some((unit, suffix)) => format!("{sign}{}{suffix}", units / unit),
+        None => format!("{sign}{units}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn quantities_parse_exactly_and_write_back_in_the_authors_family() {
+        // (text, nano-units)
+        let cases: [(&str, i128); 12] = [
+            ("200m", 200_000_000),
+            ("1", NANO),
+            ("1.5", 1_500_000_000),
+            ("128Mi", 128 * (1 << 20) * NANO),
+            ("1Gi", (1 << 30) * NANO),
+            ("2k", 2_000 * NANO),
+            ("1e3", 1_000 * NANO),
+            ("1E", 1_000_000_000_000_000_000 * NANO),
+            ("0.1m", 100_000),
+            ("1n", 1),
+            ("+5", 5 * NANO),
+            ("-1m", -1_000_000),
+        ];
+        for (text, nanos) in cases {
+            assert_eq!(parse(text), Some(nanos), "{text}");
+        }
+        for bad in ["", "m", "1.2.3", "1Xi", "1e99", "abc", "1 Mi", "1ki"] {
+            assert_eq!(parse(bad), None, "{bad}");
+        }
+        // (nano-units, written like, text)
+        let written = [
+            (160 * (1 << 20) * NANO, "128Mi", "160Mi"),
+            (2 * (1 << 30) * NANO, "1Gi", "2Gi"),
+            (210_000_000, "200m", "210m"),
+            (2 * NANO, "1", "2"),
+            (1_500 * NANO, "1k", "1500"),
+            (3_000_000 * NANO, "1M", "3M"),
+            (100_000, "1", "100u"),
+            (0, "1Mi", "0"),
+        ];
+        for (nanos, like, text) in written {
+            assert_eq!(format(nanos, like), text, "{nanos} like {like}");
+            assert_eq!(parse(text), Some(nanos));
+        }
+    }
+
+    fn container(name: &str, requests: Value, limits: Value, native: bool) -> Value {
+        let mut c = json!({"name": name, "resources": {"requests": requests, "limits": limits}});
+        if native {
+            c["restartPolicy"] = json!("Always");
+        }
+        c
+    }
+
+    #[test]
+    fn the_aggregate_is_what_kubernetes_counts() {
+        let app = container("app", json!({"memory": "100Mi"}), json!({}), false);
+        let sidecar = container("proxy", json!({"memory": "20Mi"}), json!({}), true);
+        let big_init = container("migrate", json!({"memory": "500Mi"}), json!({}), false);
+        let small_init = container("wait", json!({"memory": "10Mi"}), json!({}), false);
+        let limit_only = container("agent", json!({}), json!({"memory": "30Mi"}), false);
+        let mi = |n: i128| n * (1 << 20) * NANO;
+        // (init containers, containers, aggregate memory requests)
+        let cases: Vec<(Vec<&Value>, Vec<&Value>, i128)> = vec![
+            (vec![], vec![&app], mi(100)),
+            (vec![&sidecar], vec![&app], mi(120)),
+            (vec![&small_init], vec![&app], mi(100)),
+            (vec![&big_init], vec![&app], mi(500)),
+            (vec![&sidecar, &big_init], vec![&app], mi(520)),
+            (vec![&big_init, &sidecar], vec![&app], mi(500)),
+            (vec![], vec![&app, &limit_only], mi(130)),
+        ];
+        for (init, containers, expected) in cases {
+            assert_eq!(aggregate(&init, &containers, "memory", Field::Requests), expected, "{init:?} {containers:?}");
+        }
+        assert_eq!(aggregate(&[], &[&app, &limit_only], "memory", Field::Limits), mi(30));
+    }
+
+    #[test]
+    fn padding_keeps_the_apps_budget_the_qos_class_and_a_valid_pod() {
+        let pod = |resources: Value, app: Value| json!({"spec": {"resources": resources, "containers": [app]}});
+        let app = container("app", json!({"cpu": "200m", "memory": "128Mi"}), json!({}), false);
+        let shipper =
+            container("log-shipper", json!({"cpu": "10m", "memory": "32Mi"}), json!({"memory": "64Mi"}), true);
+        let guaranteed =
+            json!({"requests": {"cpu": "200m", "memory": "128Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}});
+        let limits_only = json!({"requests": {"cpu": "200m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}});
+        // (pod-level resources, padding, the padded values)
+        let cases = [
+            (
+                guaranteed,
+                json!({"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"cpu": "10m", "memory": "64Mi"}}),
+                json!({"requests": {"cpu": "210m", "memory": "192Mi"}, "limits": {"cpu": "210m", "memory": "192Mi"}}),
+            ),
+            (
+                limits_only,
+                json!({"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}),
+                json!({"requests": {"cpu": "210m", "memory": "160Mi"}, "limits": {"memory": "320Mi"}}),
+            ),
+        ];
+        for (resources, expected, padded) in cases {
+            let pod = pod(resources.clone(), app.clone());
+            let author = PodLevel::of(&pod).unwrap();
+            let before: Containers = (vec![], vec![&app]);
+            let after: Containers = (vec![&shipper], vec![&app]);
+            assert!(!violations(&author, &after).is_empty(), "unpadded, the pod is invalid: {resources}");
+            let padding = padding(&author, &before, &after);
+            assert_eq!(serde_json::to_value(&padding).unwrap(), expected, "{resources}");
+            let now = author.with(&padding, 1).unwrap();
+            let texts = |field: &BTreeMap<String, (String, i128)>| -> Value {
+                field.iter().map(|(k, (t, _))| (k.clone(), Value::from(t.as_str()))).collect()
+            };
+            assert_eq!(json!({"requests": texts(&now.requests), "limits": texts(&now.limits)}), padded);
+            assert_eq!(violations(&now, &after), Vec::<String>::new(), "{resources}");
+            assert_eq!(now.with(&padding, -1).unwrap(), author, "taking the padding back gives the author's values");
+        }
+        assert_eq!(PodLevel::of(&json!({"spec": {"containers": []}})), None);
+    }
+
+    #[test]
+    fn violations_say_what_the_api_server_would_refuse() {
+        let app = container("app", json!({"memory": "128Mi"}), json!({}), false);
+        let greedy = container("greedy", json!({}), json!({"memory": "1Gi"}), true);
+        let pod = json!({"spec": {"resources": {"requests": {"memory": "128Mi"}, "limits": {"memory": "512Mi"}}}});
+        let level = PodLevel::of(&pod).unwrap();
+        let found = violations(&level, &(vec![&greedy], vec![&app]));
+        assert_eq!(
+            found,
+            vec![
+                "spec.resources.requests[memory] 128Mi must be greater than or equal to aggregate container requests of 1152Mi",
+                "container greedy's limits[memory] 1Gi must be less than or equal to the pod's limit 512Mi",
+            ]
+        );
+    }
+}
