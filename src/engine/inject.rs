@@ -465,8 +465,9 @@ pub fn plan(
             }
         }
     }
-    // Pod-level resources the pod sets grow by what the injected containers add to them.
-    let pod_level = {
+    // Pod-level resources the pod sets grow by what the injected containers add to them (most
+    // pods set none: nothing is computed for them).
+    let pod_level = pod_resources::PodLevel::of(pod).and_then(|now| {
         let author: pod_resources::Containers = (
             staying(init_containers, &removed_init, &kept.init_containers, true),
             staying(Some(containers), &removed_containers, &kept.containers, true),
@@ -476,8 +477,8 @@ pub fn plan(
             staying(Some(containers), &removed_containers, &[], false),
         );
         after.1.extend(new_containers.iter());
-        resize_pod_level(pod, previous.pod_resources.as_ref().or(kept.pod_resources.as_ref()), &author, &after)
-    };
+        resize_pod_level(now, previous.pod_resources.as_ref().or(kept.pod_resources.as_ref()), &author, &after)
+    });
     let mut pod_level_ops = Vec::new();
     let mut invalid = Vec::new();
     match pod_level {
@@ -613,17 +614,16 @@ fn staying<'p>(
         .collect()
 }
 
-/// For a pod that sets pod-level resources: its values now, the values padded for the injected
-/// containers, and the padding; or what the API server would refuse in the padded pod.
+/// For a pod that sets pod-level resources (`now`): its values now, the values padded for the
+/// injected containers, and the padding; or what the API server would refuse in the padded pod.
 /// `earlier`: the padding of an earlier injection (proven by `ownership`), taken back first;
 /// `author`: the pod's containers without any injected one; `after`: with the injection's.
 fn resize_pod_level(
-    pod: &Value,
+    now: pod_resources::PodLevel,
     earlier: Option<&pod_resources::Padding>,
     author: &pod_resources::Containers<'_>,
     after: &pod_resources::Containers<'_>,
 ) -> Option<Result<(pod_resources::PodLevel, pod_resources::PodLevel, pod_resources::Padding), Vec<String>>> {
-    let now = pod_resources::PodLevel::of(pod)?;
     let authors = match earlier {
         Some(padding) => now.with(padding, -1)?,
         None => now.clone(),

@@ -184,6 +184,7 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
         ("n3_jobs_complete", n3_jobs_complete),
         ("n9_env_merge", n9_env_merge),
         ("n10_native_by_nodes", n10_native_by_nodes),
+        ("n11_pod_level_resources", n11_pod_level_resources),
         ("n4_drift_restart", n4_drift_restart),
         ("n5_injector_down", n5_injector_down),
         ("n6_attacks_on_the_pod", n6_attacks_on_the_pod),

@@ -180,10 +180,20 @@ impl Ctx {
 
 /// A file of the memory cgroup a process is in, as a number.
 fn memory_cgroup(pid: u32, file: &str) -> Result<u64> {
+    memory_cgroup_up(pid, 0, file)
+}
+
+/// A file of the memory cgroup `levels` above the one a process is in (1: a container's pod), as
+/// a number.
+fn memory_cgroup_up(pid: u32, levels: usize, file: &str) -> Result<u64> {
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
     let path =
         cgroup.lines().find_map(|l| l.split_once(":memory:")).map(|(_, p)| p.to_owned()).context("no memory cgroup")?;
-    let text = std::fs::read_to_string(format!("/sys/fs/cgroup/memory{path}/{file}"))?;
+    let mut dir = std::path::PathBuf::from(format!("/sys/fs/cgroup/memory{path}"));
+    for _ in 0..levels {
+        dir.pop();
+    }
+    let text = std::fs::read_to_string(dir.join(file)).with_context(|| format!("{}/{file}", dir.display()))?;
     Ok(text.trim().parse()?)
 }
 
@@ -693,6 +703,50 @@ status:
     );
     ctx.kubectl(&["-n", SHOP, "delete", "pod", "anywhere", "pinned", "--wait=false"])?;
     ctx.kubectl(&["delete", "node", "upgrade-pending"])?;
+    Ok(())
+}
+
+/// 11. Pod-level resources (KEP-2837) on the real kubelet: a Guaranteed pod whose `spec.resources`
+///     equal what its app requests (the API server refused it after an unpadded injection) gets
+///     the log-shipper padded in, runs with the sidecar, and its pod cgroup carries the padded
+///     memory limit.
+pub fn n11_pod_level_resources(ctx: &mut Ctx) -> Result<()> {
+    ctx.apply(&format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: budgeted, namespace: {SHOP}, annotations: {{sidecar-injector.io/templates: log-shipper}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  resources:
+    requests: {{cpu: 200m, memory: 128Mi}}
+    limits: {{cpu: 200m, memory: 128Mi}}
+  containers:
+    - name: app
+      image: {BUSYBOX}
+      imagePullPolicy: Never
+      resources: {{requests: {{cpu: 200m, memory: 128Mi}}}}
+      command: [/bin/sh, -c, 'trap "exit 0" TERM; while true; do sleep 1; done']
+"#
+    ))?;
+    ctx.kubectl(&["-n", SHOP, "wait", "--for=condition=Ready", "pod/budgeted", "--timeout=90s"])?;
+    let pod = ctx.json(&["-n", SHOP, "get", "pod", "budgeted"])?;
+    // The shipped log-shipper: requests 10m/32Mi, limits 200m/64Mi; Guaranteed pads both alike.
+    let limits = &pod["spec"]["resources"]["limits"];
+    ensure!(limits["memory"] == "192Mi" && limits["cpu"] == "400m", "pod-level limits {limits}");
+    ensure!(pod["status"]["qosClass"] == "Guaranteed", "QoS class {}", pod["status"]["qosClass"]);
+    let sidecar = pod["status"]["initContainerStatuses"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == "log-shipper"))
+        .context("no log-shipper status")?;
+    ensure!(sidecar["state"]["running"].is_object(), "the log-shipper is not running: {sidecar}");
+    let app = pod["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == "app"))
+        .context("no app status")?;
+    let pid = ctx.container_pid(app["containerID"].as_str().unwrap_or_default())?;
+    let limit = memory_cgroup_up(pid, 1, "memory.limit_in_bytes")?;
+    ensure!(limit == 192 << 20, "the pod cgroup's memory limit is {limit} bytes, not the padded 192Mi");
+    ctx.kubectl(&["-n", SHOP, "delete", "pod", "budgeted", "--wait=false"])?;
     Ok(())
 }
 
