@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, bail};
 
 use controlplane::ControlPlane;
 use node::Node;
@@ -209,12 +209,19 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
             continue;
         }
         let started = Instant::now();
-        let outcome = scenario(&mut ctx).and_then(|()| {
-            let pulls: Vec<String> = pull_attempts(&ctx)?.into_iter().filter(|p| !pulls_seen.contains(p)).collect();
-            pulls_seen.extend(pulls.iter().cloned());
-            ensure!(pulls.is_empty(), "the kubelet tried to pull images:\n    {}", pulls.join("\n    "));
-            Ok(())
-        });
+        // Read after every scenario, passed or failed, so a failed one's pulls are never blamed
+        // on the next.
+        let outcome = scenario(&mut ctx);
+        let pulls: Vec<String> =
+            pull_attempts(&ctx).unwrap_or_default().into_iter().filter(|p| !pulls_seen.contains(p)).collect();
+        pulls_seen.extend(pulls.iter().cloned());
+        let outcome = match (outcome, pulls.is_empty()) {
+            (outcome, true) => outcome,
+            (Ok(()), false) => Err(anyhow::anyhow!("the kubelet tried to pull images:\n    {}", pulls.join("\n    "))),
+            (Err(error), false) => {
+                Err(error.context(format!("the kubelet tried to pull images: {}", pulls.join("; "))))
+            }
+        };
         match outcome {
             Ok(()) => {
                 passed += 1;
