@@ -409,13 +409,7 @@ spec:
     every_container_has_requests_and_limits(&stored)?;
 
     let namespace = "e2e-quota-only";
-    ctx.namespace(namespace, &[("sidecar-injector.io/inject", "enabled")]).await?;
-    kubectl_apply(
-        ctx,
-        namespace,
-        "apiVersion: v1\nkind: ResourceQuota\nmetadata: {name: quota}\nspec:\n  hard: {requests.cpu: \"8\", requests.memory: 8Gi, limits.cpu: \"16\", limits.memory: 16Gi}\n",
-    )?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    opted_in_with_quota(ctx, namespace).await?;
     let mut app = crate::scenarios::pod("app", json!({"app": "web"}), json!({}));
     app["spec"]["containers"][0]["resources"] =
         json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}});
@@ -489,19 +483,26 @@ pub async fn s24_monitoring_uses_real_api_server_metrics(ctx: &mut Ctx) -> Resul
     Ok(())
 }
 
-/// Scenario 29: pod-level resources (KEP-2837). A Deployment whose pods set `spec.resources` equal
-/// to what its app requests (Guaranteed) gets its pods, in a namespace with a ResourceQuota: the
-/// log-shipper's requests and limits are added to the pod-level values (the API server refused
-/// every pod before), the pod stays Guaranteed, and the status records the padding.
-pub async fn s29_pod_level_resources(ctx: &mut Ctx) -> Result<()> {
-    let namespace = "e2e-pod-resources";
+/// An opted-in namespace with a ResourceQuota on cpu and memory, once the quota plugin has seen it.
+async fn opted_in_with_quota(ctx: &Ctx, namespace: &str) -> Result<()> {
     ctx.namespace(namespace, &[("sidecar-injector.io/inject", "enabled")]).await?;
     kubectl_apply(
         ctx,
         namespace,
         "apiVersion: v1\nkind: ResourceQuota\nmetadata: {name: quota}\nspec:\n  hard: {requests.cpu: \"8\", requests.memory: 8Gi, limits.cpu: \"16\", limits.memory: 16Gi}\n",
     )?;
+    // The quota admission plugin needs its informer to have seen the quota.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(())
+}
+
+/// Scenario 29: pod-level resources (KEP-2837). A Deployment whose pods set `spec.resources` equal
+/// to what its app requests (Guaranteed) gets its pods, in a namespace with a ResourceQuota: the
+/// log-shipper's requests and limits are added to the pod-level values (the API server refused
+/// every pod before), the pod stays Guaranteed, and the status records the padding.
+pub async fn s29_pod_level_resources(ctx: &mut Ctx) -> Result<()> {
+    let namespace = "e2e-pod-resources";
+    opted_in_with_quota(ctx, namespace).await?;
     kubectl_apply(
         ctx,
         namespace,
