@@ -6,10 +6,12 @@ test: lint unit kubectl-yaml monitoring helm e2e hostile-load node-e2e
 
 lint:
 	cargo fmt --all -- --check
-	cargo clippy --locked --all-targets -- -D warnings
+	cargo clippy --locked --workspace --all-targets -- -D warnings
 
+# Both crates (the workspace's default members): the engine's tests need none of the server's crates,
+# `cargo test -p sidecar-injector-engine` runs them alone.
 unit:
-	cargo test --locked
+	cargo test --locked --workspace
 
 # Manifests read and written exactly as kubectl reads them: a differential test against kubectl's
 # own YAML reader, built from Go modules with the e2e control plane (tests/kubectl_yaml.rs).
@@ -68,17 +70,17 @@ golden:
 	UPDATE_GOLDEN=1 cargo test --locked --test golden
 
 bench:
-	cargo bench --locked --bench engine
+	cargo bench --locked -p sidecar-injector-engine --bench engine
 
-# The property tests (tests/properties.rs) with PROPS_CASES new random cases each (make test runs a
+# The property tests (engine/tests/properties.rs) with PROPS_CASES new random cases each (make test runs a
 # fixed set); PROPS_SEED=N replays a run. Each property runs alone and prints its cases and time. A
-# failure is persisted to tests/properties.proptest-regressions: commit it with the fix.
+# failure is persisted to engine/tests/properties.proptest-regressions: commit it with the fix.
 PROPS_CASES ?= 50000
 props:
-	cargo test --profile props --locked --test properties --no-run
-	@total=$$(date +%s); for property in $$(cargo test --profile props --locked --test properties -- --list 2>/dev/null | sed -n 's/: test$$//p'); do \
+	cargo test --profile props --locked -p sidecar-injector-engine --test properties --no-run
+	@total=$$(date +%s); for property in $$(cargo test --profile props --locked -p sidecar-injector-engine --test properties -- --list 2>/dev/null | sed -n 's/: test$$//p'); do \
 		start=$$(date +%s); \
-		PROPS_CASES=$(PROPS_CASES) cargo test --profile props --locked --test properties -- --exact $$property --nocapture --quiet >$(TARGET_DIR)/props-$$property.log 2>&1 \
+		PROPS_CASES=$(PROPS_CASES) cargo test --profile props --locked -p sidecar-injector-engine --test properties -- --exact $$property --nocapture --quiet >$(TARGET_DIR)/props-$$property.log 2>&1 \
 			|| { cat $(TARGET_DIR)/props-$$property.log; echo "props: $$property FAILED"; exit 1; }; \
 		grep -h '^props:' $(TARGET_DIR)/props-$$property.log | head -1; \
 		echo "props: $$property: $(PROPS_CASES) cases passed in $$(( $$(date +%s) - start )) s"; \

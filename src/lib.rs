@@ -2,7 +2,8 @@
 //! annotations, volumes and env into pods from templates kept in a ConfigMap.
 //!
 //! The crate is a pure core with a thin shell around it:
-//! - [`engine`]: templates, selection, rendering, the injection plan and patch, validation. No IO.
+//! - [`engine`]: templates, selection, rendering, the injection plan and patch, validation. No IO;
+//!   its own crate (`engine/`, `sidecar-injector-engine`), re-exported here under its old path.
 //! - [`admission`]: AdmissionReview in, engine decision, AdmissionReview out (pure).
 //! - [`cli`]: the `inject`, `explain` and `check-templates` commands over files and stdin.
 //! - [`server`]: the actix-web + rustls listeners, certificate reload; [`cluster`]: kube-rs watches
@@ -15,7 +16,7 @@ pub mod certs;
 pub mod cli;
 pub mod cluster;
 pub mod config;
-pub mod engine;
+pub use sidecar_injector_engine as engine;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod sandbox;

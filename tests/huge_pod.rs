@@ -1,5 +1,5 @@
 //! A huge pod (1,000 env vars on each of 10 containers) gets a correct patch. Its cost relative to a
-//! normal pod is measured by `cargo bench --bench engine`, not here.
+//! normal pod is measured by `make bench`, not here.
 
 mod common;
 

@@ -381,7 +381,7 @@ pub fn template_sources(data: &BTreeMap<String, String>) -> (Vec<TemplateSource>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::test_support::{apply, engine, opted_in, request};
+    use crate::test_support::{apply, engine, opted_in, request};
     use serde_json::json;
 
     const TEMPLATE: &str = r#"
@@ -515,7 +515,7 @@ inject:
         opted_out["metadata"]["annotations"].as_object_mut().unwrap().clear();
         assert_eq!(verdict(&engine, opted_out), Verdict::Allowed(vec![]));
 
-        let newer = crate::engine::test_support::engine(&[("proxy", &TEMPLATE.replace("envoy:1", "envoy:2"))]);
+        let newer = crate::test_support::engine(&[("proxy", &TEMPLATE.replace("envoy:1", "envoy:2"))]);
         let mut altered = pod.clone();
         altered["spec"]["initContainers"][1]["image"] = json!("anything");
         match validate_pod(&newer, &request(altered, opted_in("shop", &[]))) {
@@ -560,7 +560,7 @@ inject:
     fn template_configmaps_are_checked() {
         let good: BTreeMap<String, String> =
             [("a.yaml".to_owned(), TEMPLATE.to_owned()), ("README".to_owned(), "x".to_owned())].into();
-        let warnings = validate_template_data(&good, &crate::engine::template::InProcess).unwrap();
+        let warnings = validate_template_data(&good, &crate::template::InProcess).unwrap();
         assert_eq!(warnings[0], "key \"README\" is ignored: only keys named <template>.yaml hold templates");
         assert!(warnings[1..].iter().all(|w| w.contains("sets no") && w.contains("ResourceQuota")), "{warnings:?}");
         let bad: BTreeMap<String, String> = [
@@ -568,7 +568,7 @@ inject:
             ("B.yaml".to_owned(), TEMPLATE.to_owned()),
         ]
         .into();
-        let errors = validate_template_data(&bad, &crate::engine::template::InProcess).unwrap_err();
+        let errors = validate_template_data(&bad, &crate::template::InProcess).unwrap_err();
         let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
         assert_eq!(messages.len(), 2, "{messages:?}");
         assert!(messages[0].starts_with("template \"B\": invalid template name"), "{messages:?}");

@@ -1,8 +1,8 @@
 //! Micro-benchmark of the engine: the cost of one admission decision (parse the pod JSON, evaluate,
 //! serialize the patch) for a typical pod and for huge ones, and how it scales with pod size.
-//! Prints a table and the ratios; run with `cargo bench --bench engine`.
+//! Prints a table and the ratios; run with `cargo bench -p sidecar-injector-engine --bench engine`.
 
-#[path = "../tests/common/fixtures.rs"]
+#[path = "../../tests/common/fixtures.rs"]
 mod fixtures;
 
 use std::hint::black_box;
@@ -10,10 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sidecar_injector::engine::template::embedded_sources;
-use sidecar_injector::engine::{
-    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource,
-};
+use sidecar_injector_engine::template::embedded_sources;
+use sidecar_injector_engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource};
 
 /// Median time of one decision (parse, evaluate, serialize the patch), over batches that together
 /// run for about `budget`.

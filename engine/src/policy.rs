@@ -1327,7 +1327,7 @@ fn app_claims(plans: &[Plan], before: usize, list_index: usize, key: &str) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::template::Template;
+    use crate::template::Template;
 
     fn template(inject: &str) -> Template {
         let source = format!(
@@ -1424,8 +1424,7 @@ mod tests {
     fn a_pod_whose_items_collide_with_an_enforced_template_is_left_to_the_webhook() {
         let handled = |enforced: bool| {
             let source = format!("default: true\nenforced: {enforced}\nvalues: {{image: agent:1}}\ninject:\n{SIDECAR}");
-            let (set, errors) =
-                TemplateSet::load([crate::engine::TemplateSource { name: "agent".into(), text: source }]);
+            let (set, errors) = TemplateSet::load([crate::TemplateSource { name: "agent".into(), text: source }]);
             assert!(errors.is_empty(), "{errors:?}");
             let policy = compile(&set, true, &[]).policy;
             let variables = policy["spec"]["variables"].as_array().unwrap().clone();
@@ -1439,7 +1438,7 @@ mod tests {
 
     #[test]
     fn the_policy_binds_like_the_webhook_and_records_the_engine_status() {
-        let (set, errors) = TemplateSet::load(crate::engine::template::embedded_sources());
+        let (set, errors) = TemplateSet::load(crate::template::embedded_sources());
         assert!(errors.is_empty(), "{errors:?}");
         let compiled = compile(&set, true, &["sidecar-injector".to_owned()]);
         assert_eq!(compiled.compiled, vec!["log-shipper"]);

@@ -304,8 +304,8 @@ mod tests {
 
     #[test]
     fn drift_is_counted_per_group_as_per_pod() {
-        use crate::engine::names;
-        use crate::engine::test_support::{engine, opted_in};
+        use crate::names;
+        use crate::test_support::{engine, opted_in};
         let engine = engine(&[("a", "default: true\ninject:\n  labels: {a: \"1\"}\n")]);
         let hash = engine.templates.get("a").unwrap().hash.clone();
         let status = |hash: &str| format!("{{\"templates\":[{{\"name\":\"a\",\"hash\":\"{hash}\"}}]}}");

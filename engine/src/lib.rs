@@ -5,6 +5,13 @@
 //!
 //! Entry point: [`Engine::evaluate`] takes a pod and the facts about its namespace and cluster and
 //! returns a [`Decision`]: out of scope, already up to date, a patch to apply, or a denial.
+//!
+//! This crate depends on no async runtime, HTTP server or Kubernetes client, so its tests
+//! (`cargo test -p sidecar-injector-engine`: unit tests, the upgrade fixture and the properties)
+//! build without the server's dependencies.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod compare;
 pub mod drift;

@@ -340,7 +340,7 @@ fn choose(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::test_support::{engine, opted_in};
+    use crate::test_support::{engine, opted_in};
 
     type Map = BTreeMap<String, String>;
     /// (case, pod labels, pod annotations, namespace, expected outcome)

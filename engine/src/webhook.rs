@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
-use kube::core::{Selector, SelectorExt};
+use kube_core::{Selector, SelectorExt};
 use serde::Serialize;
 
 use super::names;
@@ -182,7 +182,7 @@ mod tests {
 
     fn configuration() -> MutatingWebhookConfiguration {
         let text = include_str!("../../deploy/base/mutatingwebhookconfiguration.yaml");
-        let value: serde_json::Value = crate::engine::manifest::read(text).unwrap().remove(0);
+        let value: serde_json::Value = crate::manifest::read(text).unwrap().remove(0);
         let mut configuration: MutatingWebhookConfiguration = serde_json::from_value(value).unwrap();
         for webhook in configuration.webhooks.as_mut().unwrap() {
             webhook.client_config.ca_bundle = Some(k8s_openapi::ByteString(b"CA".to_vec()));

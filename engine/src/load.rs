@@ -189,7 +189,7 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::test_support::template;
+    use crate::test_support::template;
 
     #[test]
     fn rendered_items_must_be_what_kubernetes_accepts() {

@@ -419,9 +419,9 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::engine::test_support::{apply, engine, opted_in, request};
-    use crate::engine::validate::{Verdict, validate_pod, validate_pod_update};
-    use crate::engine::{Denial, Engine, Outcome, names};
+    use crate::test_support::{apply, engine, opted_in, request};
+    use crate::validate::{Verdict, validate_pod, validate_pod_update};
+    use crate::{Denial, Engine, Outcome, names};
 
     /// An enforced audit agent for pods labelled `app`, plus an ordinary default template.
     const AUDIT: &str = r#"
@@ -698,13 +698,9 @@ inject:
         let metadata = |field: &str| -> std::collections::BTreeMap<String, String> {
             serde_json::from_value(stored["metadata"][field].clone()).unwrap()
         };
-        let drift = crate::engine::drift::classify(
-            &engine,
-            &metadata("labels"),
-            &metadata("annotations"),
-            &opted_in("shop", &[]),
-        );
-        assert_eq!(drift, crate::engine::drift::PodDrift::EnforcementAudit { templates: vec!["audit".into()] });
+        let drift =
+            crate::drift::classify(&engine, &metadata("labels"), &metadata("annotations"), &opted_in("shop", &[]));
+        assert_eq!(drift, crate::drift::PodDrift::EnforcementAudit { templates: vec!["audit".into()] });
         // An opted-out pod: not injected, reported as one enforcement would inject into.
         let opted_out = json!({"app": "web", names::INJECT_LABEL: names::INJECT_DISABLED});
         let decision = decide(&pod(opted_out, json!({}), json!([])));

@@ -646,7 +646,7 @@ impl Object for JsonView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::test_support::template;
+    use crate::test_support::template;
     use serde_json::json;
 
     fn render_for(t: &Template, pod: Value, annotations: &[(&str, &str)]) -> Result<RenderedTemplate, RenderError> {
@@ -946,8 +946,7 @@ inject:
         let plain = render_for(&t, pod(), &[]).unwrap();
         assert_eq!(plain.annotations["fixed"], "pre-2");
         assert_eq!((plain.annotations["name"].as_str(), plain.annotations["ns"].as_str()), ("web-1", "shop"));
-        let overridden =
-            render_for(&t, pod(), &[(&crate::engine::names::override_annotation("pre", "port"), "41")]).unwrap();
+        let overridden = render_for(&t, pod(), &[(&crate::names::override_annotation("pre", "port"), "41")]).unwrap();
         assert_eq!(overridden.annotations["fixed"], "pre-42", "an override bypasses the pre-rendered output");
     }
 }

@@ -186,8 +186,8 @@ pub fn restart_action(workload: &WorkloadRef) -> RestartAction {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::test_support::{engine, opted_in};
-    use crate::engine::{InjectionStatus, status::TemplateRef};
+    use crate::test_support::{engine, opted_in};
+    use crate::{InjectionStatus, status::TemplateRef};
 
     const A: &str = "default: true\ninject:\n  labels: {a: \"1\"}\n";
     const B: &str = "default: true\npodSelector: {matchLabels: {app: web}}\ninject:\n  labels: {b: \"1\"}\n";
@@ -219,9 +219,9 @@ mod tests {
                 TemplateRef { name: "a".into(), hash: a.clone() },
                 TemplateRef { name: "b".into(), hash: b.clone() },
             ],
-            skipped: vec![crate::engine::status::Skipped {
+            skipped: vec![crate::status::Skipped {
                 template: "b".into(),
-                kind: crate::engine::status::ItemKind::Label,
+                kind: crate::status::ItemKind::Label,
                 name: "b".into(),
                 container: None,
                 owner: "pod".into(),

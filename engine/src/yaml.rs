@@ -1,4 +1,4 @@
-//! YAML for templates (manifests, which follow kubectl's rules, are `crate::engine::manifest`).
+//! YAML for templates (manifests, which follow kubectl's rules, are `crate::manifest`).
 //!
 //! Templates go through `serde-saphyr` (already in the tree through kube's kubeconfig loader):
 //! YAML 1.2 scalars (`on` stays a string), bounded parsing (its budget caps events, nodes, depth and

@@ -16,7 +16,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::core::Selector;
+use kube_core::Selector;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -127,7 +127,7 @@ impl TemplateSelector {
 
     /// Whether the labels match, with Kubernetes LabelSelector semantics.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        use kube::core::SelectorExt;
+        use kube_core::SelectorExt;
         self.selector.matches(labels)
     }
 }
@@ -1221,7 +1221,7 @@ pub fn embedded_sources() -> Vec<TemplateSource> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::test_support::template;
+    use crate::test_support::template;
 
     const MINIMAL: &str = "inject:\n  sidecars:\n    - name: s\n      image: x\n";
 
@@ -1536,7 +1536,7 @@ mod tests {
         let (set, errors) = TemplateSet::load(embedded_sources());
         assert!(errors.is_empty(), "{errors:?}");
         assert!(set.len() >= 3);
-        let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/templates"))
+        let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../templates"))
             .unwrap()
             .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "yaml"))
             .count();
