@@ -7,14 +7,14 @@ WORKDIR /src
 # rebuild them. Cargo validates every target the manifest declares, so the benches and the e2e test
 # get stubs too (they are never built here).
 COPY Cargo.toml Cargo.lock ./
-COPY engine/Cargo.toml engine/build.rs engine/
+COPY crates/engine/Cargo.toml crates/engine/build.rs crates/engine/
 COPY templates templates
-RUN mkdir -p src benches tests/e2e tests/node_e2e engine/src engine/benches \
- && for target in src/main.rs benches/server.rs tests/e2e/main.rs tests/node_e2e/main.rs engine/benches/engine.rs; do echo 'fn main() {}' > "$target"; done \
- && touch src/lib.rs engine/src/lib.rs \
+RUN mkdir -p src benches tests/e2e tests/node_e2e crates/engine/src crates/engine/benches \
+ && for target in src/main.rs benches/server.rs tests/e2e/main.rs tests/node_e2e/main.rs crates/engine/benches/engine.rs; do echo 'fn main() {}' > "$target"; done \
+ && touch src/lib.rs crates/engine/src/lib.rs \
  && cargo build --release --locked \
- && rm -rf src engine/src target/release/.fingerprint/sidecar-injector-*
-COPY engine/src engine/src
+ && rm -rf src crates/engine/src target/release/.fingerprint/sidecar-injector-*
+COPY crates/engine/src crates/engine/src
 COPY src src
 RUN cargo build --release --locked
 

@@ -72,9 +72,9 @@ golden:
 bench:
 	cargo bench --locked -p sidecar-injector-engine --bench engine
 
-# The property tests (engine/tests/properties.rs) with PROPS_CASES new random cases each (make test runs a
+# The property tests (crates/engine/tests/properties.rs) with PROPS_CASES new random cases each (make test runs a
 # fixed set); PROPS_SEED=N replays a run. Each property runs alone and prints its cases and time. A
-# failure is persisted to engine/tests/properties.proptest-regressions: commit it with the fix.
+# failure is persisted to crates/engine/tests/properties.proptest-regressions: commit it with the fix.
 PROPS_CASES ?= 50000
 props:
 	cargo test --profile props --locked -p sidecar-injector-engine --test properties --no-run

@@ -3,7 +3,7 @@
 //!
 //! The crate is a pure core with a thin shell around it:
 //! - [`engine`]: templates, selection, rendering, the injection plan and patch, validation. No IO;
-//!   its own crate (`engine/`, `sidecar-injector-engine`), re-exported here under its old path.
+//!   its own crate (`crates/engine/`, `sidecar-injector-engine`), re-exported here under its old path.
 //! - [`admission`]: AdmissionReview in, engine decision, AdmissionReview out (pure).
 //! - [`cli`]: the `inject`, `explain` and `check-templates` commands over files and stdin.
 //! - [`server`]: the actix-web + rustls listeners, certificate reload; [`cluster`]: kube-rs watches

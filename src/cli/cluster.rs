@@ -81,7 +81,7 @@ async fn reachability(client: &Client, configuration: Option<&MutatingWebhookCon
             let ready = list
                 .items
                 .iter()
-                .flat_map(|s| &s.endpoints)
+                .flat_map(|s| s.endpoints.iter().flatten())
                 .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false))
                 .count();
             if ready > 0 { Reachability::Ready(ready) } else { Reachability::NoReadyEndpoints }

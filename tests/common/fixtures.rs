@@ -1,5 +1,5 @@
 //! Pods for tests and benchmarks: a typical Deployment pod and a huge one. Shared with `benches/`
-//! through `#[path]` (and with the engine crate's bench, `engine/benches/`).
+//! through `#[path]` (and with the engine crate's bench, `crates/engine/benches/`).
 #![allow(dead_code)]
 
 use serde_json::{Value, json};

@@ -225,7 +225,7 @@ pub async fn s14_drift(ctx: &mut Ctx) -> Result<()> {
     }
     let replica_sets: Api<ReplicaSet> = Api::namespaced(ctx.client.clone(), namespace);
     let sets = replica_sets.list(&ListParams::default().labels("app=web")).await?.items;
-    let sizes: Vec<i32> = sets.iter().map(|rs| rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0)).collect();
+    let sizes: Vec<i32> = sets.iter().map(|rs| rs.spec.replicas.unwrap_or(0)).collect();
     ensure!(sets.len() == 2 && sizes.contains(&0) && sizes.contains(&2), "one rollout: ReplicaSet sizes {sizes:?}");
     ensure!(ctx.pods(namespace).get_opt("debug").await?.is_some(), "a bare pod was deleted");
     let line = format!(

@@ -2,7 +2,7 @@
 //! serialize the patch) for a typical pod and for huge ones, and how it scales with pod size.
 //! Prints a table and the ratios; run with `cargo bench -p sidecar-injector-engine --bench engine`.
 
-#[path = "../../tests/common/fixtures.rs"]
+#[path = "../../../tests/common/fixtures.rs"]
 mod fixtures;
 
 use std::hint::black_box;

@@ -144,19 +144,20 @@ impl SampleShape {
     }
 }
 
+/// The Kubernetes version whose types the load check reads rendered items as (the k8s-openapi
+/// feature this crate is built with). A field newer than this is unknown to the check: a template
+/// lists it in `uncheckedFields` (docs/templates.md).
+pub const CHECKED_KUBERNETES_VERSION: &str = "1.37";
+
 /// Checks that rendered items are what Kubernetes accepts in their place (a `Container`, a `Volume`,
 /// an `EnvVar`, a `VolumeMount`), with the field path of the first mismatch, and carry a name.
+/// Strictly, as `kubectl`'s strict field validation does: a field the type does not have (a
+/// misspelt `resourcse:`) is an error, not silently dropped by the API server, unless the template
+/// lists its path in `uncheckedFields`.
 pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -> Result<(), TemplateError> {
     use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, LocalObjectReference, Volume, VolumeMount};
 
-    fn conforms<T: serde::de::DeserializeOwned>(item: &Value) -> Result<(), String> {
-        serde_path_to_error::deserialize::<_, T>(item).map(drop).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner().to_string();
-            if path == "." { inner } else { format!("{path}: {inner}") }
-        })
-    }
-    type Check = fn(&Value) -> Result<(), String>;
+    type Check = fn(&Value) -> Result<Option<String>, String>;
     // (section, items, their type, whether they are identified by `name`)
     let sections: [(&str, &[Value], Check, bool); 7] = [
         ("inject.initContainers", &rendered.init_containers, conforms::<Container>, true),
@@ -170,7 +171,15 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
     for (section, items, conforms, named) in sections {
         for (index, item) in items.iter().enumerate() {
             let fail = |message: String| TemplateError::at(&template.name, 0, format!("{section}[{index}]{message}"));
-            conforms(item).map_err(|e| fail(format!(" is not valid: {e}")))?;
+            let unknown = conforms(item).map_err(|e| fail(format!(" is not valid: {e}")))?;
+            if let Some(field) = unknown {
+                let path = format!("{section}[{index}].{field}");
+                if !template.unchecked_fields.contains(&path) {
+                    return Err(fail(format!(
+                        " is not valid: unknown field {field:?} (Kubernetes {CHECKED_KUBERNETES_VERSION} has no such field: the API server would drop it; if it is a field newer than that, list {path:?} in the template's uncheckedFields)"
+                    )));
+                }
+            }
             let identified = match named {
                 true => matches!(item.get("name"), Some(Value::String(s)) if !s.is_empty()),
                 false => super::compare::env_from_key(item).is_some(),
@@ -184,6 +193,39 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
         }
     }
     Ok(())
+}
+
+/// Reads `item` as a `T`: an error names the field path of a value of the wrong type; `Ok(Some)`
+/// names the first field `T` does not have (k8s-openapi ignores unknown fields, so they are the
+/// fields that reading and writing the item back loses).
+fn conforms<T: serde::de::DeserializeOwned + serde::Serialize>(item: &Value) -> Result<Option<String>, String> {
+    let typed: T = serde_path_to_error::deserialize(item).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        if path == "." { inner } else { format!("{path}: {inner}") }
+    })?;
+    let known = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
+    Ok(first_unknown_field(item, &known, ""))
+}
+
+/// The first field of `item` (a null counts as absent) missing from `known`, as a path like
+/// `resources.limitz` or `ports[1].containerPortt`.
+fn first_unknown_field(item: &Value, known: &Value, path: &str) -> Option<String> {
+    let join = |key: &str| if path.is_empty() { key.to_owned() } else { format!("{path}.{key}") };
+    match (item, known) {
+        (Value::Object(fields), Value::Object(known)) => {
+            fields.iter().filter(|(_, value)| !value.is_null()).find_map(|(key, value)| match known.get(key) {
+                None => Some(join(key)),
+                Some(known) => first_unknown_field(value, known, &join(key)),
+            })
+        }
+        (Value::Array(items), Value::Array(known)) => items
+            .iter()
+            .zip(known)
+            .enumerate()
+            .find_map(|(index, (item, known))| first_unknown_field(item, known, &format!("{path}[{index}]"))),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -211,6 +253,58 @@ mod tests {
             let err = Template::load("k8s", text).unwrap_err();
             assert!(err.message.contains(fragment), "expected {fragment:?} in {err}");
         }
+    }
+
+    #[test]
+    fn a_field_the_kubernetes_type_does_not_have_is_an_error_unless_listed() {
+        let cases = [
+            // A misspelt field of a sidecar: the API server would drop it, and the limits with it.
+            (
+                "inject:\n  sidecars:\n    - name: s\n      image: i\n      resourcse: {limits: {memory: 64Mi}}\n",
+                "inject.sidecars[0] is not valid: unknown field \"resourcse\"",
+            ),
+            // Deep inside an item, in a list.
+            (
+                "inject:\n  initContainers:\n    - name: s\n      image: i\n      ports: [{containerPort: 80}, {containerPort: 81, protocl: TCP}]\n",
+                "inject.initContainers[0] is not valid: unknown field \"ports[1].protocl\"",
+            ),
+            (
+                "inject:\n  volumes:\n    - {name: v, emptyDir: {sizeLimt: 1Gi}}\n",
+                "inject.volumes[0] is not valid: unknown field \"emptyDir.sizeLimt\"",
+            ),
+            (
+                "inject:\n  appContainers:\n    env:\n      - {name: E, valu: x}\n",
+                "inject.appContainers.env[0] is not valid: unknown field \"valu\"",
+            ),
+            (
+                "inject:\n  appContainers:\n    envFrom:\n      - {configMapRef: {name: c}, prefx: P_}\n",
+                "inject.appContainers.envFrom[0] is not valid: unknown field \"prefx\"",
+            ),
+            (
+                "inject:\n  appContainers:\n    volumeMounts:\n      - {name: v, mountPath: /v, readonly: true}\n",
+                "inject.appContainers.volumeMounts[0] is not valid: unknown field \"readonly\"",
+            ),
+            (
+                "inject:\n  imagePullSecrets:\n    - {name: r, namespace: x}\n",
+                "inject.imagePullSecrets[0] is not valid: unknown field \"namespace\"",
+            ),
+        ];
+        for (text, fragment) in cases {
+            let err = Template::load("strict", text).unwrap_err();
+            assert!(err.message.contains(fragment), "expected {fragment:?} in {err}");
+            assert!(err.message.contains("uncheckedFields"), "the way through is named: {err}");
+        }
+        // Known fields, nulls and every shape of a well-formed item pass.
+        template(
+            "known",
+            "inject:\n  sidecars:\n    - name: s\n      image: i\n      command: null\n      resources: {limits: {memory: 64Mi}, requests: {cpu: 10m}}\n      ports: [{containerPort: 80, protocol: TCP}]\n      securityContext: {runAsNonRoot: true, capabilities: {drop: [ALL]}}\n      env: [{name: A, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]\n",
+        );
+        // A field newer than the types, listed by the path the error names: passed through.
+        let newer = "uncheckedFields: [\"inject.sidecars[0].fromTheFuture\"]\ninject:\n  sidecars:\n    - name: s\n      image: i\n      fromTheFuture: [{action: Restart}]\n";
+        template("newer", newer);
+        // Listing one path does not let another through.
+        let err = Template::load("newer", &newer.replace("fromTheFuture: [", "fromTheFuturz: [")).unwrap_err();
+        assert!(err.message.contains("unknown field \"fromTheFuturz\""), "{err}");
     }
 
     #[test]

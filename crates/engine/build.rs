@@ -4,7 +4,7 @@
 use std::{env, fs, path::Path};
 
 fn main() {
-    let dir = Path::new(&env::var("CARGO_MANIFEST_DIR").unwrap()).join("../templates");
+    let dir = Path::new(&env::var("CARGO_MANIFEST_DIR").unwrap()).join("../../templates");
     println!("cargo:rerun-if-changed={}", dir.display());
     let mut entries: Vec<_> = fs::read_dir(&dir)
         .expect("templates/ exists")

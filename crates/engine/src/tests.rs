@@ -687,7 +687,7 @@ fn re_injection_with_another_template_set_equals_a_fresh_injection() {
 #[test]
 fn constrained_overrides_are_refused_with_the_annotation_that_breaks_them() {
     let engine = engine(&[
-        ("otel-agent", include_str!("../../templates/otel-agent.yaml")),
+        ("otel-agent", include_str!("../../../templates/otel-agent.yaml")),
         (
             "limits",
             "default: true\nvalues: {memory: 64, level: info}\noverridable:\n  - {name: memory, minimum: 32, maximum: 512}\n  - {name: level, enum: [debug, info, warn]}\ninject:\n  sidecars:\n    - name: agent\n      image: agent\n      args: [\"--level={{ values.level }}\"]\n      resources: {limits: {memory: \"{{ values.memory }}Mi\"}}\n",

@@ -356,6 +356,10 @@ pub struct Template {
     /// Content hash of the template (canonical JSON of the parsed document, so comments and
     /// formatting do not count); recorded in the status annotation to detect stale pods.
     pub hash: String,
+    /// Field paths of rendered items (`inject.sidecars[0].someField`) the load check passes
+    /// although the Kubernetes types it reads items as do not know them: fields newer than
+    /// `load::CHECKED_KUBERNETES_VERSION` (`uncheckedFields`).
+    pub unchecked_fields: Vec<String>,
     pub(crate) inject: InjectSpec,
     pub(crate) expressions: expression::Expressions,
 }
@@ -429,6 +433,7 @@ impl<'a> Compiler<'a> {
             pod_choices: PodChoices::default(),
             warnings: Vec::new(),
             hash: content_hash(root),
+            unchecked_fields: Vec::new(),
             inject: InjectSpec::default(),
             expressions: expression::Expressions::default(),
         };
@@ -489,12 +494,13 @@ impl<'a> Compiler<'a> {
                 }
                 "overridable" => overridable_node = Some(node),
                 "podChoices" => template.pod_choices = self.pod_choices(node)?,
+                "uncheckedFields" => template.unchecked_fields = self.unchecked_fields(node)?,
                 "inject" => template.inject = self.inject(node)?,
                 other => {
                     return Err(self.err(
                         *key_line,
                         format!(
-                            "unknown key {other:?} (expected description, default, enforced, podSelector, namespaceSelector, sidecarMode, podResources, values, overridable, podChoices, inject)"
+                            "unknown key {other:?} (expected description, default, enforced, podSelector, namespaceSelector, sidecarMode, podResources, values, overridable, podChoices, uncheckedFields, inject)"
                         ),
                     ));
                 }
@@ -568,6 +574,26 @@ impl<'a> Compiler<'a> {
             }
         }
         Ok(())
+    }
+
+    /// `uncheckedFields`: a list of `inject.<section>[<index>].<field path>`, as the load check's
+    /// error names a field it does not know.
+    fn unchecked_fields(&self, node: &SourceNode) -> Result<Vec<String>, TemplateError> {
+        let SourceValue::Seq(items) = &node.value else {
+            return Err(
+                self.err(node.line, format!("uncheckedFields must be a list of field paths, not {}", node.type_name()))
+            );
+        };
+        items
+            .iter()
+            .map(|item| match &item.value {
+                SourceValue::String(path) if path.starts_with("inject.") && path.contains("].") => Ok(path.clone()),
+                _ => Err(self.err(
+                    item.line,
+                    "uncheckedFields items are field paths like \"inject.sidecars[0].someField\", as the error for an unknown field names them",
+                )),
+            })
+            .collect()
     }
 
     fn overridable(
@@ -1536,7 +1562,7 @@ mod tests {
         let (set, errors) = TemplateSet::load(embedded_sources());
         assert!(errors.is_empty(), "{errors:?}");
         assert!(set.len() >= 3);
-        let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../templates"))
+        let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../templates"))
             .unwrap()
             .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "yaml"))
             .count();

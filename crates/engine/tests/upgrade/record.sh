@@ -6,7 +6,7 @@
 # are what a cluster upgraded to it already holds.
 set -euo pipefail
 BIN=${BIN:?the release binary to record with}
-U=engine/tests/upgrade
+U=crates/engine/tests/upgrade
 record() { # case, golden input, templates dir (under templates/), extra args...
   local case=$1 input=$2 templates=$3; shift 3
   mkdir -p "$U/cases/$case"
