@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 
 use super::inject::{PodDecision, decide_all};
 use super::{CliError, OfflineArgs, OutputFormat};
+use crate::engine::kinds::POD_LISTS;
 use crate::engine::status::InjectionStatus;
 use crate::engine::{Choice, Outcome, names, policy};
 
@@ -133,8 +134,7 @@ fn conflicts_note(status: &InjectionStatus) -> String {
 fn is_empty(items: &InjectionStatus) -> bool {
     items.containers.is_empty()
         && items.init_containers.is_empty()
-        && items.volumes.is_empty()
-        && items.image_pull_secrets.is_empty()
+        && POD_LISTS.iter().all(|kind| (kind.claimed)(items).is_empty())
         && items.labels.is_empty()
         && items.annotations.is_empty()
         && items.app_containers.is_empty()
@@ -142,17 +142,15 @@ fn is_empty(items: &InjectionStatus) -> bool {
 
 /// The item lists of a status, one line each, under `heading`.
 fn item_lines(out: &mut String, heading: &str, status: &InjectionStatus) {
-    let lines = [
+    let containers = [
         ("sidecars (native, in initContainers)", &status.native_sidecars),
         ("init containers", &status.init_containers),
         ("sidecar containers", &status.containers),
-        ("volumes", &status.volumes),
-        ("image pull secrets", &status.image_pull_secrets),
-        ("labels", &status.labels),
-        ("annotations", &status.annotations),
     ];
+    let pod_lists = POD_LISTS.iter().map(|kind| (kind.plural, (kind.claimed)(status)));
+    let metadata = [("labels", &status.labels), ("annotations", &status.annotations)];
     out.push_str(heading);
-    for (what, names) in lines {
+    for (what, names) in containers.into_iter().chain(pod_lists).chain(metadata) {
         let names: Vec<&str> = names
             .iter()
             .filter(|n| what != "init containers" || !status.native_sidecars.contains(n))

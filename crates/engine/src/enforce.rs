@@ -16,8 +16,9 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::compare::{env_from_key, first_difference};
+use super::kinds::{POD_LISTS, Place, VOLUMES};
 use super::render::RenderedTemplate;
-use super::status::{InjectionStatus, ItemKind};
+use super::status::InjectionStatus;
 use super::template::{Piece, SeqItem, Template};
 use super::{names, ownership};
 
@@ -58,17 +59,21 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
         let named = |items: &[Value], key: &str| {
             items.iter().find(|i| i.get(key).and_then(Value::as_str) == Some(&skip.name)).cloned()
         };
-        let (expected, actual) = match skip.kind {
-            ItemKind::Label => (
+        let (expected, actual) = match skip.kind.place() {
+            Place::PodList(kind) => (
+                kind.find(rendered.pod_list(kind), &skip.name).cloned(),
+                spec_list(kind.field).and_then(|items| kind.find(items, &skip.name)).cloned(),
+            ),
+            Place::Label => (
                 rendered.labels.get(&skip.name).map(|v| Value::from(v.as_str())),
                 metadata("labels", &skip.name).map(Value::from),
             ),
-            ItemKind::Annotation => (
+            Place::Annotation => (
                 rendered.annotations.get(&skip.name).map(|v| Value::from(v.as_str())),
                 metadata("annotations", &skip.name).map(Value::from),
             ),
-            ItemKind::InitContainer => (named(&rendered.init_containers, "name"), container(&skip.name).cloned()),
-            ItemKind::Sidecar => {
+            Place::InitContainer => (named(&rendered.init_containers, "name"), container(&skip.name).cloned()),
+            Place::Sidecar => {
                 let expected = named(&rendered.sidecars, "name").map(|mut sidecar| {
                     if native {
                         sidecar["restartPolicy"] = Value::from("Always");
@@ -77,11 +82,10 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
                 });
                 (expected, container(&skip.name).cloned())
             }
-            ItemKind::Volume => (named(&rendered.volumes, "name"), spec_list("volumes").and_then(|v| named(v, "name"))),
-            ItemKind::Env => {
+            Place::Env => {
                 (named(&rendered.env, "name"), app_item(skip.container.as_deref(), "env", "name", &skip.name).cloned())
             }
-            ItemKind::EnvFrom => {
+            Place::EnvFrom => {
                 let source = |items: &[Value]| {
                     items.iter().find(|i| env_from_key(i).as_deref() == Some(skip.name.as_str())).cloned()
                 };
@@ -89,11 +93,9 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
                 let actual = app.and_then(|c| c.get("envFrom")).and_then(Value::as_array).and_then(|l| source(l));
                 (source(&rendered.env_from), actual)
             }
-            // Never skipped: a pull secret the pod already names is simply not added again.
-            ItemKind::ImagePullSecret => continue,
             // Skipped only when the pod already has exactly this entry (its key is its value).
-            ItemKind::EnvMerge => continue,
-            ItemKind::VolumeMount => (
+            Place::EnvMerge => continue,
+            Place::VolumeMount => (
                 named(&rendered.volume_mounts, "mountPath"),
                 app_item(skip.container.as_deref(), "volumeMounts", "mountPath", &skip.name).cloned(),
             ),
@@ -135,8 +137,13 @@ pub fn inexact_items(present: &InjectionStatus, owned: &InjectionStatus, rendere
             report(kind, item, None);
         }
     }
-    for item in rendered.volumes.iter().map(name).filter(|n| inexact(n, &present.volumes, &owned.volumes)) {
-        report("volume", item, None);
+    for kind in &POD_LISTS {
+        let (present, owned) = ((kind.claimed)(present), (kind.claimed)(owned));
+        for item in
+            rendered.pod_list(kind).iter().filter_map(|i| kind.identity(i)).filter(|n| inexact(n, present, owned))
+        {
+            report(kind.kind.describe(), item.to_owned(), None);
+        }
     }
     for key in rendered.labels.keys().filter(|k| inexact(k, &present.labels, &owned.labels)) {
         report("label", key.clone(), None);
@@ -214,7 +221,7 @@ impl Requirements {
         let lists: [(&[SeqItem], &str, bool); 3] = [
             (&spec.init_containers, "init container", false),
             (&spec.sidecars, "sidecar", native),
-            (&spec.volumes, "volume", false),
+            (&spec.pod_lists[VOLUMES.index], "volume", false),
         ];
         for (items, kind, native_sidecar) in lists {
             for (index, item) in items.iter().enumerate() {

@@ -26,6 +26,7 @@ use json_patch::{AddOperation, PatchOperation, RemoveOperation};
 use serde_json::Value;
 
 use super::compare::env_from_key;
+use super::kinds::{POD_LISTS, PerPodList, PodListKind, VOLUMES, WhenHeld};
 use super::pod::{self, PodShapeError, shape_error};
 use super::render::RenderedTemplate;
 use super::status::{AppContainerAdditions, InjectionStatus, ItemKind, Skipped, TemplateRef};
@@ -104,15 +105,19 @@ pub fn plan(
     let annotations = pod::string_map(pod, "annotations")?;
     let containers = pod::list(pod, "containers")?.ok_or_else(|| shape_error("spec.containers", "is missing"))?;
     let init_containers = pod::list(pod, "initContainers")?;
-    let volumes = pod::list(pod, "volumes")?;
     let container_names = pod::names(Some(containers), || "spec.containers".into())?;
     let init_names = pod::names(init_containers, || "spec.initContainers".into())?;
-    let volume_names = pod::names(volumes, || "spec.volumes".into())?;
 
     // What the previous injection added, and so goes away first.
     let removed_containers = indexes_named(&container_names, &previous.containers);
     let removed_init = indexes_named(&init_names, &previous.init_containers);
-    let removed_volumes = indexes_named(&volume_names, &previous.volumes);
+    // Every kind of spec list (`kinds::POD_LISTS`), as the pod has it.
+    let pod_lists = POD_LISTS.iter().map(|kind| PodList::of(pod, kind, previous)).collect::<Result<Vec<_>, _>>()?;
+    let volumes = pod_lists[VOLUMES.index].items;
+    // Per kind: identities in use and who holds them; what the templates add, and what is theirs.
+    let mut taken_in_lists: Vec<Taken> = pod_lists.iter().map(|list| list.taken(kept)).collect();
+    let mut new_in_lists: Vec<Vec<Pick>> = vec![Vec::new(); pod_lists.len()];
+    let mut claimed_in_lists: Vec<Vec<String>> = vec![Vec::new(); pod_lists.len()];
 
     let mut builder = Builder::default();
     let value_sources = templates
@@ -137,9 +142,6 @@ pub fn plan(
         .chain(init_names.iter().enumerate().filter(|(i, _)| !removed_init.contains(i)).map(|(_, n)| *n))
         .collect();
     taken_containers.keep(kept.containers.iter().chain(&kept.init_containers));
-    let mut taken_volumes: Taken =
-        volume_names.iter().enumerate().filter(|(i, _)| !removed_volumes.contains(i)).map(|(_, n)| *n).collect();
-    taken_volumes.keep(&kept.volumes);
     let kept_labels: BTreeMap<&str, &str> = labels
         .iter()
         .filter(|(k, _)| !previous.labels.contains(k) && k.as_str() != names::INJECTED_LABEL)
@@ -207,15 +209,6 @@ pub fn plan(
             ],
         });
     }
-    // The pod's image pull secrets: names the pod (or a kept injection) already has are not added
-    // again, and not reported as injected either.
-    let pull_secrets = pod::list(pod, "imagePullSecrets")?;
-    let pull_secret_names: Vec<&str> =
-        pull_secrets.into_iter().flatten().map(|s| s.get("name").and_then(Value::as_str).unwrap_or_default()).collect();
-    let removed_pull_secrets = indexes_named(&pull_secret_names, &previous.image_pull_secrets);
-    let mut taken_pull_secrets = Taken::by_pod(&pull_secret_names, &removed_pull_secrets);
-    taken_pull_secrets.keep(&kept.image_pull_secrets);
-    let mut new_pull_secrets = Vec::new();
     let mut merge_notes = Vec::new();
     let mut merge_warnings = Vec::new();
     // The templates' whole items, out of the templates: the claims below borrow their names, and
@@ -247,7 +240,6 @@ pub fn plan(
     let mut added_annotations = BTreeMap::new();
     let mut new_init = Vec::new();
     let mut new_containers = Vec::new();
-    let mut new_volumes = Vec::new();
     for (template_index, (planned, items)) in templates.iter().zip(&whole_items).enumerate() {
         let t = &planned.rendered;
         let owner = Owner::Template(&t.name);
@@ -283,18 +275,17 @@ pub fn plan(
         // a volume of this template's name with another definition, whatever of this template
         // mounts it would bind to that volume instead (the author's hostPath where the template
         // meant an emptyDir). Those mounts and containers are skipped too, naming the volume.
-        let displaced: Vec<&str> = items
-            .volumes
+        let displaced: Vec<&str> = items.pod_lists[VOLUMES.index]
             .iter()
             .filter(|volume| {
                 let name = rendered_name(volume);
-                let held: Vec<&Value> = match taken_volumes.holder(name) {
+                let held: Vec<&Value> = match taken_in_lists[VOLUMES.index].holder(name) {
                     None | Some(Owner::Kept) => return false,
                     Some(Owner::Template(other)) => whole_items[..template_index]
                         .iter()
                         .zip(templates.iter())
                         .filter(|(_, t)| t.rendered.name == other)
-                        .flat_map(|(items, _)| &items.volumes)
+                        .flat_map(|(items, _)| &items.pod_lists[VOLUMES.index])
                         .collect(),
                     Some(Owner::Pod | Owner::Volume(_)) => volumes.into_iter().flatten().collect(),
                 };
@@ -351,25 +342,19 @@ pub fn plan(
                 }
             }
         }
-        for (index, volume) in items.volumes.iter().enumerate() {
-            let name = rendered_name(volume);
-            match taken_volumes.claim(name, owner) {
-                Ok(claimed) => {
-                    status.volumes.push(name.to_owned());
-                    if claimed == Claimed::New {
-                        new_volumes.push(pick(WholeKind::Volume, index));
+        for (kind, rendered) in POD_LISTS.iter().zip(&items.pod_lists) {
+            for (index, item) in rendered.iter().enumerate() {
+                // Rendered items were checked to carry their identity (load::check_rendered).
+                let identity = kind.identity(item).unwrap_or_default();
+                match taken_in_lists[kind.index].claim(identity, owner) {
+                    Ok(claimed) => {
+                        claimed_in_lists[kind.index].push(identity.to_owned());
+                        if claimed == Claimed::New {
+                            new_in_lists[kind.index].push(pick(WholeKind::PodList(kind.index), index));
+                        }
                     }
-                }
-                Err(by) => skip(ItemKind::Volume, name, None, by),
-            }
-        }
-        for (index, secret) in items.image_pull_secrets.iter().enumerate() {
-            let name = rendered_name(secret);
-            // Err: already referenced, so the pod can pull with it; nothing to add or report.
-            if let Ok(claimed) = taken_pull_secrets.claim(name, owner) {
-                status.image_pull_secrets.push(name.to_owned());
-                if claimed == Claimed::New {
-                    new_pull_secrets.push(pick(WholeKind::PullSecret, index));
+                    Err(by) if kind.when_held == WhenHeld::Skip => skip(kind.kind, identity, None, by),
+                    Err(_) => {}
                 }
             }
         }
@@ -450,11 +435,15 @@ pub fn plan(
         }
     }
     // Claiming is over: the added items leave the templates.
+    drop(taken_in_lists);
+    for (kind, claimed) in POD_LISTS.iter().zip(claimed_in_lists) {
+        *(kind.claimed_mut)(&mut status) = claimed;
+    }
     let mut take = |picks: Vec<Pick>| -> Vec<Value> {
         picks.into_iter().map(|pick| whole_items[pick.template].take(pick.kind, pick.index)).collect()
     };
     let (mut new_init, mut new_containers) = (take(new_init), take(new_containers));
-    let (new_volumes, new_pull_secrets) = (take(new_volumes), take(new_pull_secrets));
+    let new_in_lists: Vec<Vec<Value>> = new_in_lists.into_iter().map(&mut take).collect();
     if !new_init.is_empty() || !new_containers.is_empty() {
         let kept_containers = containers.iter().enumerate().filter(|(i, _)| !removed_containers.contains(i));
         let kept_init = init_containers.into_iter().flatten().enumerate().filter(|(i, _)| !removed_init.contains(i));
@@ -558,17 +547,11 @@ pub fn plan(
     }
     builder.append(&["spec", "containers"], true, new_containers);
 
-    let volumes_left =
-        builder.removals(&["spec", "volumes"], &removed_volumes, volume_names.len(), new_volumes.is_empty());
-    builder.append(&["spec", "volumes"], volumes_left, new_volumes);
-    let pull_secrets_path = ["spec", "imagePullSecrets"];
-    let pull_secrets_left = builder.removals(
-        &pull_secrets_path,
-        &removed_pull_secrets,
-        pull_secret_names.len(),
-        new_pull_secrets.is_empty(),
-    );
-    builder.append(&pull_secrets_path, pull_secrets_left, new_pull_secrets);
+    for (list, new) in pod_lists.iter().zip(new_in_lists) {
+        let path = ["spec", list.kind.field];
+        let left = builder.removals(&path, &list.removed, list.identities.len(), new.is_empty());
+        builder.append(&path, left, new);
+    }
     for (path, value) in pod_level_ops {
         let path = PointerBuf::parse(&path).expect("pod_resources::path writes a pointer");
         builder.ops.push(PatchOperation::Add(AddOperation { path, value }));
@@ -576,12 +559,7 @@ pub fn plan(
 
     let removed = removed_items(
         previous,
-        PodItems {
-            containers: &container_names,
-            init: &init_names,
-            volumes: &volume_names,
-            pull_secrets: &pull_secret_names,
-        },
+        PodItems { containers: &container_names, init: &init_names, lists: &pod_lists },
         &label_removals,
         &annotation_removals,
         &app_containers,
@@ -639,13 +617,12 @@ fn resize_pod_level(
 
 use super::names::SERVICE_ACCOUNT_TOKEN_PATH;
 
-/// A template's containers, init containers, volumes and pull secrets, taken out of its rendering
-/// for `plan`.
+/// A template's containers, init containers and spec-list items, taken out of its rendering for
+/// `plan`.
 struct WholeItems {
     init_containers: Vec<Value>,
     sidecars: Vec<Value>,
-    volumes: Vec<Value>,
-    image_pull_secrets: Vec<Value>,
+    pod_lists: PerPodList<Vec<Value>>,
 }
 
 /// Which list of [`WholeItems`] an added item comes from, and how it goes into the pod.
@@ -655,8 +632,8 @@ enum WholeKind {
     /// A sidecar that runs as a native sidecar: an init container with `restartPolicy: Always`.
     NativeSidecar,
     Sidecar,
-    Volume,
-    PullSecret,
+    /// An item of the spec list of this index in `kinds::POD_LISTS`.
+    PodList(usize),
 }
 
 /// An item `plan` adds: its list, its template's position in the plan and its own in the list.
@@ -672,8 +649,7 @@ impl WholeItems {
         WholeItems {
             init_containers: std::mem::take(&mut rendered.init_containers),
             sidecars: std::mem::take(&mut rendered.sidecars),
-            volumes: std::mem::take(&mut rendered.volumes),
-            image_pull_secrets: std::mem::take(&mut rendered.image_pull_secrets),
+            pod_lists: std::mem::take(&mut rendered.pod_lists),
         }
     }
 
@@ -682,8 +658,7 @@ impl WholeItems {
         let list = match kind {
             WholeKind::InitContainer => &mut self.init_containers,
             WholeKind::NativeSidecar | WholeKind::Sidecar => &mut self.sidecars,
-            WholeKind::Volume => &mut self.volumes,
-            WholeKind::PullSecret => &mut self.image_pull_secrets,
+            WholeKind::PodList(index) => &mut self.pod_lists[index],
         };
         let mut item = std::mem::take(&mut list[index]);
         if matches!(kind, WholeKind::NativeSidecar) {
@@ -697,8 +672,41 @@ impl WholeItems {
 struct PodItems<'a> {
     containers: &'a [&'a str],
     init: &'a [&'a str],
-    volumes: &'a [&'a str],
-    pull_secrets: &'a [&'a str],
+    lists: &'a [PodList<'a>],
+}
+
+/// One kind of spec list of the pod (`kinds::POD_LISTS`) and what the injection does to it.
+struct PodList<'p> {
+    kind: &'static PodListKind,
+    /// The pod's items.
+    items: Option<&'p Vec<Value>>,
+    /// Their identities, in order.
+    identities: Vec<&'p str>,
+    /// Indexes (ascending) of the items an earlier injection provably added.
+    removed: Vec<usize>,
+}
+
+impl<'p> PodList<'p> {
+    fn of(pod: &'p Value, kind: &'static PodListKind, previous: &InjectionStatus) -> Result<Self, PodShapeError> {
+        let items = pod::list(pod, kind.field)?;
+        let identities = match kind.key_required {
+            true => pod::keys(items, kind.key, || format!("spec.{}", kind.field))?,
+            false => items.into_iter().flatten().map(|item| kind.identity(item).unwrap_or_default()).collect(),
+        };
+        let removed = indexes_named(&identities, (kind.claimed)(previous));
+        Ok(PodList { kind, items, identities, removed })
+    }
+
+    /// The identities the pod holds once the removed items are gone, and those a kept injection
+    /// holds.
+    fn taken<'a>(&self, kept: &'a InjectionStatus) -> Taken<'a>
+    where
+        'p: 'a,
+    {
+        let mut taken = Taken::by_pod(&self.identities, &self.removed);
+        taken.keep((self.kind.claimed)(kept));
+        taken
+    }
 }
 
 /// The items `plan` removes, in the status layout (for `explain` and the warnings of `inject`).
@@ -712,13 +720,11 @@ fn removed_items(
     let present = |names: &[String], from: &[&str]| -> Vec<String> {
         names.iter().filter(|n| from.contains(&n.as_str())).cloned().collect()
     };
-    InjectionStatus {
+    let mut removed = InjectionStatus {
         templates: previous.templates.clone(),
         containers: present(&previous.containers, pod.containers),
         init_containers: present(&previous.init_containers, pod.init),
         native_sidecars: present(&previous.native_sidecars, pod.init),
-        volumes: present(&previous.volumes, pod.volumes),
-        image_pull_secrets: present(&previous.image_pull_secrets, pod.pull_secrets),
         labels: labels.iter().filter(|k| **k != names::INJECTED_LABEL).map(|k| (*k).to_owned()).collect(),
         annotations: annotations.iter().map(|k| (*k).to_owned()).collect(),
         app_containers: app_containers
@@ -730,7 +736,11 @@ fn removed_items(
             })
             .collect(),
         ..InjectionStatus::default()
+    };
+    for list in pod.lists {
+        *(list.kind.claimed_mut)(&mut removed) = present((list.kind.claimed)(previous), &list.identities);
     }
+    removed
 }
 
 /// The API-token mount Kubernetes is about to give the injected containers, when the pod shows that

@@ -20,6 +20,7 @@ pub mod env_merge;
 pub mod expression;
 pub mod facts;
 pub mod inject;
+pub mod kinds;
 mod load;
 pub mod manifest;
 pub mod names;

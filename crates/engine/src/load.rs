@@ -11,6 +11,7 @@ use minijinja::Value as JinjaValue;
 use serde_json::Value;
 
 use super::facts::NamespaceFacts;
+use super::kinds::POD_LISTS;
 use super::names;
 use super::render::{RenderError, RenderedTemplate, Subject, render};
 use super::template::{self, Template, TemplateError};
@@ -155,20 +156,20 @@ pub const CHECKED_KUBERNETES_VERSION: &str = "1.37";
 /// misspelt `resourcse:`) is an error, not silently dropped by the API server, unless the template
 /// lists its path in `uncheckedFields`.
 pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -> Result<(), TemplateError> {
-    use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, LocalObjectReference, Volume, VolumeMount};
+    use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, VolumeMount};
 
     type Check = fn(&Value) -> Result<Option<String>, String>;
-    // (section, items, their type, whether they are identified by `name`)
-    let sections: [(&str, &[Value], Check, bool); 7] = [
-        ("inject.initContainers", &rendered.init_containers, conforms::<Container>, true),
-        ("inject.sidecars", &rendered.sidecars, conforms::<Container>, true),
-        ("inject.volumes", &rendered.volumes, conforms::<Volume>, true),
-        ("inject.imagePullSecrets", &rendered.image_pull_secrets, conforms::<LocalObjectReference>, true),
-        ("inject.appContainers.env", &rendered.env, conforms::<EnvVar>, true),
-        ("inject.appContainers.envFrom", &rendered.env_from, conforms::<EnvFromSource>, false),
-        ("inject.appContainers.volumeMounts", &rendered.volume_mounts, conforms::<VolumeMount>, true),
+    // (section, items, their type, the field that identifies them: `None` for an envFrom source)
+    let sections: [(String, &[Value], Check, Option<&str>); 5] = [
+        ("inject.initContainers".into(), &rendered.init_containers, conforms::<Container>, Some("name")),
+        ("inject.sidecars".into(), &rendered.sidecars, conforms::<Container>, Some("name")),
+        ("inject.appContainers.env".into(), &rendered.env, conforms::<EnvVar>, Some("name")),
+        ("inject.appContainers.envFrom".into(), &rendered.env_from, conforms::<EnvFromSource>, None),
+        ("inject.appContainers.volumeMounts".into(), &rendered.volume_mounts, conforms::<VolumeMount>, Some("name")),
     ];
-    for (section, items, conforms, named) in sections {
+    let pod_lists =
+        POD_LISTS.iter().map(|kind| (kind.section(), rendered.pod_list(kind), kind.conforms, Some(kind.key)));
+    for (section, items, conforms, key) in sections.into_iter().chain(pod_lists) {
         for (index, item) in items.iter().enumerate() {
             let fail = |message: String| TemplateError::at(&template.name, 0, format!("{section}[{index}]{message}"));
             let unknown = conforms(item).map_err(|e| fail(format!(" is not valid: {e}")))?;
@@ -180,14 +181,14 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
                     )));
                 }
             }
-            let identified = match named {
-                true => matches!(item.get("name"), Some(Value::String(s)) if !s.is_empty()),
-                false => super::compare::env_from_key(item).is_some(),
+            let identified = match key {
+                Some(key) => matches!(item.get(key), Some(Value::String(s)) if !s.is_empty()),
+                None => super::compare::env_from_key(item).is_some(),
             };
             if !identified {
-                return Err(fail(match named {
-                    true => ".name must render to a non-empty string".to_owned(),
-                    false => " needs exactly one of configMapRef or secretRef, with a non-empty name".to_owned(),
+                return Err(fail(match key {
+                    Some(key) => format!(".{key} must render to a non-empty string"),
+                    None => " needs exactly one of configMapRef or secretRef, with a non-empty name".to_owned(),
                 }));
             }
         }
@@ -198,7 +199,9 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
 /// Reads `item` as a `T`: an error names the field path of a value of the wrong type; `Ok(Some)`
 /// names the first field `T` does not have (k8s-openapi ignores unknown fields, so they are the
 /// fields that reading and writing the item back loses).
-fn conforms<T: serde::de::DeserializeOwned + serde::Serialize>(item: &Value) -> Result<Option<String>, String> {
+pub(crate) fn conforms<T: serde::de::DeserializeOwned + serde::Serialize>(
+    item: &Value,
+) -> Result<Option<String>, String> {
     let typed: T = serde_path_to_error::deserialize(item).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();

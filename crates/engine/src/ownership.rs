@@ -24,6 +24,7 @@ use serde_json::Value;
 
 use super::compare::{env_from_key, first_difference, quantities_equal};
 use super::env_merge;
+use super::kinds::POD_LISTS;
 use super::names::{self, SERVICE_ACCOUNT_TOKEN_PATH};
 use super::render::RenderedTemplate;
 use super::status::{AppContainerAdditions, InjectionStatus, ItemKind};
@@ -124,16 +125,13 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             found.record(name, &mut present.native_sidecars, &mut owned.native_sidecars);
         }
     }
-    for name in &claim.volumes {
-        let expected = rendered_item(|r| &r.volumes, "name", name);
-        let found = judge(ItemKind::Volume, name, None, expected, find(spec_list("volumes"), "name", name));
-        found.record(name, &mut present.volumes, &mut owned.volumes);
-    }
-    for name in &claim.image_pull_secrets {
-        let expected = rendered_item(|r| &r.image_pull_secrets, "name", name);
-        let actual = find(spec_list("imagePullSecrets"), "name", name);
-        let found = judge(ItemKind::ImagePullSecret, name, None, expected, actual);
-        found.record(name, &mut present.image_pull_secrets, &mut owned.image_pull_secrets);
+    for kind in &POD_LISTS {
+        for identity in (kind.claimed)(claim) {
+            let expected = renderings.iter().flatten().find_map(|r| kind.find(r.pod_list(kind), identity).cloned());
+            let actual = spec_list(kind.field).and_then(|items| kind.find(items, identity));
+            let found = judge(kind.kind, identity, None, expected, actual);
+            found.record(identity, (kind.claimed_mut)(&mut present), (kind.claimed_mut)(&mut owned));
+        }
     }
     let metadata = |section: &str| pod.get("metadata").and_then(|m| m.get(section)).and_then(Value::as_object);
     for (kind, section, claimed, present_keys, owned_keys) in [
@@ -252,8 +250,7 @@ pub fn owns_everything(ownership: &Ownership, claim: &InjectionStatus) -> bool {
     let count = |s: &InjectionStatus| {
         s.containers.len()
             + s.init_containers.len()
-            + s.volumes.len()
-            + s.image_pull_secrets.len()
+            + POD_LISTS.iter().map(|kind| (kind.claimed)(s).len()).sum::<usize>()
             + s.labels.iter().filter(|k| *k != names::INJECTED_LABEL).count()
             + s.annotations.iter().filter(|k| *k != names::STATUS_ANNOTATION).count()
             + s.app_containers.values().map(AppContainerAdditions::len).sum::<usize>()

@@ -31,6 +31,7 @@ use serde_json::{Value, json};
 
 use super::compare::env_from_key;
 use super::expression::CompiledText;
+use super::kinds::{IMAGE_PULL_SECRETS, POD_LISTS, VOLUMES};
 use super::names;
 use super::names::SERVICE_ACCOUNT_TOKEN_PATH;
 use super::status::ItemKind;
@@ -725,6 +726,9 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
     if template.audit {
         return Err("enforced: audit reports what enforcement would refuse, which only the webhook sees".to_owned());
     }
+    if let Some(kind) = POD_LISTS.iter().find(|k| !k.in_policy && !spec.pod_lists[k.index].is_empty()) {
+        return Err(format!("it adds {} ({}), which only the webhook adds", kind.field, kind.section()));
+    }
     // A merged entry depends on what the app container has (its env and envFrom): the webhook's.
     if spec.env.iter().any(|item| item.merge.is_some()) {
         return Err("an appContainers.env item merges into the app's own variable (merge:)".to_owned());
@@ -782,7 +786,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         Ok(out)
     };
     let native = template.sidecar_mode.is_native(native_sidecars);
-    let volume_names = items(&spec.volumes, ItemKind::Volume, None)?;
+    let volume_names = items(&spec.pod_lists[VOLUMES.index], ItemKind::Volume, None)?;
     let mounted = match mounted_volume_names(spec) {
         Some(names) => volume_names.iter().map(|v| v.key.clone()).filter(|v| names.contains(v)).collect(),
         None => volume_names.iter().map(|v| v.key.clone()).collect(),
@@ -800,7 +804,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         init_containers: items(&spec.init_containers, ItemKind::InitContainer, Some(false))?,
         sidecars: items(&spec.sidecars, ItemKind::Sidecar, Some(native))?,
         volumes: volume_names,
-        pull_secrets: items(&spec.image_pull_secrets, ItemKind::ImagePullSecret, None)?,
+        pull_secrets: items(&spec.pod_lists[IMAGE_PULL_SECRETS.index], ItemKind::ImagePullSecret, None)?,
         app: [
             items(&spec.env, ItemKind::Env, None)?,
             items(&spec.env_from, ItemKind::EnvFrom, None)?,

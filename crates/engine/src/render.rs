@@ -25,6 +25,7 @@ use serde_json::Value;
 use super::env_merge::EnvMerge;
 use super::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
 use super::facts::NamespaceFacts;
+use super::kinds::{PerPodList, PodListKind};
 use super::names;
 use super::template::{AppTargets, Piece, PodResources, SeqItem, SidecarMode, Template, TemplateError};
 use super::workload::Workload;
@@ -53,8 +54,9 @@ pub struct RenderedTemplate {
     pub init_containers: Vec<Value>,
     /// Sidecar containers (native or classic is decided when planning).
     pub sidecars: Vec<Value>,
-    /// Pod volumes.
-    pub volumes: Vec<Value>,
+    /// The items of each kind of spec list (`kinds::POD_LISTS`), see
+    /// [`RenderedTemplate::pod_list`].
+    pub pod_lists: PerPodList<Vec<Value>>,
     /// Env vars for the targeted app containers.
     pub env: Vec<Value>,
     /// How the env vars above that say `merge:` merge with the app's own, by name.
@@ -63,8 +65,6 @@ pub struct RenderedTemplate {
     pub env_from: Vec<Value>,
     /// Volume mounts for the targeted app containers.
     pub volume_mounts: Vec<Value>,
-    /// Pod `imagePullSecrets` to add.
-    pub image_pull_secrets: Vec<Value>,
     /// Which app containers get `env`, `envFrom` and `volumeMounts` (the pod's choice applied).
     pub targets: AppTargets,
     /// The pod's choice of sidecar mode, when the template lets it choose.
@@ -74,6 +74,13 @@ pub struct RenderedTemplate {
     /// Where each overridden value came from: `<value> from annotation <key>` (the pod's, or
     /// `<key> on namespace <name>`).
     pub value_sources: Vec<String>,
+}
+
+impl RenderedTemplate {
+    /// The rendered items of one kind of spec list.
+    pub fn pod_list(&self, kind: &PodListKind) -> &[Value] {
+        &self.pod_lists[kind.index]
+    }
 }
 
 /// A render error that is the pod's fault rather than the template's: an override annotation whose
@@ -210,6 +217,10 @@ fn render_with(
             }
         }
     }
+    let mut pod_lists = PerPodList::<Vec<Value>>::default();
+    for (rendered, items) in pod_lists.iter_mut().zip(&spec.pod_lists) {
+        *rendered = renderer.items(items).map_err(err)?;
+    }
     Ok(RenderedTemplate {
         name: template.name.to_string(),
         hash: template.hash.clone(),
@@ -217,12 +228,11 @@ fn render_with(
         annotations: renderer.string_map(&spec.annotations, "inject.annotations").map_err(err)?,
         init_containers,
         sidecars,
-        volumes: renderer.items(&spec.volumes).map_err(err)?,
         env,
         env_merges,
         env_from: renderer.items(&spec.env_from).map_err(err)?,
         volume_mounts: renderer.items(&spec.volume_mounts).map_err(err)?,
-        image_pull_secrets: renderer.items(&spec.image_pull_secrets).map_err(err)?,
+        pod_lists,
         targets,
         sidecar_mode,
         warnings,

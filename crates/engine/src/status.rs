@@ -192,8 +192,7 @@ impl InjectionStatus {
         all(&self.containers, &other.containers)
             && all(&self.init_containers, &other.init_containers)
             && all(&self.native_sidecars, &other.native_sidecars)
-            && all(&self.volumes, &other.volumes)
-            && all(&self.image_pull_secrets, &other.image_pull_secrets)
+            && super::kinds::POD_LISTS.iter().all(|k| all((k.claimed)(self), (k.claimed)(other)))
             && all(&self.labels, &other.labels)
             && all(&self.annotations, &other.annotations)
             && other.app_containers.iter().all(|(name, theirs)| {

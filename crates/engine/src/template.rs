@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 
 use super::env_merge::{EnvMerge, Position};
 use super::expression::{self, CompiledText};
+use super::kinds::{POD_LISTS, PerPodList};
 use super::yaml::{MapEntry, SourceNode, SourceValue};
 
 /// The longest template name: `<template>.<value>` must fit the 63 characters of an annotation name.
@@ -215,27 +216,21 @@ pub(crate) struct InjectSpec {
     pub(crate) annotations: Vec<(String, Piece)>,
     pub(crate) init_containers: Vec<SeqItem>,
     pub(crate) sidecars: Vec<SeqItem>,
-    pub(crate) volumes: Vec<SeqItem>,
+    /// The items of each kind of spec list (`kinds::POD_LISTS`).
+    pub(crate) pod_lists: PerPodList<Vec<SeqItem>>,
     pub(crate) env: Vec<SeqItem>,
     pub(crate) env_from: Vec<SeqItem>,
     pub(crate) volume_mounts: Vec<SeqItem>,
-    pub(crate) image_pull_secrets: Vec<SeqItem>,
     /// Which app containers get `env`, `envFrom` and `volumeMounts`.
     pub(crate) targets: AppTargets,
 }
 
 impl InjectSpec {
     /// Every list of items, in a fixed order.
-    pub(crate) fn lists(&self) -> [&Vec<SeqItem>; 7] {
-        [
-            &self.init_containers,
-            &self.sidecars,
-            &self.volumes,
-            &self.env,
-            &self.env_from,
-            &self.volume_mounts,
-            &self.image_pull_secrets,
-        ]
+    pub(crate) fn lists(&self) -> impl Iterator<Item = &Vec<SeqItem>> {
+        [&self.init_containers, &self.sidecars, &self.env, &self.env_from, &self.volume_mounts]
+            .into_iter()
+            .chain(&self.pod_lists)
     }
 
     /// Every compiled expression of the tree, `when:` conditions included.
@@ -254,7 +249,7 @@ impl InjectSpec {
         }
         let mut out = Vec::new();
         self.labels.iter().chain(&self.annotations).for_each(|(_, p)| walk(p, &mut out));
-        self.lists().into_iter().flatten().for_each(|i| walk_item(i, &mut out));
+        self.lists().flatten().for_each(|i| walk_item(i, &mut out));
         out
     }
 
@@ -274,19 +269,10 @@ impl InjectSpec {
         }
         let mut out = Vec::new();
         let InjectSpec {
-            labels,
-            annotations,
-            init_containers,
-            sidecars,
-            volumes,
-            env,
-            env_from,
-            volume_mounts,
-            image_pull_secrets,
-            ..
+            labels, annotations, init_containers, sidecars, pod_lists, env, env_from, volume_mounts, ..
         } = self;
         labels.iter_mut().chain(annotations.iter_mut()).for_each(|(_, p)| walk(p, &mut out));
-        for list in [init_containers, sidecars, volumes, env, env_from, volume_mounts, image_pull_secrets] {
+        for list in [init_containers, sidecars, env, env_from, volume_mounts].into_iter().chain(pod_lists) {
             list.iter_mut().for_each(|i| walk_item(i, &mut out));
         }
         out
@@ -751,9 +737,9 @@ impl<'a> Compiler<'a> {
                 "annotations" => spec.annotations = self.string_map(child, "inject.annotations")?,
                 "initContainers" => spec.init_containers = self.items(child, "inject.initContainers", &["name"])?,
                 "sidecars" => spec.sidecars = self.items(child, "inject.sidecars", &["name"])?,
-                "volumes" => spec.volumes = self.items(child, "inject.volumes", &["name"])?,
-                "imagePullSecrets" => {
-                    spec.image_pull_secrets = self.items(child, "inject.imagePullSecrets", &["name"])?
+                field if POD_LISTS.iter().any(|k| k.field == field) => {
+                    let kind = POD_LISTS.iter().find(|k| k.field == field).expect("matched above");
+                    spec.pod_lists[kind.index] = self.items(child, &kind.section(), &[kind.key])?
                 }
                 "appContainers" => {
                     for MapEntry { key, key_line, value: grandchild } in self.mapping(child, "inject.appContainers")? {
@@ -786,7 +772,8 @@ impl<'a> Compiler<'a> {
                     return Err(self.err(
                         *key_line,
                         format!(
-                            "unknown key {other:?} in inject (expected labels, annotations, initContainers, sidecars, volumes, imagePullSecrets, appContainers)"
+                            "unknown key {other:?} in inject (expected labels, annotations, initContainers, sidecars, {}, appContainers)",
+                            POD_LISTS.map(|k| k.field).join(", ")
                         ),
                     ));
                 }
@@ -1014,7 +1001,7 @@ impl<'a> Compiler<'a> {
         }
         let mut refs = Vec::new();
         spec.labels.iter().chain(&spec.annotations).for_each(|(_, p)| collect(p, &mut refs));
-        spec.lists().iter().flat_map(|list| list.iter()).for_each(|i| collect(&i.piece, &mut refs));
+        spec.lists().flatten().for_each(|i| collect(&i.piece, &mut refs));
         match refs.into_iter().find(|(_, path)| expression::lookup_path(values, path).is_none()) {
             Some((line, path)) => Err(self.err(line, format!("values.{} is not defined in values", path.join(".")))),
             None => Ok(()),

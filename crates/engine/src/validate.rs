@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use super::compare::first_difference;
 use super::env_merge;
+use super::kinds::POD_LISTS;
 use super::status::{InjectionStatus, TemplateRef};
 use super::template::{PreCheck, TemplateError, TemplateSet, TemplateSource};
 use super::{Engine, Outcome, PodRequest, names, pod, select};
@@ -193,18 +194,17 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
     json_patch::patch(&mut expected, &injection.patch)
         .map_err(|e| format!("internal error recomputing the injection: {e}"))?;
     let actual = &*request.pod;
-    let lists = [
-        ("init container", "initContainers", &injection.status.init_containers),
-        ("sidecar container", "containers", &injection.status.containers),
-        ("volume", "volumes", &injection.status.volumes),
-        ("image pull secret", "imagePullSecrets", &injection.status.image_pull_secrets),
+    let containers = [
+        ("init container", "initContainers", "name", &injection.status.init_containers),
+        ("sidecar container", "containers", "name", &injection.status.containers),
     ];
-    for (kind, list, names) in lists {
+    let pod_lists = POD_LISTS.iter().map(|k| (k.kind.describe(), k.field, k.key, (k.claimed)(&injection.status)));
+    for (kind, list, key, names) in containers.into_iter().chain(pod_lists) {
         let (expected_items, actual_items) =
             (pod::list(&expected, list).ok().flatten(), pod::list(actual, list).ok().flatten());
         for name in names {
             let what = || format!("injected {kind} {name:?}");
-            compare(what, find_by(expected_items, "name", name), find_by(actual_items, "name", name))?;
+            compare(what, find_by(expected_items, key, name), find_by(actual_items, key, name))?;
         }
     }
     let expected_containers = pod::list(&expected, "containers").ok().flatten();
@@ -285,25 +285,20 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
             }
         }
     }
-    let retain_unnamed = |list: Option<&mut Value>, names: &[String]| {
+    let retain_unnamed = |list: Option<&mut Value>, key: &str, names: &[String]| {
         if let Some(Value::Array(items)) = list {
-            items
-                .retain(|item| !item.get("name").and_then(Value::as_str).is_some_and(|n| names.iter().any(|x| x == n)));
+            items.retain(|item| !item.get(key).and_then(Value::as_str).is_some_and(|n| names.iter().any(|x| x == n)));
         }
     };
     if let Some(spec) = pod.get_mut("spec") {
-        retain_unnamed(spec.get_mut("containers"), &status.containers);
-        retain_unnamed(spec.get_mut("initContainers"), &status.init_containers);
-        retain_unnamed(spec.get_mut("volumes"), &status.volumes);
-        retain_unnamed(spec.get_mut("imagePullSecrets"), &status.image_pull_secrets);
-        if spec.get("imagePullSecrets").and_then(Value::as_array).is_some_and(Vec::is_empty) {
-            spec.as_object_mut().map(|s| s.remove("imagePullSecrets"));
-        }
-        if spec.get("initContainers").and_then(Value::as_array).is_some_and(Vec::is_empty) {
-            spec.as_object_mut().map(|s| s.remove("initContainers"));
-        }
-        if spec.get("volumes").and_then(Value::as_array).is_some_and(Vec::is_empty) {
-            spec.as_object_mut().map(|s| s.remove("volumes"));
+        retain_unnamed(spec.get_mut("containers"), "name", &status.containers);
+        // A list the injection emptied was added whole by it (`inject::plan` removes it whole).
+        let lists = POD_LISTS.iter().map(|k| (k.field, k.key, (k.claimed)(status)));
+        for (field, key, names) in [("initContainers", "name", &status.init_containers)].into_iter().chain(lists) {
+            retain_unnamed(spec.get_mut(field), key, names);
+            if spec.get(field).and_then(Value::as_array).is_some_and(Vec::is_empty) {
+                spec.as_object_mut().map(|s| s.remove(field));
+            }
         }
         if let Some(Value::Array(containers)) = spec.get_mut("containers") {
             for container in containers {

@@ -1,0 +1,202 @@
+//! One description per kind of item a template adds to a list of the pod's spec (`spec.volumes`,
+//! `spec.imagePullSecrets`): where the kind lives in a template and in the pod,
+//! what identifies an item, its list in the status annotation, its Kubernetes type for the load
+//! check, and whether the policy mode can add it.
+//!
+//! The steps iterate over [`POD_LISTS`] instead of naming these kinds: the template compiler and
+//! the renderer keep one list per description, `inject::plan` claims, adds and removes by it,
+//! `ownership` proves claims by it, `validate` strips and checks by it, `enforce` compares
+//! conflicts by it, `load` checks conformance by it, `explain` lists by it and the properties
+//! generate items from it. A new kind of spec list is one entry here and its status list (with an
+//! [`ItemKind`]) in `status`: a step cannot forget it, because no step names it.
+//!
+//! Containers, init containers and native sidecars (one name space, placement by sidecar mode),
+//! the app containers' lists (per container, with merged env) and labels and annotations (maps)
+//! are not spec lists and keep code of their own.
+
+use serde_json::{Value, json};
+
+use super::status::{InjectionStatus, ItemKind};
+
+/// A kind of item kept in a list of the pod's spec and identified by one string field.
+#[derive(Debug)]
+pub struct PodListKind {
+    /// The kind, as the status annotation's skips and messages name it.
+    pub kind: ItemKind,
+    /// Its position in [`POD_LISTS`] (and in every per-kind array of lists).
+    pub index: usize,
+    /// The list's field, in the pod (`spec.<field>`) and in a template (`inject.<field>`).
+    pub field: &'static str,
+    /// What a list of them is called in messages (`image pull secrets`).
+    pub plural: &'static str,
+    /// The field of an item that identifies it (`name`, `ip`).
+    pub key: &'static str,
+    /// Whether Kubernetes requires every item of the pod's list to carry the key (a pod whose
+    /// item lacks it is malformed); otherwise such an item has the empty identity.
+    pub key_required: bool,
+    /// What happens to a template's item whose identity the pod (or an earlier template) already
+    /// has.
+    pub when_held: WhenHeld,
+    /// The status annotation's list of the identities added.
+    pub claimed: fn(&InjectionStatus) -> &Vec<String>,
+    /// The same list, to fill.
+    pub claimed_mut: fn(&mut InjectionStatus) -> &mut Vec<String>,
+    /// Reads a rendered item as its Kubernetes type (see `load::conforms`): a wrong type is an
+    /// error, `Some(path)` a field the type does not have.
+    pub conforms: fn(&Value) -> Result<Option<String>, String>,
+    /// Whether the policy mode (`compile-policies`) adds this kind; otherwise a template with such
+    /// items is left to the webhook, saying why.
+    pub in_policy: bool,
+    /// A well-formed item of this identity, for the properties (and `explain`'s examples): every
+    /// kind is generated the day it is described.
+    pub sample: fn(&str) -> Value,
+}
+
+/// What happens to a template's item whose identity is already held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenHeld {
+    /// The holder's item stands and the skip is recorded (the template applied with conflicts).
+    Skip,
+    /// The identity is all there is to the item (a pull secret's name): it is already there, so
+    /// nothing is added and nothing is reported.
+    AlreadyThere,
+}
+
+/// How many kinds of spec lists there are.
+pub const POD_LIST_COUNT: usize = 2;
+
+/// One value per kind of spec list, in the order of [`POD_LISTS`].
+pub type PerPodList<T> = [T; POD_LIST_COUNT];
+
+/// Pod volumes (`spec.volumes`), identified by name.
+pub const VOLUMES: &PodListKind = &POD_LISTS[0];
+/// Pull secrets (`spec.imagePullSecrets`), identified by name.
+pub const IMAGE_PULL_SECRETS: &PodListKind = &POD_LISTS[1];
+
+/// Every kind of spec list, in patch order.
+pub const POD_LISTS: PerPodList<PodListKind> = [
+    PodListKind {
+        kind: ItemKind::Volume,
+        index: 0,
+        field: "volumes",
+        plural: "volumes",
+        key: "name",
+        key_required: true,
+        when_held: WhenHeld::Skip,
+        claimed: |s| &s.volumes,
+        claimed_mut: |s| &mut s.volumes,
+        conforms: super::load::conforms::<k8s_openapi::api::core::v1::Volume>,
+        in_policy: true,
+        sample: |name| json!({"name": name, "emptyDir": {}}),
+    },
+    PodListKind {
+        kind: ItemKind::ImagePullSecret,
+        index: 1,
+        field: "imagePullSecrets",
+        plural: "image pull secrets",
+        key: "name",
+        key_required: false,
+        when_held: WhenHeld::AlreadyThere,
+        claimed: |s| &s.image_pull_secrets,
+        claimed_mut: |s| &mut s.image_pull_secrets,
+        conforms: super::load::conforms::<k8s_openapi::api::core::v1::LocalObjectReference>,
+        in_policy: true,
+        sample: |name| json!({"name": name}),
+    },
+];
+
+/// The description of a spec-list kind, if `kind` is one.
+pub fn pod_list_of(kind: ItemKind) -> Option<&'static PodListKind> {
+    POD_LISTS.iter().find(|k| k.kind == kind)
+}
+
+/// Where an item of a kind lives: in a spec list (described in [`POD_LISTS`]) or in a place with
+/// code of its own. Steps that handle every kind match on this, so the spec-list kinds are one arm
+/// and a new one needs no arm at all.
+#[derive(Debug, Clone, Copy)]
+pub enum Place {
+    /// An item of a spec list.
+    PodList(&'static PodListKind),
+    /// A pod label.
+    Label,
+    /// A pod annotation.
+    Annotation,
+    /// An init container.
+    InitContainer,
+    /// A sidecar (a container, or a native sidecar among the init containers).
+    Sidecar,
+    /// An env var of an app container.
+    Env,
+    /// An `envFrom` source of an app container.
+    EnvFrom,
+    /// A volume mount of an app container.
+    VolumeMount,
+    /// An entry merged into an app container's own env var.
+    EnvMerge,
+}
+
+impl ItemKind {
+    /// Where items of this kind live.
+    pub fn place(self) -> Place {
+        match self {
+            ItemKind::Label => Place::Label,
+            ItemKind::Annotation => Place::Annotation,
+            ItemKind::InitContainer => Place::InitContainer,
+            ItemKind::Sidecar => Place::Sidecar,
+            ItemKind::Env => Place::Env,
+            ItemKind::EnvFrom => Place::EnvFrom,
+            ItemKind::VolumeMount => Place::VolumeMount,
+            ItemKind::EnvMerge => Place::EnvMerge,
+            ItemKind::Volume => Place::PodList(VOLUMES),
+            ItemKind::ImagePullSecret => Place::PodList(IMAGE_PULL_SECRETS),
+        }
+    }
+}
+
+impl PodListKind {
+    /// The identity of an item (`None` when it lacks the key).
+    pub fn identity<'v>(&self, item: &'v Value) -> Option<&'v str> {
+        item.get(self.key).and_then(Value::as_str)
+    }
+
+    /// The item of `items` with this identity.
+    pub fn find<'v>(&self, items: &'v [Value], identity: &str) -> Option<&'v Value> {
+        items.iter().find(|item| self.identity(item) == Some(identity))
+    }
+
+    /// The section of a template that holds these items, for messages (`inject.volumes`).
+    pub fn section(&self) -> String {
+        format!("inject.{}", self.field)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_description_is_where_its_index_says_and_its_status_list_is_its_own() {
+        let mut status = InjectionStatus::default();
+        for (index, kind) in POD_LISTS.iter().enumerate() {
+            assert_eq!(kind.index, index, "{}", kind.field);
+            assert_eq!(pod_list_of(kind.kind).map(|k| k.index), Some(index));
+            assert!(matches!(kind.kind.place(), Place::PodList(k) if k.index == index), "{}", kind.field);
+            (kind.claimed_mut)(&mut status).push(kind.field.to_owned());
+        }
+        // Each kind writes its own status list, under its own key.
+        let json = serde_json::to_value(&status).unwrap();
+        for kind in &POD_LISTS {
+            assert_eq!((kind.claimed)(&status), &vec![kind.field.to_owned()]);
+            assert_eq!(json[kind.field], json!([kind.field]), "the status key of {} is its spec field", kind.field);
+        }
+    }
+
+    #[test]
+    fn every_sample_conforms_and_carries_its_identity() {
+        for kind in &POD_LISTS {
+            let sample = (kind.sample)("10.1.2.3");
+            assert_eq!((kind.conforms)(&sample), Ok(None), "{}", kind.field);
+            assert_eq!(kind.identity(&sample), Some("10.1.2.3"));
+        }
+    }
+}
