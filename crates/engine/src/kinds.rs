@@ -47,9 +47,13 @@ pub struct PodListKind {
     /// Whether the policy mode (`compile-policies`) adds this kind; otherwise a template with such
     /// items is left to the webhook, saying why.
     pub in_policy: bool,
-    /// A well-formed item of this identity, for the properties (and `explain`'s examples): every
-    /// kind is generated the day it is described.
+    /// A well-formed item of this identity as a template adds it, for the properties: every kind
+    /// is generated the day it is described.
     pub sample: fn(&str) -> Value,
+    /// An item of the same identity as a pod's author might write it: another definition than
+    /// [`PodListKind::sample`]'s where the kind has more than its identity (so that the pod's item
+    /// and the template's conflict in the properties).
+    pub authored: fn(&str) -> Value,
 }
 
 /// What happens to a template's item whose identity is already held.
@@ -88,6 +92,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         conforms: super::load::conforms::<k8s_openapi::api::core::v1::Volume>,
         in_policy: true,
         sample: |name| json!({"name": name, "emptyDir": {}}),
+        authored: |name| json!({"name": name, "hostPath": {"path": "/"}}),
     },
     PodListKind {
         kind: ItemKind::ImagePullSecret,
@@ -102,6 +107,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         conforms: super::load::conforms::<k8s_openapi::api::core::v1::LocalObjectReference>,
         in_policy: true,
         sample: |name| json!({"name": name}),
+        authored: |name| json!({"name": name}),
     },
 ];
 
@@ -194,9 +200,10 @@ mod tests {
     #[test]
     fn every_sample_conforms_and_carries_its_identity() {
         for kind in &POD_LISTS {
-            let sample = (kind.sample)("10.1.2.3");
-            assert_eq!((kind.conforms)(&sample), Ok(None), "{}", kind.field);
-            assert_eq!(kind.identity(&sample), Some("10.1.2.3"));
+            for sample in [(kind.sample)("10.1.2.3"), (kind.authored)("10.1.2.3")] {
+                assert_eq!((kind.conforms)(&sample), Ok(None), "{}", kind.field);
+                assert_eq!(kind.identity(&sample), Some("10.1.2.3"));
+            }
         }
     }
 }

@@ -20,6 +20,7 @@ use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use serde_json::{Map, Value, json};
 use sidecar_injector_engine::compare::first_difference;
+use sidecar_injector_engine::kinds::{POD_LIST_COUNT, POD_LISTS, VOLUMES};
 use sidecar_injector_engine::pod_resources;
 use sidecar_injector_engine::template::InProcess;
 use sidecar_injector_engine::{
@@ -84,11 +85,11 @@ fn pod() -> impl Strategy<Value = Value> {
         proptest::option::of(string_map()),
         proptest::sample::subsequence(NAMES.to_vec(), 1..=3),
         proptest::option::of(names()),
-        proptest::option::of((names(), any::<bool>())),
+        proptest::collection::vec(proptest::option::of((names(), any::<bool>())), POD_LIST_COUNT),
         proptest::collection::vec((names(), proptest::sample::subsequence(PATHS.to_vec(), 0..=2)), 3),
         proptest::option::of((1..4u32, any::<bool>())),
     )
-        .prop_map(|(labels, annotations, containers, init, volumes, per_container, pod_level)| {
+        .prop_map(|(labels, annotations, containers, init, pod_lists, per_container, pod_level)| {
             let mut metadata = Map::new();
             metadata.insert("name".into(), json!("p"));
             if let Some(labels) = labels {
@@ -111,13 +112,13 @@ fn pod() -> impl Strategy<Value = Value> {
             if let Some(init) = init {
                 spec.insert("initContainers".into(), named(&init, "i-"));
             }
-            // The templates' volumes are emptyDirs: the pod's own may be the same, or the host's root.
-            if let Some((volumes, host)) = volumes {
-                let volume = |n: &str| match host {
-                    true => json!({"name": n, "hostPath": {"path": "/"}}),
-                    false => json!({"name": n, "emptyDir": {}}),
-                };
-                spec.insert("volumes".into(), Value::Array(volumes.iter().map(|n| volume(n)).collect()));
+            // Every kind of spec list, items of the templates' identities: the same as the
+            // templates' (`sample`), or the author's own (`authored`: a volume of the host's root).
+            for (kind, list) in POD_LISTS.iter().zip(pod_lists) {
+                if let Some((identities, authored)) = list {
+                    let item = if authored { kind.authored } else { kind.sample };
+                    spec.insert(kind.field.into(), identities.iter().map(|id| item(id)).collect());
+                }
             }
             spec.insert("x-future".into(), json!([1, 2]));
             // Pod-level resources (KEP-2837) that the app containers' requests fit: Guaranteed
@@ -142,19 +143,20 @@ fn template() -> impl Strategy<Value = String> {
         string_map(),
         names(),
         names(),
-        names(),
+        proptest::collection::vec(names(), POD_LIST_COUNT),
         names(),
         (proptest::sample::subsequence(PATHS.to_vec(), 0..=2), any::<proptest::sample::Index>(), any::<bool>()),
         proptest::sample::select(vec!["native", "container", "auto"]),
         "[a-z]{1,4}",
     )
-        .prop_map(|(labels, annotations, init, sidecars, volumes, env, (mounts, volume, sidecars_mount), mode, value)| {
+        .prop_map(|(labels, annotations, init, sidecars, pod_lists, env, (mounts, volume, sidecars_mount), mode, value)| {
+            let volumes = &pod_lists[VOLUMES.index];
             // Mounts name one of the template's own volumes (none without volumes).
             let (mounts, sidecars_mount, volume) = match volumes.is_empty() {
                 true => (Vec::new(), false, ""),
-                false => (mounts, sidecars_mount, *volume.get(&volumes)),
+                false => (mounts, sidecars_mount, *volume.get(volumes)),
             };
-            let doc = json!({
+            let mut doc = json!({
                 "default": true,
                 "sidecarMode": mode,
                 "values": {"v": value},
@@ -169,13 +171,16 @@ fn template() -> impl Strategy<Value = String> {
                         "volumeMounts": if sidecars_mount { json!([{"name": volume, "mountPath": "/shared"}]) } else { json!([]) },
                         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}},
                     })).collect()),
-                    "volumes": Value::Array(volumes.iter().map(|n| json!({"name": n, "emptyDir": {}})).collect()),
                     "appContainers": {
                         "env": Value::Array(env.iter().map(|n| json!({"name": n.to_uppercase(), "value": "{{ values.v }}"})).collect()),
                         "volumeMounts": Value::Array(mounts.iter().map(|p| json!({"name": volume, "mountPath": p})).collect()),
                     },
                 },
             });
+            // Every kind of spec list, as its description samples it (volumes are emptyDirs).
+            for (kind, identities) in POD_LISTS.iter().zip(&pod_lists) {
+                doc["inject"][kind.field] = identities.iter().map(|id| (kind.sample)(id)).collect();
+            }
             manifest::write(&[doc])
         })
 }
@@ -210,16 +215,16 @@ fn unchanged_but_for_additions(before: &Value, after: &Value) -> bool {
 
 /// A status annotation as a pod might carry it: names drawn from the pod's own items and the
 /// templates', hashes current or made up.
-/// Claimed sidecars, init containers, volumes, env vars, whether the hashes are current, and keys.
-/// And whether it claims a padding of the pod-level resources.
+/// Claimed sidecars, init containers, identities of each kind of spec list, env vars, whether the
+/// hashes are current, and keys. And whether it claims a padding of the pod-level resources.
 type Claim =
-    (Vec<&'static str>, Vec<&'static str>, Vec<&'static str>, Vec<&'static str>, bool, Vec<&'static str>, bool);
+    (Vec<&'static str>, Vec<&'static str>, Vec<Vec<&'static str>>, Vec<&'static str>, bool, Vec<&'static str>, bool);
 
 fn claim() -> impl Strategy<Value = Claim> {
     (
         names(),
         names(),
-        names(),
+        proptest::collection::vec(names(), POD_LIST_COUNT),
         names(),
         any::<bool>(),
         proptest::sample::subsequence(KEYS.to_vec(), 0..=2),
@@ -227,7 +232,7 @@ fn claim() -> impl Strategy<Value = Claim> {
     )
 }
 
-fn with_claim(pod: &Value, engine: &Engine, (containers, init, volumes, env, current, keys, padded): Claim) -> Value {
+fn with_claim(pod: &Value, engine: &Engine, (containers, init, pod_lists, env, current, keys, padded): Claim) -> Value {
     let templates: Vec<Value> = engine
         .templates
         .iter()
@@ -246,17 +251,19 @@ fn with_claim(pod: &Value, engine: &Engine, (containers, init, volumes, env, cur
             )
         })
         .collect();
-    let status = json!({
+    let mut status = json!({
         "templates": templates,
         "containers": containers.iter().map(|n| format!("c-{n}")).collect::<Vec<_>>(),
         "initContainers": init.iter().map(|n| format!("i-{n}")).chain(containers.iter().map(|n| format!("c-{n}"))).collect::<Vec<_>>(),
         "nativeSidecars": containers.iter().map(|n| format!("c-{n}")).collect::<Vec<_>>(),
-        "volumes": volumes,
         "labels": keys,
         "annotations": keys,
         "appContainers": app,
         "podResources": if padded { json!({"requests": {"cpu": "50m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}}) } else { Value::Null },
     });
+    for (kind, identities) in POD_LISTS.iter().zip(pod_lists) {
+        status[kind.field] = json!(identities);
+    }
     let mut pod = pod.clone();
     let metadata = pod["metadata"].as_object_mut().unwrap();
     let annotations = metadata.entry("annotations").or_insert(json!({}));
@@ -427,11 +434,13 @@ proptest! {
         json_patch::patch(&mut out, &injection.patch).expect("the patch applies");
         let removed = &injection.removed;
         // Every item of the input is still there and unchanged, unless the injection says it removed it.
-        for (list, gone) in [("containers", &removed.containers), ("initContainers", &removed.init_containers), ("volumes", &removed.volumes)] {
+        let containers = [("containers", "name", &removed.containers), ("initContainers", "name", &removed.init_containers)];
+        let pod_lists = POD_LISTS.iter().map(|kind| (kind.field, kind.key, (kind.claimed)(removed)));
+        for (list, key, gone) in containers.into_iter().chain(pod_lists) {
             for item in claimed["spec"][list].as_array().into_iter().flatten() {
-                let name = item["name"].as_str().unwrap();
+                let name = item[key].as_str().unwrap();
                 if gone.iter().any(|g| g == name) { continue; }
-                let kept = out["spec"][list].as_array().and_then(|l| l.iter().find(|i| i["name"] == name));
+                let kept = out["spec"][list].as_array().and_then(|l| l.iter().find(|i| i[key] == name));
                 prop_assert!(kept.is_some(), "{} {} was removed", list, name);
                 prop_assert!(unchanged_but_for_additions(item, kept.unwrap()), "{} {} was changed: {} -> {}", list, name, item, kept.unwrap());
             }
@@ -464,7 +473,8 @@ proptest! {
         }
         // And what was removed is only ever something the injection had really added to `base`.
         if !injected_first {
-            prop_assert!(removed.containers.is_empty() && removed.init_containers.is_empty() && removed.volumes.is_empty(),
+            prop_assert!(removed.containers.is_empty() && removed.init_containers.is_empty()
+                && POD_LISTS.iter().all(|kind| (kind.claimed)(removed).is_empty()),
                 "a forged claim on a pod never injected removed {:?}", removed);
         }
     }
