@@ -554,3 +554,66 @@ spec:
     ctx.plane.kubectl(&["-n", namespace, "delete", "deployment", "payments", "--wait=false"])?;
     Ok(())
 }
+
+/// A template that adds `hostAliases` (selected by annotation, so other scenarios never get it).
+const HOST_ALIASES_TEMPLATE: &str = r#"
+description: Fixed addresses for pods that cannot use cluster DNS
+inject:
+  hostAliases:
+    - ip: 10.96.40.10
+      hostnames: ["otel-collector.{{ namespace.name }}.internal"]
+    - ip: 10.96.40.20
+      hostnames: [vault.internal]
+"#;
+
+/// 30. `hostAliases` on the real API server: a template's entries are added by IP, the pod's own
+///     entry for an IP stands (recorded as skipped), the API server stores the pod as patched, and
+///     the policy mode leaves the template to the webhook.
+pub async fn s30_host_aliases(ctx: &mut Ctx) -> Result<()> {
+    crate::scenarios::set_template(ctx, "hosts.yaml", Some(HOST_ALIASES_TEMPLATE)).await?;
+    let result = host_aliases(ctx).await;
+    crate::scenarios::set_template(ctx, "hosts.yaml", None).await?;
+    result
+}
+
+async fn host_aliases(ctx: &mut Ctx) -> Result<()> {
+    let namespace = "e2e-shop";
+    let annotations = json!({"sidecar-injector.io/templates": "hosts"});
+    let mut authored = crate::scenarios::pod("legacy", json!({}), annotations.clone());
+    authored["spec"]["hostAliases"] = json!([{"ip": "10.96.40.20", "hostnames": ["vault.corp.example"]}]);
+    // The injector serves the new template within seconds; until then it refuses the pod that names it.
+    let start = Instant::now();
+    let pod = loop {
+        match ctx.create_pod(namespace, authored.clone()).await {
+            Ok(pod) => break pod,
+            Err(e) if start.elapsed() < Duration::from_secs(15) => {
+                ensure!(e.to_string().contains("hosts"), "refused for another reason: {e}");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => bail!("the template was not served within 15 s: {e}"),
+        }
+    };
+    let aliases = serde_json::to_value(pod.spec.as_ref().and_then(|s| s.host_aliases.clone()))?;
+    ensure!(
+        aliases
+            == json!([
+                {"ip": "10.96.40.20", "hostnames": ["vault.corp.example"]},
+                {"ip": "10.96.40.10", "hostnames": ["otel-collector.e2e-shop.internal"]}
+            ]),
+        "stored hostAliases {aliases}"
+    );
+    let status = status(&pod).context("not injected")?;
+    ensure!(status.host_aliases == ["10.96.40.10"], "status {status:?}");
+    ensure!(
+        status.skipped.iter().any(|s| s.name == "10.96.40.20" && s.owner == "pod"),
+        "the pod's own entry is not recorded as skipped: {status:?}"
+    );
+    // `explain --cluster` reads the stored pod's status: injected, with the pod's entry standing.
+    let text = cli(ctx, &["explain", "--cluster", "--namespace", namespace, "pod/legacy"])?;
+    ensure!(
+        text.contains("this pod: injected with [hosts@") && text.contains("hosts applied with conflicts"),
+        "explain --cluster says:\n{text}"
+    );
+    ctx.pods(namespace).delete("legacy", &DeleteParams::default()).await?;
+    Ok(())
+}

@@ -1,7 +1,7 @@
 //! One description per kind of item a template adds to a list of the pod's spec (`spec.volumes`,
-//! `spec.imagePullSecrets`): where the kind lives in a template and in the pod,
-//! what identifies an item, its list in the status annotation, its Kubernetes type for the load
-//! check, and whether the policy mode can add it.
+//! `spec.imagePullSecrets`, `spec.hostAliases`): where the kind lives in a template and in the
+//! pod, what identifies an item, its list in the status annotation, its Kubernetes type for the
+//! load check, and whether the policy mode can add it.
 //!
 //! The steps iterate over [`POD_LISTS`] instead of naming these kinds: the template compiler and
 //! the renderer keep one list per description, `inject::plan` claims, adds and removes by it,
@@ -67,7 +67,7 @@ pub enum WhenHeld {
 }
 
 /// How many kinds of spec lists there are.
-pub const POD_LIST_COUNT: usize = 2;
+pub const POD_LIST_COUNT: usize = 3;
 
 /// One value per kind of spec list, in the order of [`POD_LISTS`].
 pub type PerPodList<T> = [T; POD_LIST_COUNT];
@@ -76,6 +76,8 @@ pub type PerPodList<T> = [T; POD_LIST_COUNT];
 pub const VOLUMES: &PodListKind = &POD_LISTS[0];
 /// Pull secrets (`spec.imagePullSecrets`), identified by name.
 pub const IMAGE_PULL_SECRETS: &PodListKind = &POD_LISTS[1];
+/// Host aliases (`spec.hostAliases`, lines of the pod's `/etc/hosts`), identified by IP.
+pub const HOST_ALIASES: &PodListKind = &POD_LISTS[2];
 
 /// Every kind of spec list, in patch order.
 pub const POD_LISTS: PerPodList<PodListKind> = [
@@ -108,6 +110,23 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         in_policy: true,
         sample: |name| json!({"name": name}),
         authored: |name| json!({"name": name}),
+    },
+    PodListKind {
+        kind: ItemKind::HostAlias,
+        index: 2,
+        field: "hostAliases",
+        plural: "host aliases",
+        key: "ip",
+        key_required: true,
+        when_held: WhenHeld::Skip,
+        claimed: |s| &s.host_aliases,
+        claimed_mut: |s| &mut s.host_aliases,
+        conforms: super::load::conforms::<k8s_openapi::api::core::v1::HostAlias>,
+        // A MutatingAdmissionPolicy could append them, but the pod's own entry for an IP must
+        // win, which needs the webhook's claim bookkeeping.
+        in_policy: false,
+        sample: |ip| json!({"ip": ip, "hostnames": ["collector.observability.internal"]}),
+        authored: |ip| json!({"ip": ip, "hostnames": ["db.example.internal", "db"]}),
     },
 ];
 
@@ -155,6 +174,7 @@ impl ItemKind {
             ItemKind::EnvMerge => Place::EnvMerge,
             ItemKind::Volume => Place::PodList(VOLUMES),
             ItemKind::ImagePullSecret => Place::PodList(IMAGE_PULL_SECRETS),
+            ItemKind::HostAlias => Place::PodList(HOST_ALIASES),
         }
     }
 }

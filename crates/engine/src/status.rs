@@ -33,6 +33,9 @@ pub struct InjectionStatus {
     /// Names of the pod `imagePullSecrets` added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_pull_secrets: Vec<String>,
+    /// IPs of the pod `hostAliases` entries added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_aliases: Vec<String>,
     /// Label keys added (besides `sidecar-injector.io/injected`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub labels: Vec<String>,
@@ -107,6 +110,8 @@ pub enum ItemKind {
     ImagePullSecret,
     /// An env entry merged into the container's own variable (identified as `NAME=VALUE`).
     EnvMerge,
+    /// A pod `hostAliases` entry (identified by IP).
+    HostAlias,
 }
 
 impl ItemKind {
@@ -123,6 +128,7 @@ impl ItemKind {
             ItemKind::EnvFrom => "envFrom source",
             ItemKind::ImagePullSecret => "image pull secret",
             ItemKind::EnvMerge => "merged env entry",
+            ItemKind::HostAlias => "host alias",
         }
     }
 }

@@ -986,3 +986,86 @@ fn a_pod_the_api_server_would_refuse_after_the_injection_is_left_as_written_or_r
         "{denial}"
     );
 }
+
+const HOSTS: &str = r#"
+default: true
+inject:
+  hostAliases:
+    - ip: 10.0.0.5
+      hostnames: ["collector.{{ namespace.name }}.internal"]
+    - ip: 10.0.0.6
+      hostnames: [vault.internal]
+"#;
+
+#[test]
+fn host_aliases_are_added_by_ip_and_the_pods_own_entry_for_an_ip_wins() {
+    let engine = engine(&[("hosts", HOSTS)]);
+    let mut pod = web_pod();
+    pod["spec"]["hostAliases"] = json!([{"ip": "10.0.0.6", "hostnames": ["vault.corp"]}]);
+    let injection = inject(&engine, &pod);
+    let injected = apply(&pod, &injection.patch);
+    assert_eq!(
+        injected["spec"]["hostAliases"],
+        json!([{"ip": "10.0.0.6", "hostnames": ["vault.corp"]}, {"ip": "10.0.0.5", "hostnames": ["collector.shop.internal"]}])
+    );
+    assert_eq!(injection.status.host_aliases, ["10.0.0.5"]);
+    let skip = &injection.status.skipped[0];
+    assert_eq!((skip.kind, skip.name.as_str(), skip.owner.as_str()), (status::ItemKind::HostAlias, "10.0.0.6", "pod"));
+    assert_eq!(skip.describe(), "skipped host alias \"10.0.0.6\" from template hosts: the pod already has one");
+    assert!(only_adds(&injection.patch));
+    // Up to date once injected, allowed by /validate, and stripped back to the author's entries.
+    let again = request(injected.clone(), opted_in("shop", &[]));
+    assert!(matches!(engine.evaluate(&again).outcome, Outcome::UpToDate(_)));
+    assert!(matches!(validate::validate_pod(&engine, &again), validate::Verdict::Allowed(_)));
+    let stripped = validate::strip_injection(&injected, &injection.status);
+    assert_eq!(stripped["spec"]["hostAliases"], pod["spec"]["hostAliases"]);
+    // An injected entry changed after injection is caught.
+    let mut edited = injected.clone();
+    edited["spec"]["hostAliases"][1]["hostnames"] = json!(["elsewhere.internal"]);
+    let validate::Verdict::Denied(message) = validate::validate_pod(&engine, &request(edited, opted_in("shop", &[])))
+    else {
+        panic!("an edited host alias passes /validate")
+    };
+    assert!(message.contains("host alias \"10.0.0.5\""), "{message}");
+}
+
+#[test]
+fn host_aliases_a_pod_never_had_come_and_go_whole() {
+    let engine = engine(&[("hosts", HOSTS)]);
+    let pod = web_pod();
+    let injection = inject(&engine, &pod);
+    let injected = apply(&pod, &injection.patch);
+    assert_eq!(injection.status.host_aliases, ["10.0.0.5", "10.0.0.6"]);
+    assert_eq!(validate::strip_injection(&injected, &injection.status)["spec"].get("hostAliases"), None);
+    // A template edit: re-injection removes exactly what it added and equals a fresh injection.
+    let (set, errors) = engine.templates.update(
+        vec![TemplateSource { name: "hosts".into(), text: HOSTS.replace("10.0.0.6", "10.0.0.7") }],
+        &template::InProcess,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let edited = Engine::new(set, Vec::new());
+    let again = inject(&edited, &injected);
+    assert_eq!(again.removed.host_aliases, ["10.0.0.5", "10.0.0.6"]);
+    assert_eq!(apply(&injected, &again.patch)["spec"], apply(&pod, &inject(&edited, &pod).patch)["spec"]);
+    // A current claim on an entry that is not the template's is refused as altered, never
+    // "repaired" over the author's entry.
+    let mut forged = pod.clone();
+    forged["spec"]["hostAliases"] = json!([{"ip": "10.0.0.5", "hostnames": ["mine.internal"]}]);
+    forged["metadata"]["annotations"]["sidecar-injector.io/status"] =
+        json!(serde_json::to_string(&injection.status).unwrap());
+    match engine.evaluate(&request(forged, opted_in("shop", &[]))).outcome {
+        Outcome::Denied(Denial::Altered(what)) => assert!(what[0].starts_with("host alias \"10.0.0.5\""), "{what:?}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn host_aliases_are_left_to_the_webhook_by_the_policy_mode_and_checked_strictly() {
+    let set = engine(&[("hosts", HOSTS)]).templates;
+    let reason = policy::webhook_only_reason(set.get("hosts").unwrap(), true);
+    assert_eq!(reason.as_deref(), Some("it adds hostAliases (inject.hostAliases), which only the webhook adds"));
+    let compiled = policy::compile(&set, true, &[]);
+    assert!(compiled.compiled.is_empty() && compiled.webhook_only.len() == 1, "{:?}", compiled.webhook_only);
+    let err = Template::load("hosts", &HOSTS.replace("hostnames: [vault", "hostname: [vault")).unwrap_err();
+    assert!(err.message.contains("inject.hostAliases[1] is not valid: unknown field \"hostname\""), "{err}");
+}
