@@ -5,6 +5,11 @@
 
 use serde_json::Value;
 
+/// What a field rendered from pod data is replaced by in a masked render (`render`, for the
+/// validating check): [`first_difference`] accepts any value in its place. It lives here, with the
+/// comparison that gives it its meaning, so that comparing needs nothing from rendering.
+pub const POD_DERIVED: &str = "\u{1}sidecar-injector:pod-derived\u{1}";
+
 /// What identifies an `envFrom` source: `configMap/<name>` or `secret/<name>`, with `+<prefix>`
 /// when it has one; `None` unless exactly one of the two references names something.
 pub fn env_from_key(source: &Value) -> Option<String> {
@@ -21,7 +26,7 @@ pub fn env_from_key(source: &Value) -> Option<String> {
 }
 
 /// The first field of `expected` that `actual` does not hold, as `path: is X, the template sets Y`.
-/// A field computed from pod data (`render::POD_DERIVED`) matches anything. Objects may have extra
+/// A field computed from pod data ([`POD_DERIVED`]) matches anything. Objects may have extra
 /// keys; lists of named objects are matched by name; other lists of objects
 /// item by item (extra trailing items allowed); an empty list is contained in any list; other lists
 /// must be equal. Resource quantities
@@ -46,7 +51,7 @@ pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<
                 }
             })
         }
-        (Value::String(w), _) if w == super::render::POD_DERIVED => None,
+        (Value::String(w), _) if w == POD_DERIVED => None,
         // Other lists (args, command) must have the same items, each compared (so a pod-derived
         // item matches anything).
         (Value::Array(want), Value::Array(have)) if want.len() == have.len() && !want.iter().all(Value::is_object) => {
@@ -65,7 +70,7 @@ pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<
 
 /// A value for a message, with pod-derived fields shown as such.
 fn shown(value: &Value) -> String {
-    let placeholder = Value::String(super::render::POD_DERIVED.to_owned()).to_string();
+    let placeholder = Value::String(POD_DERIVED.to_owned()).to_string();
     value.to_string().replace(&placeholder, "\"<from the pod>\"")
 }
 

@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 pub mod compare;
+pub mod conformance;
 pub mod drift;
 pub mod enforce;
 pub mod env_merge;
@@ -260,7 +261,7 @@ impl Engine {
                     Ok(fresh) if fresh.status == *claim && assessed.all_present => {
                         return ClaimCheck::Decided(Outcome::UpToDate(claim.clone()));
                     }
-                    Ok(fresh) if fresh.status.includes_items_of(&assessed.present) => {
+                    Ok(fresh) if ownership::includes_items_of(&fresh.status, &assessed.present) => {
                         warnings.extend(assessed.doubts);
                         return ClaimCheck::Decided(Outcome::Inject(fresh));
                     }

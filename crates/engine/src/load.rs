@@ -10,6 +10,7 @@ use std::sync::Arc;
 use minijinja::Value as JinjaValue;
 use serde_json::Value;
 
+use super::conformance::{CHECKED_KUBERNETES_VERSION, conforms};
 use super::facts::NamespaceFacts;
 use super::kinds::POD_LISTS;
 use super::names;
@@ -145,11 +146,6 @@ impl SampleShape {
     }
 }
 
-/// The Kubernetes version whose types the load check reads rendered items as (the k8s-openapi
-/// feature this crate is built with). A field newer than this is unknown to the check: a template
-/// lists it in `uncheckedFields` (docs/templates.md).
-pub const CHECKED_KUBERNETES_VERSION: &str = "1.37";
-
 /// Checks that rendered items are what Kubernetes accepts in their place (a `Container`, a `Volume`,
 /// an `EnvVar`, a `VolumeMount`), with the field path of the first mismatch, and carry a name.
 /// Strictly, as `kubectl`'s strict field validation does: a field the type does not have (a
@@ -194,41 +190,6 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
         }
     }
     Ok(())
-}
-
-/// Reads `item` as a `T`: an error names the field path of a value of the wrong type; `Ok(Some)`
-/// names the first field `T` does not have (k8s-openapi ignores unknown fields, so they are the
-/// fields that reading and writing the item back loses).
-pub(crate) fn conforms<T: serde::de::DeserializeOwned + serde::Serialize>(
-    item: &Value,
-) -> Result<Option<String>, String> {
-    let typed: T = serde_path_to_error::deserialize(item).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner().to_string();
-        if path == "." { inner } else { format!("{path}: {inner}") }
-    })?;
-    let known = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
-    Ok(first_unknown_field(item, &known, ""))
-}
-
-/// The first field of `item` (a null counts as absent) missing from `known`, as a path like
-/// `resources.limitz` or `ports[1].containerPortt`.
-fn first_unknown_field(item: &Value, known: &Value, path: &str) -> Option<String> {
-    let join = |key: &str| if path.is_empty() { key.to_owned() } else { format!("{path}.{key}") };
-    match (item, known) {
-        (Value::Object(fields), Value::Object(known)) => {
-            fields.iter().filter(|(_, value)| !value.is_null()).find_map(|(key, value)| match known.get(key) {
-                None => Some(join(key)),
-                Some(known) => first_unknown_field(value, known, &join(key)),
-            })
-        }
-        (Value::Array(items), Value::Array(known)) => items
-            .iter()
-            .zip(known)
-            .enumerate()
-            .find_map(|(index, (item, known))| first_unknown_field(item, known, &format!("{path}[{index}]"))),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

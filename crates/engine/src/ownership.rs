@@ -245,6 +245,28 @@ fn find_in<'a>(items: &'a [Value], key: &str, name: &str) -> Option<&'a Value> {
     items.iter().find(|item| item.get(key).and_then(Value::as_str) == Some(name))
 }
 
+/// Whether every item `other` lists is listed in `status` too, in the same place (same kind, same
+/// container), and every skip it records is recorded here.
+pub fn includes_items_of(status: &InjectionStatus, other: &InjectionStatus) -> bool {
+    let all = |mine: &[String], theirs: &[String]| theirs.iter().all(|n| mine.contains(n));
+    all(&status.containers, &other.containers)
+        && all(&status.init_containers, &other.init_containers)
+        && all(&status.native_sidecars, &other.native_sidecars)
+        && POD_LISTS.iter().all(|k| all((k.claimed)(status), (k.claimed)(other)))
+        && all(&status.labels, &other.labels)
+        && all(&status.annotations, &other.annotations)
+        && other.app_containers.iter().all(|(name, theirs)| {
+            status.app_containers.get(name).is_some_and(|mine| {
+                all(&mine.env, &theirs.env)
+                    && all(&mine.env_from, &theirs.env_from)
+                    && all(&mine.volume_mounts, &theirs.volume_mounts)
+                    && all(&mine.env_merges, &theirs.env_merges)
+            })
+        })
+        && other.skipped.iter().all(|s| status.skipped.contains(s))
+        && status.templates == other.templates
+}
+
 /// Whether every claimed item was proven to be the injector's own.
 pub fn owns_everything(ownership: &Ownership, claim: &InjectionStatus) -> bool {
     let count = |s: &InjectionStatus| {

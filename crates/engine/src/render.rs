@@ -22,6 +22,7 @@ use minijinja::Value as JinjaValue;
 use minijinja::value::{Enumerator, Object, ObjectRepr, Serde};
 use serde_json::Value;
 
+use super::compare::POD_DERIVED;
 use super::env_merge::EnvMerge;
 use super::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
 use super::facts::NamespaceFacts;
@@ -34,10 +35,6 @@ use super::workload::Workload;
 pub const FUEL_PER_TEMPLATE: u64 = 500_000;
 /// Bytes all expressions of one template may output for one pod.
 pub const MAX_TEMPLATE_OUTPUT: usize = 1024 * 1024;
-
-/// What a field rendered from pod data is replaced by in a masked render: the validating check
-/// accepts any value in its place (see `compare::first_difference`).
-pub const POD_DERIVED: &str = "\u{1}sidecar-injector:pod-derived\u{1}";
 
 /// What one template adds to one pod, rendered.
 #[derive(Debug, Clone, Default, PartialEq)]

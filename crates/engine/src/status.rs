@@ -191,28 +191,6 @@ impl InjectionStatus {
         serde_json::to_string(self).expect("the status always serializes")
     }
 
-    /// Whether every item `other` lists is listed here too, in the same place (same kind, same
-    /// container), and every skip it records is recorded here.
-    pub fn includes_items_of(&self, other: &InjectionStatus) -> bool {
-        let all = |mine: &[String], theirs: &[String]| theirs.iter().all(|n| mine.contains(n));
-        all(&self.containers, &other.containers)
-            && all(&self.init_containers, &other.init_containers)
-            && all(&self.native_sidecars, &other.native_sidecars)
-            && super::kinds::POD_LISTS.iter().all(|k| all((k.claimed)(self), (k.claimed)(other)))
-            && all(&self.labels, &other.labels)
-            && all(&self.annotations, &other.annotations)
-            && other.app_containers.iter().all(|(name, theirs)| {
-                self.app_containers.get(name).is_some_and(|mine| {
-                    all(&mine.env, &theirs.env)
-                        && all(&mine.env_from, &theirs.env_from)
-                        && all(&mine.volume_mounts, &theirs.volume_mounts)
-                        && all(&mine.env_merges, &theirs.env_merges)
-                })
-            })
-            && other.skipped.iter().all(|s| self.skipped.contains(s))
-            && self.templates == other.templates
-    }
-
     /// The templates applied with conflicts: some item they add was already in the pod (or added
     /// by an earlier template), so the pod's item stands where the template's would be.
     pub fn conflicted_templates(&self) -> Vec<&str> {
