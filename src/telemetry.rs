@@ -57,6 +57,13 @@ pub struct DriftLabels {
     pub state: String,
 }
 
+/// One label: `code`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    /// A warning's stable code.
+    pub code: &'static str,
+}
+
 /// One label: `endpoint`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabel {
@@ -78,6 +85,9 @@ pub struct Metrics {
     /// `sidecar_injector_enforcement_audit_total{template}`: pods an `enforced: audit` template
     /// would have refused (or been injected into against their annotations) with `enforced: true`.
     pub enforcement_audit: Family<TemplateLabel, Counter>,
+    /// `sidecar_injector_decision_warnings_total{code}`: warnings of admission decisions, by their
+    /// stable code (`engine::WarningCode`).
+    pub decision_warnings: Family<CodeLabel, Counter>,
     /// `sidecar_injector_enforcement_sync_errors_total`: failed writes of the enforcement policy's
     /// bindings and params (see `cluster::enforcement`).
     pub enforcement_sync_errors: Counter,
@@ -137,6 +147,12 @@ impl Default for Metrics {
             "enforcement_audit",
             "Pods an enforced: audit template would have refused, or been injected into against their annotations, with enforced: true",
             enforcement_audit.clone(),
+        );
+        let decision_warnings = Family::<CodeLabel, Counter>::default();
+        registry.register(
+            "decision_warnings",
+            "Warnings of admission decisions (ignored overrides, audit findings, doubted claims, ...), by code",
+            decision_warnings.clone(),
         );
         let enforcement_sync_errors = Counter::default();
         registry.register(
@@ -199,6 +215,7 @@ impl Default for Metrics {
             injections,
             injection_conflicts,
             enforcement_audit,
+            decision_warnings,
             enforcement_sync_errors,
             events,
             skips,

@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 
 use crate::engine::template::PreCheck;
 use crate::engine::validate::{self, Verdict};
-use crate::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, names, render};
+use crate::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, WarningCode, names};
 
 /// The only AdmissionReview version served.
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -135,6 +135,9 @@ pub struct Summary {
     pub audited: Vec<String>,
     /// Kubernetes Events to publish about it (none for a dry run; see `events`).
     pub events: Vec<events::EventIntent>,
+    /// The codes of the decision's warnings (`engine::WarningCode::as_str`), for the warnings
+    /// metric.
+    pub warnings: Vec<&'static str>,
     /// Short code of a skip, for the skips metric (`not_a_pod`, `not_create`, `namespace_not_opted_in`,
     /// `up_to_date`, `no_template_matched`, ...).
     pub skip: Option<&'static str>,
@@ -398,11 +401,13 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
     let decision = engine.evaluate(&pod);
     let mut intents = Vec::new();
     if let Some(owner) = &owner {
-        let of_kind = |matches: fn(&str) -> bool| -> Vec<&str> {
-            decision.warnings.iter().map(String::as_str).filter(|w| matches(w)).collect()
-        };
-        intents.extend(events::warnings(owner, &pod_name, "OverridesIgnored", &of_kind(render::is_ignored_override)));
-        intents.extend(events::warnings(owner, &pod_name, "EnforcementAudit", &of_kind(is_audit_finding)));
+        // One Warning Event per code that has a reason, with every message of that code.
+        for code in WarningCode::ALL {
+            let Some(reason) = code.event_reason() else { continue };
+            let messages: Vec<&str> =
+                decision.warnings.iter().filter(|w| w.code == code).map(|w| w.message.as_str()).collect();
+            intents.extend(events::warnings(owner, &pod_name, reason, &messages));
+        }
         match &decision.outcome {
             Outcome::Inject(injection) => intents.extend(events::conflicts(owner, &pod_name, &injection.status)),
             Outcome::Denied(denial) => intents.push(events::refused(owner, &pod_name, &denial.to_string())),
@@ -412,11 +417,13 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
     let operation = "CREATE".to_owned();
     let base = AdmissionResponse::from(&request);
     let audited = decision.audited;
+    let warning_codes: Vec<&'static str> = decision.warnings.iter().map(|w| w.code.as_str()).collect();
+    let warnings: Vec<String> = decision.warnings.into_iter().map(|w| w.message).collect();
     let mut reply = match decision.outcome {
         Outcome::OutOfScope(reason) => {
             let mut reply = allow(&request, reason.code(), reason.to_string());
-            if !decision.warnings.is_empty() {
-                reply.body = encode(with_warnings(base, decision.warnings), None);
+            if !warnings.is_empty() {
+                reply.body = encode(with_warnings(base, warnings), None);
             }
             reply.summary.audited = audited;
             reply
@@ -439,7 +446,7 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
                     ),
                 ),
             };
-            let response = with_warnings(base, decision.warnings);
+            let response = with_warnings(base, warnings);
             let body = encode(response, Some(&injection.patch));
             let summary = Summary {
                 operation,
@@ -450,22 +457,19 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
                 audited,
                 skip,
                 events: Vec::new(),
+                warnings: Vec::new(),
             };
             Reply { status: 200, body, summary }
         }
         Outcome::Denied(denial) => {
             let message = denial.to_string();
-            let response = with_warnings(base, decision.warnings).deny(&message);
+            let response = with_warnings(base, warnings).deny(&message);
             reply(response, Summary { operation, result: "denied", reason: message, ..Summary::default() })
         }
     };
     reply.summary.events = intents;
+    reply.summary.warnings = warning_codes;
     reply
-}
-
-/// Whether a decision's warning is an `enforced: audit` finding (the engine words them so).
-fn is_audit_finding(warning: &str) -> bool {
-    warning.contains(" is enforced: audit; ")
 }
 
 /// `POST /validate`: pods on CREATE (the injection happened and survived every mutator) and UPDATE

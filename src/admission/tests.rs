@@ -330,3 +330,26 @@ fn events_go_on_the_owner_and_never_for_a_dry_run() {
     assert_eq!(events.iter().map(|e| e.reason).collect::<Vec<_>>(), ["InjectionRefused"]);
     assert!(events[0].note.contains("sidecar-injector.io/log-shipper.memoryLimit"), "{}", events[0].note);
 }
+
+#[test]
+fn warnings_reach_the_metric_by_code_and_the_response_by_message() {
+    let mut object = pod();
+    object["metadata"]["annotations"] = json!({"sidecar-injector.io/log-shipper.image": "other"});
+    let reply = mutate(
+        &engine(),
+        parse(&review(request("Pod", "CREATE", "shop", object))).unwrap(),
+        &opted_in(),
+        ClusterFacts::default(),
+    );
+    assert_eq!(reply.summary.warnings, ["override_ignored"]);
+    let answer: Value = serde_json::from_slice(&reply.body).unwrap();
+    let warnings = answer["response"]["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1);
+    assert!(
+        warnings[0]
+            .as_str()
+            .unwrap()
+            .starts_with("sidecar-injector: annotation sidecar-injector.io/log-shipper.image ignored"),
+        "{warnings:?}"
+    );
+}

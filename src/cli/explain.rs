@@ -98,7 +98,7 @@ pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
         };
         format!("{how}; decided {}", found.cluster.rule)
     });
-    let mut warnings = decision.warnings.clone();
+    let mut warnings: Vec<String> = decision.warnings.iter().map(|w| w.message.clone()).collect();
     if !labels_known && !matches!(decision.outcome, Outcome::OutOfScope(_)) {
         warnings.push("namespace labels not given (--namespace-labels): the namespace counts as opted in".to_owned());
     }

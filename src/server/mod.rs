@@ -18,7 +18,7 @@ use crate::admission::{self, Endpoint, Reply};
 use crate::config::ServerSettings;
 use crate::engine::{ClusterFacts, Engine};
 use crate::state::{AppState, SMALL_BODY_BYTES};
-use crate::telemetry::{EndpointLabel, TemplateLabel};
+use crate::telemetry::{CodeLabel, EndpointLabel, TemplateLabel};
 
 /// How long a template ConfigMap check waits for the one before it before it is refused.
 const TEMPLATE_QUEUE_WAIT: Duration = Duration::from_secs(2);
@@ -100,6 +100,9 @@ async fn handle(
     metrics.event("dropped", state.events.send(reply.summary.events.clone()) as u64);
     for template in &summary.audited {
         metrics.enforcement_audit.get_or_create(&TemplateLabel { template: template.clone() }).inc();
+    }
+    for code in &summary.warnings {
+        metrics.decision_warnings.get_or_create(&CodeLabel { code }).inc();
     }
     if let Some(skip) = summary.skip {
         metrics.skip(skip);

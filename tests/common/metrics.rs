@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use sidecar_injector::telemetry::{DriftLabels, EndpointLabel, Metrics, TemplateLabel};
+use sidecar_injector::telemetry::{CodeLabel, DriftLabels, EndpointLabel, Metrics, TemplateLabel};
 
 /// Every exported metric family and its type (`counter` names end in `_total`, as exported).
 pub fn exported() -> BTreeMap<String, String> {
@@ -15,6 +15,7 @@ pub fn exported() -> BTreeMap<String, String> {
     metrics.injections.get_or_create(&template).inc();
     metrics.injection_conflicts.get_or_create(&template).inc();
     metrics.enforcement_audit.get_or_create(&template).inc();
+    metrics.decision_warnings.get_or_create(&CodeLabel { code: "override_ignored" }).inc();
     metrics.event("published", 1);
     metrics.duration.get_or_create(&EndpointLabel { endpoint: "mutate".into() }).observe(0.001);
     let drift = DriftLabels { namespace: "n".into(), template: "t".into(), state: "stale".into() };

@@ -426,6 +426,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::WarningCode;
     use crate::test_support::{apply, engine, opted_in, request};
     use crate::validate::{Verdict, validate_pod, validate_pod_update};
     use crate::{Denial, Engine, Outcome, names};
@@ -698,8 +699,11 @@ inject:
         let Outcome::Inject(injection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
         assert!(injection.status.skipped.iter().any(|s| s.template == "audit" && s.name == "audit"));
         assert_eq!(decision.audited, ["audit"]);
-        let warning = decision.warnings.iter().find(|w| w.contains("enforced: audit")).expect("a warning");
-        assert!(warning.contains("would refuse this pod") && warning.contains("evil/not-audit"), "{warning}");
+        let warning = decision.warnings.iter().find(|w| w.code == WarningCode::EnforcementAudit).expect("a warning");
+        assert!(
+            warning.message.contains("would refuse this pod") && warning.message.contains("evil/not-audit"),
+            "{warning}"
+        );
         // The drift report lists the admitted pod under the audit.
         let stored = apply(&pod(app.clone(), json!({}), evil_again()), &injection.patch);
         let metadata = |field: &str| -> std::collections::BTreeMap<String, String> {
@@ -714,7 +718,11 @@ inject:
         assert!(matches!(decision.outcome, Outcome::OutOfScope(_) | Outcome::Inject(_)), "{:?}", decision.outcome);
         assert_eq!(decision.audited, ["audit"]);
         assert!(
-            decision.warnings.iter().any(|w| w.contains("would be injected into this pod")),
+            decision
+                .warnings
+                .iter()
+                .any(|w| w.code == WarningCode::EnforcementAudit
+                    && w.message.contains("would be injected into this pod")),
             "{:?}",
             decision.warnings
         );

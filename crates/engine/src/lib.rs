@@ -20,6 +20,7 @@ pub mod enforce;
 pub mod env_merge;
 pub mod expression;
 pub mod facts;
+pub mod findings;
 pub mod inject;
 pub mod kinds;
 mod load;
@@ -54,6 +55,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 pub use facts::{ClusterFacts, NamespaceFacts};
+pub use findings::{Warning, WarningCode};
 pub use inject::{Injection, PlannedTemplate};
 pub use pod::PodShapeError;
 pub use render::{RenderError, RenderedTemplate};
@@ -94,8 +96,8 @@ pub struct Decision {
     /// The outcome.
     pub outcome: Outcome,
     /// Things the user should know that do not stop the injection (ignored overrides, an
-    /// unreadable previous status).
-    pub warnings: Vec<String>,
+    /// unreadable previous status), each with its code.
+    pub warnings: Vec<Warning>,
     /// Templates marked `enforced: audit` that `enforced: true` would have made refuse this pod,
     /// or inject into it against its annotations (each also explained in `warnings`).
     pub audited: Vec<String>,
@@ -214,7 +216,7 @@ impl Engine {
         choice: &Choice,
         render_one: &RenderFor<'_>,
         native: &dyn Fn(&Template, &RenderedTemplate) -> bool,
-        warnings: &mut Vec<String>,
+        warnings: &mut Vec<Warning>,
     ) -> ClaimCheck {
         let base = Arc::new(validate::strip_injection(pod, claim));
         let base_annotations = pod::string_map(&base, "annotations").unwrap_or_default();
@@ -262,7 +264,7 @@ impl Engine {
                         return ClaimCheck::Decided(Outcome::UpToDate(claim.clone()));
                     }
                     Ok(fresh) if ownership::includes_items_of(&fresh.status, &assessed.present) => {
-                        warnings.extend(assessed.doubts);
+                        warnings.extend(doubted(assessed.doubts));
                         return ClaimCheck::Decided(Outcome::Inject(fresh));
                     }
                     // The claim puts items where the templates do not: prove and replace.
@@ -270,7 +272,7 @@ impl Engine {
                 }
             }
         }
-        warnings.extend(assessed.doubts.iter().cloned());
+        warnings.extend(doubted(assessed.doubts.iter().cloned()));
         let base = match ownership::owns_everything(&assessed, claim) {
             true => base,
             false => Arc::new(validate::strip_injection(pod, &assessed.owned)),
@@ -282,16 +284,21 @@ impl Engine {
 /// An injection that would make a pod the API server refuses (`Injection::invalid`) is not
 /// applied: an enforced template refuses the pod with the API server's reasons; otherwise the pod
 /// is admitted as its author wrote it (fail open; the reasons go in the warning and the metric).
-fn refuse_or_admit(injection: inject::Injection, selected: &[&Arc<Template>], warnings: &mut Vec<String>) -> Outcome {
+fn refuse_or_admit(injection: inject::Injection, selected: &[&Arc<Template>], warnings: &mut Vec<Warning>) -> Outcome {
     let reasons = injection.invalid;
     match selected.iter().find(|t| t.enforced && !t.audit) {
         Some(template) => Outcome::Denied(Denial::WouldBeInvalid { template: template.name.to_string(), reasons }),
         None => {
             let reason = select::OutOfScope::WouldBeInvalid { reasons };
-            warnings.push(format!("sidecar-injector: {reason}"));
+            warnings.push(Warning::new(WarningCode::InjectionWouldBeInvalid, format!("sidecar-injector: {reason}")));
             Outcome::OutOfScope(reason)
         }
     }
+}
+
+/// Ownership's doubts about a claim, as warnings.
+fn doubted(doubts: impl IntoIterator<Item = String>) -> impl Iterator<Item = Warning> {
+    doubts.into_iter().map(|doubt| Warning::new(WarningCode::ClaimDoubted, doubt))
 }
 
 /// What an `enforced: audit` template reports for a pod that enforcement would give it to.
@@ -309,22 +316,28 @@ fn sidecar_mode_warnings(
     rendered: &RenderedTemplate,
     cluster: ClusterFacts,
     owner: &workload::Workload,
-) -> Vec<String> {
+) -> Vec<Warning> {
     let mut warnings = Vec::new();
     if rendered.sidecars.is_empty() {
         return warnings;
     }
     let mode = sidecar_mode(template, rendered);
     if mode == template::SidecarMode::Native && !cluster.native_sidecars {
-        warnings.push(format!(
-            "template {} asks for native sidecars (sidecarMode: native), which need a kubelet 1.29 or newer: they are added as classic containers (decided {})",
-            template.name, cluster.rule
+        warnings.push(Warning::new(
+            WarningCode::NativeSidecarsUnavailable,
+            format!(
+                "template {} asks for native sidecars (sidecarMode: native), which need a kubelet 1.29 or newer: they are added as classic containers (decided {})",
+                template.name, cluster.rule
+            ),
         ));
     }
     if !mode.is_native(cluster.native_sidecars) && matches!(owner.kind.as_str(), "Job" | "CronJob") {
-        warnings.push(format!(
-            "template {} adds classic sidecar containers to a pod of {} {}: the Job does not complete while they run (native sidecars, kubelet 1.29+ with sidecarMode native or auto, stop by themselves; decided {})",
-            template.name, owner.kind, owner.name, cluster.rule
+        warnings.push(Warning::new(
+            WarningCode::ClassicSidecarsInJob,
+            format!(
+                "template {} adds classic sidecar containers to a pod of {} {}: the Job does not complete while they run (native sidecars, kubelet 1.29+ with sidecarMode native or auto, stop by themselves; decided {})",
+                template.name, owner.kind, owner.name, cluster.rule
+            ),
         ));
     }
     warnings
@@ -357,9 +370,10 @@ impl Engine {
                 let reach =
                     select::audit_reach_of_opted_out(&self.templates, &labels, &annotations, &request.namespace);
                 for template in reach {
-                    decision
-                        .warnings
-                        .push(format!("template {template} is enforced: audit; with enforced: true {AUDIT_FORCED}"));
+                    decision.warnings.push(Warning::new(
+                        WarningCode::EnforcementAudit,
+                        format!("template {template} is enforced: audit; with enforced: true {AUDIT_FORCED}"),
+                    ));
                     decision.audited.push(template.to_string());
                 }
                 return decision;
@@ -382,7 +396,10 @@ impl Engine {
             findings.push((name.to_string(), AUDIT_FORCED.to_owned()));
         }
         for (template, finding) in findings {
-            decision.warnings.push(format!("template {template} is enforced: audit; with enforced: true {finding}"));
+            decision.warnings.push(Warning::new(
+                WarningCode::EnforcementAudit,
+                format!("template {template} is enforced: audit; with enforced: true {finding}"),
+            ));
             if !decision.audited.contains(&template) {
                 decision.audited.push(template);
             }
@@ -456,9 +473,9 @@ impl Engine {
             None => None,
             Some(Ok(status)) => Some(status),
             Some(Err(e)) => {
-                warnings.push(format!(
-                    "the existing {} annotation is not valid ({e}); it is replaced",
-                    names::STATUS_ANNOTATION
+                warnings.push(Warning::new(
+                    WarningCode::StatusUnreadable,
+                    format!("the existing {} annotation is not valid ({e}); it is replaced", names::STATUS_ANNOTATION),
                 ));
                 None
             }
@@ -522,7 +539,8 @@ impl Engine {
                 decision(Some(choice), outcome, warnings)
             }
             Ok(injection) => {
-                warnings.extend(injection.merge_warnings.iter().cloned());
+                let uncertain = injection.merge_warnings.iter();
+                warnings.extend(uncertain.map(|w| Warning::new(WarningCode::MergeSourceUncertain, w.clone())));
                 decision(Some(choice), Outcome::Inject(injection), warnings)
             }
             Err(e) => decision(Some(choice), Outcome::Denied(Denial::Shape(e)), warnings),

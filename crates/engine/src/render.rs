@@ -26,6 +26,7 @@ use super::compare::POD_DERIVED;
 use super::env_merge::EnvMerge;
 use super::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
 use super::facts::NamespaceFacts;
+use super::findings::{Warning, WarningCode};
 use super::kinds::{PerPodList, PodListKind};
 use super::names;
 use super::template::{AppTargets, Piece, PodResources, SeqItem, SidecarMode, Template, TemplateError};
@@ -67,7 +68,7 @@ pub struct RenderedTemplate {
     /// The pod's choice of sidecar mode, when the template lets it choose.
     pub sidecar_mode: Option<SidecarMode>,
     /// Override annotations that were ignored, with the reason.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
     /// Where each overridden value came from: `<value> from annotation <key>` (the pod's, or
     /// `<key> on namespace <name>`).
     pub value_sources: Vec<String>,
@@ -245,12 +246,6 @@ fn sets_pod_level_resources(pod: &JinjaValue) -> bool {
     })
 }
 
-/// Whether a warning of a decision is one of the "annotation ... ignored: ..." warnings rendering
-/// gives (an override or choice the template does not allow), for the `OverridesIgnored` Event.
-pub fn is_ignored_override(warning: &str) -> bool {
-    warning.starts_with("annotation ") && warning.contains(" ignored: ")
-}
-
 /// Annotation suffix (`sidecar-injector.io/<template>.app-containers`) of the pod's choice of app
 /// containers.
 pub const APP_CONTAINERS_CHOICE: &str = "app-containers";
@@ -265,15 +260,17 @@ fn addressed_to<'a>(
     template: &Template,
     pod_annotations: &'a BTreeMap<String, String>,
     namespace: &'a NamespaceFacts,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> Vec<(String, &'a str, &'a String)> {
     let pod = annotations_for(template, pod_annotations);
     let mut out = Vec::with_capacity(pod.len());
     for (key, suffix, text) in annotations_for(template, &namespace.annotations) {
         let key = format!("{key} on namespace {}", namespace.name);
         if suffix == APP_CONTAINERS_CHOICE {
-            warnings
-                .push(format!("annotation {key} ignored: which app containers get the additions is each pod's choice"));
+            warnings.push(Warning::new(
+                WarningCode::OverrideIgnored,
+                format!("annotation {key} ignored: which app containers get the additions is each pod's choice"),
+            ));
         } else if !pod.iter().any(|(_, own, _)| *own == suffix) {
             out.push((key, suffix, text));
         }
@@ -300,7 +297,7 @@ fn annotations_for<'a>(
 fn pod_choices(
     template: &Template,
     own: &[(String, &str, &String)],
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> Result<(AppTargets, Option<SidecarMode>), InvalidOverride> {
     let mut targets = template.inject.targets.clone();
     let mut mode = None;
@@ -312,9 +309,12 @@ fn pod_choices(
             _ => continue,
         };
         if !allowed {
-            warnings.push(format!(
-                "annotation {annotation} ignored: template {:?} does not let pods choose {choice} (podChoices)",
-                template.name
+            warnings.push(Warning::new(
+                WarningCode::OverrideIgnored,
+                format!(
+                    "annotation {annotation} ignored: template {:?} does not let pods choose {choice} (podChoices)",
+                    template.name
+                ),
             ));
             continue;
         }
@@ -370,7 +370,7 @@ pub(crate) fn check_chosen_containers(
 fn effective_values<'t>(
     template: &'t Template,
     own: &[(String, &str, &String)],
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
     sources: &mut Vec<String>,
 ) -> Result<Cow<'t, serde_json::Map<String, Value>>, InvalidOverride> {
     let mut values = Cow::Borrowed(&template.values);
@@ -380,15 +380,19 @@ fn effective_values<'t>(
             continue;
         }
         let Some(overridable) = template.overridable.iter().find(|o| o.name == value_name) else {
-            warnings.push(format!(
-                "annotation {key} ignored: value {value_name:?} of template {:?} is not overridable{}",
-                template.name,
-                if template.overridable.is_empty() {
-                    String::new()
-                } else {
+            let allowed = match template.overridable.is_empty() {
+                true => String::new(),
+                false => {
                     let names: Vec<&str> = template.overridable.iter().map(|o| o.name.as_str()).collect();
                     format!(" (overridable: {})", names.join(", "))
                 }
+            };
+            warnings.push(Warning::new(
+                WarningCode::OverrideIgnored,
+                format!(
+                    "annotation {key} ignored: value {value_name:?} of template {:?} is not overridable{allowed}",
+                    template.name
+                ),
             ));
             continue;
         };
@@ -766,7 +770,10 @@ inject:
         assert_eq!(rendered.labels["i"], "a");
         assert_eq!(rendered.warnings.len(), 1, "{:?}", rendered.warnings);
         assert!(
-            rendered.warnings[0].contains("value \"image\" of template \"t\" is not overridable (overridable: tag)")
+            rendered.warnings[0].code == WarningCode::OverrideIgnored
+                && rendered.warnings[0]
+                    .message
+                    .contains("value \"image\" of template \"t\" is not overridable (overridable: tag)")
         );
     }
 

@@ -142,7 +142,10 @@ fn sidecar_mode_decides_native_or_classic() {
         let mut req = request(pod.clone(), opted_in("shop", &[]));
         req.cluster = ClusterFacts::api_server(native);
         let decision = engine.evaluate(&req);
-        let warned = decision.warnings.iter().any(|w| w.contains("template proxy asks for native sidecars"));
+        let warned = decision.warnings.iter().any(|w| {
+            w.code == WarningCode::NativeSidecarsUnavailable
+                && w.message.contains("template proxy asks for native sidecars")
+        });
         assert_eq!(warned, !native, "{:?}", decision.warnings);
         let Outcome::Inject(injection) = decision.outcome else { panic!() };
         let out = apply(&pod, &injection.patch);
@@ -156,7 +159,7 @@ fn sidecar_mode_decides_native_or_classic() {
     let mut job_pod = pod.clone();
     job_pod["metadata"]["ownerReferences"] = json!([{"kind": "Job", "name": "migrate", "controller": true}]);
     let decision = engine.evaluate(&request(job_pod, opted_in("shop", &[])));
-    let warnings = decision.warnings.join("\n");
+    let warnings = decision.warnings.iter().map(|w| w.message.as_str()).collect::<Vec<_>>().join("\n");
     assert!(
         warnings.contains("template classic adds classic sidecar containers to a pod of Job migrate"),
         "{warnings}"
@@ -421,7 +424,12 @@ fn a_malformed_status_annotation_is_replaced_with_a_warning() {
     let mut pod = web_pod();
     pod["metadata"]["annotations"]["sidecar-injector.io/status"] = json!("{not json");
     let decision = engine.evaluate(&request(pod.clone(), opted_in("shop", &[])));
-    assert!(decision.warnings[0].contains("is not valid"), "{:?}", decision.warnings);
+    assert!(
+        decision.warnings[0].code == WarningCode::StatusUnreadable
+            && decision.warnings[0].message.contains("is not valid"),
+        "{:?}",
+        decision.warnings
+    );
     let Outcome::Inject(injection) = decision.outcome else { panic!() };
     let out = apply(&pod, &injection.patch);
     assert!(
@@ -591,7 +599,8 @@ fn a_forged_or_copied_status_never_removes_what_the_author_wrote() {
     let out = apply(&pod, &injection.patch);
     keeps_everything(&pod, &out);
     assert_eq!(names(&out["spec"]["initContainers"]), ["logs"], "and the pod gets a real injection");
-    let doubts = decision.warnings.join("\n");
+    assert!(decision.warnings.iter().all(|w| w.code == WarningCode::ClaimDoubted), "{:?}", decision.warnings);
+    let doubts = decision.warnings.iter().map(|w| w.message.as_str()).collect::<Vec<_>>().join("\n");
     for item in ["sidecar \"web\"", "volume \"data\"", "env var \"DB\" of container \"web\""] {
         assert!(doubts.contains(item) && doubts.contains("kept as the pod's own"), "{item}: {doubts}");
     }
@@ -894,7 +903,11 @@ fn a_pod_chooses_its_app_containers_and_sidecar_mode_only_where_the_template_let
     let Outcome::Inject(injection) = decision.outcome else { panic!("not injected") };
     assert!(injection.status.native_sidecars.is_empty());
     assert!(
-        decision.warnings.iter().any(|w| w.contains("does not let pods choose sidecarMode")),
+        decision
+            .warnings
+            .iter()
+            .any(|w| w.code == WarningCode::OverrideIgnored
+                && w.message.contains("does not let pods choose sidecarMode")),
         "{:?}",
         decision.warnings
     );
@@ -970,10 +983,8 @@ fn a_pod_the_api_server_would_refuse_after_the_injection_is_left_as_written_or_r
     let Outcome::OutOfScope(reason) = &decision.outcome else { panic!("{:?}", decision.outcome) };
     assert_eq!(reason.code(), "would_be_invalid");
     assert!(
-        decision
-            .warnings
-            .iter()
-            .any(|w| w
+        decision.warnings.iter().any(|w| w.code == WarningCode::InjectionWouldBeInvalid
+            && w.message
                 .contains("container app's limits[memory] 512Mi must be less than or equal to the pod's limit 320Mi")),
         "{:?}",
         decision.warnings
