@@ -19,12 +19,10 @@ pub fn check_templates(path: &Path) -> Result<String, CliError> {
     });
     let warnings = set.iter().flat_map(|t| t.warnings.iter().map(|w| format!("warning: {w}\n")));
     // Which rule decides `sidecarMode: auto` (`engine::nodes`).
-    let auto = set.iter().filter(|t| t.sidecar_mode == SidecarMode::Auto && t.has_sidecars()).map(|t| {
-        format!(
-            "sidecar mode: {}: auto: native sidecars where the kubelets of the nodes a pod can run on are 1.29+ (its nodeName, else the nodes its nodeSelector and node affinity allow, else the oldest node; the API server's version when no node reports one)\n",
-            t.name
-        )
-    });
+    let auto = set
+        .iter()
+        .filter(|t| t.sidecar_mode == SidecarMode::Auto && t.has_sidecars())
+        .map(|t| format!("sidecar mode: {}: {}\n", t.name, crate::engine::native::AUTO_RULE));
     // The policy mode (`compile-policies`): which templates the API server can inject itself.
     let policy = set.iter().filter_map(|t| {
         policy::webhook_only_reason(t, true).map(|reason| format!("webhook-only: {}: {reason}\n", t.name))

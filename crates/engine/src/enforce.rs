@@ -76,7 +76,7 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
             Place::Sidecar => {
                 let expected = named(&rendered.sidecars, "name").map(|mut sidecar| {
                     if native {
-                        sidecar["restartPolicy"] = Value::from("Always");
+                        super::native::make_native(&mut sidecar);
                     }
                     sidecar
                 });

@@ -662,7 +662,7 @@ impl WholeItems {
         };
         let mut item = std::mem::take(&mut list[index]);
         if matches!(kind, WholeKind::NativeSidecar) {
-            item["restartPolicy"] = Value::from("Always");
+            super::native::make_native(&mut item);
         }
         item
     }

@@ -26,6 +26,7 @@ pub mod kinds;
 mod load;
 pub mod manifest;
 pub mod names;
+pub mod native;
 pub mod nodes;
 pub mod ownership;
 pub mod pod;
@@ -321,24 +322,24 @@ fn sidecar_mode_warnings(
     if rendered.sidecars.is_empty() {
         return warnings;
     }
-    let mode = sidecar_mode(template, rendered);
-    if mode == template::SidecarMode::Native && !cluster.native_sidecars {
-        warnings.push(Warning::new(
-            WarningCode::NativeSidecarsUnavailable,
-            format!(
-                "template {} asks for native sidecars (sidecarMode: native), which need a kubelet 1.29 or newer: they are added as classic containers (decided {})",
-                template.name, cluster.rule
+    let (major, minor) = native::NATIVE_SINCE;
+    for concern in native::concerns(sidecar_mode(template, rendered), cluster.native_sidecars, &owner.kind) {
+        warnings.push(match concern {
+            native::Concern::NativeUnavailable => Warning::new(
+                WarningCode::NativeSidecarsUnavailable,
+                format!(
+                    "template {} asks for native sidecars (sidecarMode: native), which need a kubelet {major}.{minor} or newer: they are added as classic containers (decided {})",
+                    template.name, cluster.rule
+                ),
             ),
-        ));
-    }
-    if !mode.is_native(cluster.native_sidecars) && matches!(owner.kind.as_str(), "Job" | "CronJob") {
-        warnings.push(Warning::new(
-            WarningCode::ClassicSidecarsInJob,
-            format!(
-                "template {} adds classic sidecar containers to a pod of {} {}: the Job does not complete while they run (native sidecars, kubelet 1.29+ with sidecarMode native or auto, stop by themselves; decided {})",
-                template.name, owner.kind, owner.name, cluster.rule
+            native::Concern::ClassicInJob => Warning::new(
+                WarningCode::ClassicSidecarsInJob,
+                format!(
+                    "template {} adds classic sidecar containers to a pod of {} {}: the Job does not complete while they run (native sidecars, kubelet {major}.{minor}+ with sidecarMode native or auto, stop by themselves; decided {})",
+                    template.name, owner.kind, owner.name, cluster.rule
+                ),
             ),
-        ));
+        });
     }
     warnings
 }
@@ -431,7 +432,7 @@ impl Engine {
             let subject = render::Subject::new(request.pod.clone(), &owner);
             let conflicts = match render::render(template, &subject, &annotations, &request.namespace) {
                 Ok(rendered) => {
-                    let native = sidecar_mode(template, &rendered).is_native(request.cluster.native_sidecars);
+                    let native = native::is_native(sidecar_mode(template, &rendered), request.cluster.native_sidecars);
                     enforce::conflicts(&request.pod, status, &rendered, native)
                 }
                 Err(e) => vec![format!("the template does not render for the pod as it is: {e}")],
@@ -489,7 +490,7 @@ impl Engine {
             }
         };
         let native = |template: &Template, rendered: &RenderedTemplate| {
-            sidecar_mode(template, rendered).is_native(request.cluster.native_sidecars)
+            native::is_native(sidecar_mode(template, rendered), request.cluster.native_sidecars)
         };
 
         // The status annotation is a claim (see `ownership`): what it proves decides what may go.

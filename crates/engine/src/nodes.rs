@@ -93,7 +93,7 @@ impl NodePool {
         let known = &self.nodes;
         let spec = pod.get("spec");
         let facts = |version: (u32, u32), rule: fn((u32, u32), u32) -> NativeRule, nodes: usize| ClusterFacts {
-            native_sidecars: version >= (1, 29),
+            native_sidecars: super::native::supported_by(version),
             rule: rule(version, nodes as u32),
         };
         if let Some(name) = spec.and_then(|s| s.get("nodeName")).and_then(Value::as_str)

@@ -113,7 +113,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
         let native = claim.native_sidecars.contains(name);
         let expected = match native {
             true => rendered_item(|r| &r.sidecars, "name", name).map(|mut sidecar| {
-                sidecar["restartPolicy"] = Value::from("Always");
+                super::native::make_native(&mut sidecar);
                 sidecar
             }),
             false => rendered_item(|r| &r.init_containers, "name", name),

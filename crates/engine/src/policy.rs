@@ -785,7 +785,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         }
         Ok(out)
     };
-    let native = template.sidecar_mode.is_native(native_sidecars);
+    let native = super::native::is_native(template.sidecar_mode, native_sidecars);
     let volume_names = items(&spec.pod_lists[VOLUMES.index], ItemKind::Volume, None)?;
     let mounted = match mounted_volume_names(spec) {
         Some(names) => volume_names.iter().map(|v| v.key.clone()).filter(|v| names.contains(v)).collect(),
@@ -871,7 +871,7 @@ fn container_fields(cx: &Cx<'_>, piece: &Piece, native: bool) -> Result<String, 
         fields.push((k, v));
     }
     if native {
-        fields.push(("restartPolicy".to_owned(), Val::Const(json!("Always"))));
+        fields.push(("restartPolicy".to_owned(), Val::Const(json!(super::native::RESTART_ALWAYS))));
     }
     let mounts = match (mounts, mounts_token_path) {
         (Some(v), true) => Some(v),

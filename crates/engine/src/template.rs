@@ -67,29 +67,7 @@ pub enum PodResources {
     Share,
 }
 
-/// How a template's `sidecars` are added to the pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SidecarMode {
-    /// Init containers with `restartPolicy: Always` (Kubernetes 1.29+), so Jobs complete. On an
-    /// older cluster the API server would keep such an init container from ever finishing, so the
-    /// pod would never start: there the sidecars are classic containers, with a warning.
-    Native,
-    /// Classic containers beside the app.
-    Container,
-    /// Native when the cluster supports it, classic otherwise.
-    Auto,
-}
-
-impl SidecarMode {
-    /// Whether sidecars become native sidecars on a cluster that does (or does not) support them.
-    pub fn is_native(self, cluster_supports_native: bool) -> bool {
-        match self {
-            SidecarMode::Native | SidecarMode::Auto => cluster_supports_native,
-            SidecarMode::Container => false,
-        }
-    }
-}
+pub use super::native::SidecarMode;
 
 /// A label selector as written in the template, with the matcher built from it.
 #[derive(Debug, Clone)]

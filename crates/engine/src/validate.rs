@@ -157,8 +157,9 @@ fn check_named_items(pod: &Value, status: &InjectionStatus) -> Result<(), String
         }
     }
     for name in &status.native_sidecars {
-        let policy = find_by(init, "name", name).and_then(|c| c.get("restartPolicy")).and_then(Value::as_str);
-        if policy != Some("Always") {
+        let sidecar = find_by(init, "name", name);
+        if !sidecar.is_some_and(super::native::is_native_sidecar) {
+            let policy = sidecar.and_then(|c| c.get("restartPolicy")).and_then(Value::as_str);
             return Err(format!(
                 "native sidecar {name:?} lost restartPolicy: Always after injection (it is {}), so it would block the pod's start",
                 policy.map_or("unset".to_owned(), |p| format!("{p:?}"))
