@@ -1,34 +1,70 @@
 //! Micro-benchmark of the engine: the cost of one admission decision (parse the pod JSON, evaluate,
 //! serialize the patch) for a typical pod and for huge ones, and how it scales with pod size.
-//! Prints a table and the ratios; run with `cargo bench -p sidecar-injector-engine --bench engine`.
+//! Prints a table and the ratios, and the heap allocations of one typical decision (counted by a
+//! wrapping global allocator); run with `make bench`.
 
 #[path = "../../../tests/common/fixtures.rs"]
 mod fixtures;
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sidecar_injector_engine::template::embedded_sources;
 use sidecar_injector_engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource};
 
+/// The system allocator, counting allocations (a relaxed add per call: noise next to a decision).
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is passed to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Heap allocations (and reallocations) of one decision.
+fn allocations(engine: &Engine, body: &[u8]) -> u64 {
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    measure_once(engine, body);
+    ALLOCATIONS.load(Ordering::Relaxed) - before
+}
+
 /// Median time of one decision (parse, evaluate, serialize the patch), over batches that together
 /// run for about `budget`.
 fn measure(engine: &Engine, body: &[u8], budget: Duration) -> Duration {
-    median_time(budget, || {
-        let pod: Value = serde_json::from_slice(black_box(body)).unwrap();
-        let request = PodRequest {
-            pod: Arc::new(pod),
-            namespace: NamespaceFacts::unknown("shop"),
-            cluster: ClusterFacts::default(),
-            workload: None,
-        };
-        match engine.evaluate(&request).outcome {
-            Outcome::Inject(injection) => black_box(serde_json::to_vec(&injection.patch).unwrap().len()),
-            other => panic!("expected an injection, got {other:?}"),
-        }
-    })
+    median_time(budget, || measure_once(engine, body))
+}
+
+/// One decision: parse the pod, evaluate, serialize the patch.
+fn measure_once(engine: &Engine, body: &[u8]) -> usize {
+    let pod: Value = serde_json::from_slice(black_box(body)).unwrap();
+    let request = PodRequest {
+        pod: Arc::new(pod),
+        namespace: NamespaceFacts::unknown("shop"),
+        cluster: ClusterFacts::default(),
+        workload: None,
+    };
+    match engine.evaluate(&request).outcome {
+        Outcome::Inject(injection) => black_box(serde_json::to_vec(&injection.patch).unwrap().len()),
+        other => panic!("expected an injection, got {other:?}"),
+    }
 }
 
 /// Median time of parsing (and dropping) the pod JSON alone: the floor under any decision.
@@ -97,6 +133,7 @@ fn main() {
         );
     };
     row("typical (2 containers)", &typical, typical_time);
+    println!("allocations per typical decision: {}", allocations(&engine, &typical));
 
     let mut series = Vec::new();
     for env in [125, 250, 500, 1000, 2000] {

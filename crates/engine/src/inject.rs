@@ -159,58 +159,11 @@ pub fn plan(
     // Keys of labels and annotations that stay as injected (no operation, but in the status).
     let (mut kept_label_keys, mut kept_annotation_keys) = (Vec::new(), Vec::new());
 
-    // App containers that stay, with their index once the previous sidecars are gone. The keys of
-    // their `envFrom` sources are computed once here (the lists below borrow them).
-    let env_from_keys: Vec<Vec<String>> = containers
-        .iter()
-        .map(|c| c.get("envFrom").and_then(Value::as_array).into_iter().flatten().map(pod_env_from_key).collect())
-        .collect();
-    // The keys of env entries that refer to their own name, as merged entries do (`env_merge`).
-    let env_self_keys: Vec<Vec<Option<String>>> = containers
-        .iter()
-        .map(|c| c.get("env").and_then(Value::as_array).into_iter().flatten().map(env_merge::pod_entry_key).collect())
-        .collect();
-    let mut app_containers = Vec::new();
-    for (index, container) in containers.iter().enumerate() {
-        // Sidecars of an earlier injection are not app containers, whether they go or stay.
-        if removed_containers.contains(&index) || kept.containers.iter().any(|k| k == container_names[index]) {
-            continue;
-        }
-        let name = container_names[index];
-        let field = || format!("spec.containers[{index}]");
-        let prev = previous.app_containers.get(name);
-        let kept_here = kept.app_containers.get(name);
-        let env = named_list(container, "env", field)?;
-        let mounts = named_list(container, "volumeMounts", field)?;
-        named_list(container, "envFrom", field)?;
-        let env_names = pod::names(env, || format!("{}.env", field()))?;
-        let mount_paths = pod::keys(mounts, "mountPath", || format!("{}.volumeMounts", field()))?;
-        let source_keys: Vec<&str> = env_from_keys[index].iter().map(String::as_str).collect();
-        app_containers.push(AppContainer {
-            name,
-            container,
-            new_index: index - removed_containers.iter().filter(|r| **r < index).count(),
-            lists: [
-                AppList::env(container, env_names, &env_self_keys[index], prev, kept_here),
-                AppList::new(
-                    container,
-                    "envFrom",
-                    source_keys,
-                    prev.map(|a| &a.env_from),
-                    kept_here.map(|a| &a.env_from),
-                ),
-                AppList::new(
-                    container,
-                    "volumeMounts",
-                    mount_paths,
-                    prev.map(|a| &a.volume_mounts),
-                    kept_here.map(|a| &a.volume_mounts),
-                ),
-            ],
-        });
-    }
-    let mut merge_notes = Vec::new();
-    let mut merge_warnings = Vec::new();
+    // App containers that stay, with their index once the previous sidecars are gone.
+    let container_keys = ContainerKeys::of(containers);
+    let mut app_containers =
+        app_containers(containers, &container_names, &removed_containers, previous, kept, &container_keys)?;
+    let mut merges = MergeNotes::default();
     // The templates' whole items, out of the templates: the claims below borrow their names, and
     // once claiming is over the items the injection adds are moved from here into the patch.
     let mut whole_items: Vec<WholeItems> = templates.iter_mut().map(|t| WholeItems::out_of(&mut t.rendered)).collect();
@@ -219,7 +172,7 @@ pub fn plan(
         templates.iter().map(|t| t.rendered.env_from.iter().filter_map(env_from_key).collect()).collect();
     // The entry each env var that says `merge:` adds when the app container has the variable, and
     // its status key; borrowed likewise.
-    let template_merged_env: Vec<Vec<Option<(String, Value)>>> = templates
+    let template_merged_env: Vec<Vec<Option<MergedEnvEntry>>> = templates
         .iter()
         .map(|t| {
             let r = &t.rendered;
@@ -358,81 +311,14 @@ pub fn plan(
                 }
             }
         }
-        let sources = t.env_from.iter().zip(&template_env_from_keys[template_index]);
-        let merged_env = template_merged_env[template_index].iter().map(|m| m.as_ref().map(|(k, e)| (k.as_str(), e)));
-        let kinds: [(ItemKind, AppItems); 3] = [
-            (ItemKind::Env, t.env.iter().zip(merged_env).map(|(e, merged)| (e, rendered_name(e), merged)).collect()),
-            (ItemKind::EnvFrom, sources.map(|(e, k)| (e, k.as_str(), None)).collect()),
-            (ItemKind::VolumeMount, t.volume_mounts.iter().map(|m| (m, mount_path(m), None)).collect()),
-        ];
-        for app in app_containers.iter_mut().filter(|app| t.targets.includes(app.name)) {
-            for ((kind, items), list) in kinds.iter().zip(&mut app.lists) {
-                for (item, key, merged) in items {
-                    if *kind == ItemKind::VolumeMount
-                        && !held(&list.taken, key)
-                        && let Some(volume) =
-                            displaced.iter().find(|v| item.get("name").and_then(Value::as_str) == Some(**v))
-                    {
-                        skip(*kind, key, Some(app.name), Owner::Volume(volume));
-                        list.taken.hold(key, owner);
-                        continue;
-                    }
-                    // A merging env var whose name the container (or an earlier template) already
-                    // defines, or may get from `envFrom`, adds the entry that refers to it instead.
-                    let merged = merged.filter(|_| match list.taken.holder(key) {
-                        Some(Owner::Kept) => false,
-                        Some(_) => true,
-                        None => !env_merge::possible_sources(app.container, key).is_empty(),
-                    });
-                    // For a merging env var: the author's entry of this name, never one an earlier
-                    // injection added.
-                    let own = (*kind == ItemKind::Env && t.env_merges.contains_key(*key))
-                        .then(|| env_merge::own_entry(app.container, key, &list.removed))
-                        .flatten();
-                    // For `explain`: where the value a merging env var adds to comes from.
-                    let mut uncertain = false;
-                    let merge_note = t.env_merges.get(*key).filter(|_| *kind == ItemKind::Env).map(|merge| {
-                        let app_value = env_merge::AppValue::of(app.container, own, key);
-                        uncertain = merged.is_some() && matches!(app_value, env_merge::AppValue::MaybeFrom(_));
-                        let note = match (merged, app_value) {
-                            (Some(_), env_merge::AppValue::NotVisible) => {
-                                format!("{key}: merged into the value an earlier template adds ({})", merge.describe())
-                            }
-                            (Some(_), found) => found.explain(key, merge),
-                            (None, _) => env_merge::AppValue::NotVisible.explain(key, merge),
-                        };
-                        format!("container {}: {note}", app.name)
-                    });
-                    let fragment = item.get("value").and_then(Value::as_str).unwrap_or_default();
-                    let (claim_key, item, merges) = match merged {
-                        Some((merged_key, entry)) => (merged_key, entry, true),
-                        None => (*key, *item, false),
-                    };
-                    let loaded_already = merges
-                        && list.taken.holder(claim_key).is_none()
-                        && t.env_merges.get(*key).is_some_and(|merge| env_merge::already_has(own, merge, fragment));
-                    let claimed = match loaded_already {
-                        true => Err(Owner::Pod),
-                        false => list.taken.claim(claim_key, owner),
-                    };
-                    match claimed {
-                        Ok(claimed) => {
-                            list.added.push(Addition { item, kept: claimed == Claimed::Kept, merges });
-                            if uncertain {
-                                merge_warnings.extend(merge_note.clone());
-                            }
-                            merge_notes.extend(merge_note);
-                            // A later template's plain item of this name must not replace it.
-                            list.taken.hold(key, owner);
-                        }
-                        Err(by) => {
-                            let kind = if merges { ItemKind::EnvMerge } else { *kind };
-                            skip(kind, key, Some(app.name), by)
-                        }
-                    }
-                }
-            }
-        }
+        claim_app_items(
+            t,
+            (&template_env_from_keys[template_index], &template_merged_env[template_index]),
+            &mut app_containers,
+            &displaced,
+            &mut status.skipped,
+            &mut merges,
+        );
     }
     // Claiming is over: the added items leave the templates.
     drop(taken_in_lists);
@@ -568,11 +454,192 @@ pub fn plan(
         patch: builder.ops,
         status,
         removed: Box::new(removed),
-        merge_notes,
-        merge_warnings,
+        merge_notes: merges.notes,
+        merge_warnings: merges.warnings,
         value_sources,
         invalid,
     })
+}
+
+/// A merging env var's status key and the entry it adds where the app container has the variable.
+type MergedEnvEntry = (String, Value);
+
+/// What merging env vars say about the values they merge into: a note per merge (for `explain`),
+/// and the merges into a value only an `envFrom` source may hold (warnings for the pod's creator).
+#[derive(Default)]
+struct MergeNotes {
+    notes: Vec<String>,
+    warnings: Vec<String>,
+}
+
+/// Claims a template's env vars, `envFrom` sources and mounts in every app container it targets,
+/// recording the skipped ones: a mount of a `displaced` volume is skipped naming it, and a merging
+/// env var adds the entry that merges into the container's own variable where it has one.
+/// `keys`: the template's `envFrom` keys, and each env var's merged entry with its status key.
+fn claim_app_items<'a>(
+    t: &'a RenderedTemplate,
+    (env_from_keys, merged_env): (&'a [String], &'a [Option<MergedEnvEntry>]),
+    app_containers: &mut [AppContainer<'a>],
+    displaced: &[&str],
+    skipped: &mut Vec<Skipped>,
+    merge_out: &mut MergeNotes,
+) {
+    let owner = Owner::Template(&t.name);
+    let mut skip = |kind: ItemKind, name: &str, container: &str, by: String| {
+        skipped.push(Skipped {
+            template: t.name.clone(),
+            kind,
+            name: name.to_owned(),
+            container: Some(container.to_owned()),
+            owner: by,
+        });
+    };
+    let held = |taken: &Taken, name: &str| !matches!(taken.holder(name), None | Some(Owner::Kept));
+    let sources = t.env_from.iter().zip(env_from_keys);
+    let merged_env = merged_env.iter().map(|m| m.as_ref().map(|(k, e)| (k.as_str(), e)));
+    let kinds: [(ItemKind, AppItems); 3] = [
+        (ItemKind::Env, t.env.iter().zip(merged_env).map(|(e, merged)| (e, rendered_name(e), merged)).collect()),
+        (ItemKind::EnvFrom, sources.map(|(e, k)| (e, k.as_str(), None)).collect()),
+        (ItemKind::VolumeMount, t.volume_mounts.iter().map(|m| (m, mount_path(m), None)).collect()),
+    ];
+    for app in app_containers.iter_mut().filter(|app| t.targets.includes(app.name)) {
+        for ((kind, items), list) in kinds.iter().zip(&mut app.lists) {
+            for (item, key, merged) in items {
+                if *kind == ItemKind::VolumeMount
+                    && !held(&list.taken, key)
+                    && let Some(volume) =
+                        displaced.iter().find(|v| item.get("name").and_then(Value::as_str) == Some(**v))
+                {
+                    skip(*kind, key, app.name, Owner::Volume(volume).to_string());
+                    list.taken.hold(key, owner);
+                    continue;
+                }
+                // A merging env var whose name the container (or an earlier template) already
+                // defines, or may get from `envFrom`, adds the entry that refers to it instead.
+                let merged = merged.filter(|_| match list.taken.holder(key) {
+                    Some(Owner::Kept) => false,
+                    Some(_) => true,
+                    None => !env_merge::possible_sources(app.container, key).is_empty(),
+                });
+                // For a merging env var: the author's entry of this name, never one an earlier
+                // injection added.
+                let own = (*kind == ItemKind::Env && t.env_merges.contains_key(*key))
+                    .then(|| env_merge::own_entry(app.container, key, &list.removed))
+                    .flatten();
+                // For `explain`: where the value a merging env var adds to comes from.
+                let mut uncertain = false;
+                let merge_note = t.env_merges.get(*key).filter(|_| *kind == ItemKind::Env).map(|merge| {
+                    let app_value = env_merge::AppValue::of(app.container, own, key);
+                    uncertain = merged.is_some() && matches!(app_value, env_merge::AppValue::MaybeFrom(_));
+                    let note = match (merged, app_value) {
+                        (Some(_), env_merge::AppValue::NotVisible) => {
+                            format!("{key}: merged into the value an earlier template adds ({})", merge.describe())
+                        }
+                        (Some(_), found) => found.explain(key, merge),
+                        (None, _) => env_merge::AppValue::NotVisible.explain(key, merge),
+                    };
+                    format!("container {}: {note}", app.name)
+                });
+                let fragment = item.get("value").and_then(Value::as_str).unwrap_or_default();
+                let (claim_key, item, merges) = match merged {
+                    Some((merged_key, entry)) => (merged_key, entry, true),
+                    None => (*key, *item, false),
+                };
+                let loaded_already = merges
+                    && list.taken.holder(claim_key).is_none()
+                    && t.env_merges.get(*key).is_some_and(|merge| env_merge::already_has(own, merge, fragment));
+                let claimed = match loaded_already {
+                    true => Err(Owner::Pod),
+                    false => list.taken.claim(claim_key, owner),
+                };
+                match claimed {
+                    Ok(claimed) => {
+                        list.added.push(Addition { item, kept: claimed == Claimed::Kept, merges });
+                        if uncertain {
+                            merge_out.warnings.extend(merge_note.clone());
+                        }
+                        merge_out.notes.extend(merge_note);
+                        // A later template's plain item of this name must not replace it.
+                        list.taken.hold(key, owner);
+                    }
+                    Err(by) => {
+                        let kind = if merges { ItemKind::EnvMerge } else { *kind };
+                        skip(kind, key, app.name, by.to_string())
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The keys of the pod's app containers' `envFrom` sources, and of their env entries that refer
+/// to their own name as merged entries do (`env_merge`): computed once, borrowed by the lists.
+struct ContainerKeys {
+    env_from: Vec<Vec<String>>,
+    env_self: Vec<Vec<Option<String>>>,
+}
+
+impl ContainerKeys {
+    fn of(containers: &[Value]) -> Self {
+        fn list<'c>(container: &'c Value, field: &str) -> impl Iterator<Item = &'c Value> {
+            container.get(field).and_then(Value::as_array).into_iter().flatten()
+        }
+        ContainerKeys {
+            env_from: containers.iter().map(|c| list(c, "envFrom").map(pod_env_from_key).collect()).collect(),
+            env_self: containers.iter().map(|c| list(c, "env").map(env_merge::pod_entry_key).collect()).collect(),
+        }
+    }
+}
+
+/// The pod's app containers (not the sidecars of an earlier injection, whether they go or stay),
+/// with their index once the removed sidecars are gone and their keyed lists.
+fn app_containers<'p>(
+    containers: &'p [Value],
+    names: &[&'p str],
+    removed: &[usize],
+    previous: &InjectionStatus,
+    kept: &'p InjectionStatus,
+    keys: &'p ContainerKeys,
+) -> Result<Vec<AppContainer<'p>>, PodShapeError> {
+    let mut app_containers = Vec::new();
+    for (index, container) in containers.iter().enumerate() {
+        if removed.contains(&index) || kept.containers.iter().any(|k| k == names[index]) {
+            continue;
+        }
+        let name = names[index];
+        let field = || format!("spec.containers[{index}]");
+        let prev = previous.app_containers.get(name);
+        let kept_here = kept.app_containers.get(name);
+        let env = named_list(container, "env", field)?;
+        let mounts = named_list(container, "volumeMounts", field)?;
+        named_list(container, "envFrom", field)?;
+        let env_names = pod::names(env, || format!("{}.env", field()))?;
+        let mount_paths = pod::keys(mounts, "mountPath", || format!("{}.volumeMounts", field()))?;
+        let source_keys: Vec<&str> = keys.env_from[index].iter().map(String::as_str).collect();
+        app_containers.push(AppContainer {
+            name,
+            container,
+            new_index: index - removed.iter().filter(|r| **r < index).count(),
+            lists: [
+                AppList::env(container, env_names, &keys.env_self[index], prev, kept_here),
+                AppList::new(
+                    container,
+                    "envFrom",
+                    source_keys,
+                    prev.map(|a| &a.env_from),
+                    kept_here.map(|a| &a.env_from),
+                ),
+                AppList::new(
+                    container,
+                    "volumeMounts",
+                    mount_paths,
+                    prev.map(|a| &a.volume_mounts),
+                    kept_here.map(|a| &a.volume_mounts),
+                ),
+            ],
+        });
+    }
+    Ok(app_containers)
 }
 
 /// The items of a pod's container list that stay (not at `removed`), without the `injected` ones

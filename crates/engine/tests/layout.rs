@@ -11,7 +11,7 @@ const MAX_FUNCTION_LINES: usize = 120;
 /// Functions still over the limit, with their length now: they may only shrink (the engine issue's
 /// remaining split).
 const LONG_FUNCTIONS: [(&str, &str, usize); 3] =
-    [("inject.rs", "plan", 491), ("ownership.rs", "assess", 166), ("policy.rs", "new", 344)];
+    [("inject.rs", "plan", 377), ("ownership.rs", "assess", 166), ("policy.rs", "new", 344)];
 
 /// Each module's source without its tests and comments.
 fn modules() -> BTreeMap<String, String> {
