@@ -112,12 +112,12 @@ pub fn plan(
     let removed_containers = indexes_named(&container_names, &previous.containers);
     let removed_init = indexes_named(&init_names, &previous.init_containers);
     // Every kind of spec list (`kinds::POD_LISTS`), as the pod has it.
-    let pod_lists = POD_LISTS.iter().map(|kind| PodList::of(pod, kind, previous)).collect::<Result<Vec<_>, _>>()?;
+    let pod_lists = PodList::all_of(pod, previous)?;
     let volumes = pod_lists[VOLUMES.index].items;
     // Per kind: identities in use and who holds them; what the templates add, and what is theirs.
-    let mut taken_in_lists: Vec<Taken> = pod_lists.iter().map(|list| list.taken(kept)).collect();
-    let mut new_in_lists: Vec<Vec<Pick>> = vec![Vec::new(); pod_lists.len()];
-    let mut claimed_in_lists: Vec<Vec<String>> = vec![Vec::new(); pod_lists.len()];
+    let mut taken_in_lists: PerPodList<Taken> = pod_lists.each_ref().map(|list| list.taken(kept));
+    let mut new_in_lists: PerPodList<Vec<Pick>> = Default::default();
+    let mut claimed_in_lists: PerPodList<Vec<String>> = Default::default();
 
     let mut builder = Builder::default();
     let value_sources = templates
@@ -329,7 +329,7 @@ pub fn plan(
         picks.into_iter().map(|pick| whole_items[pick.template].take(pick.kind, pick.index)).collect()
     };
     let (mut new_init, mut new_containers) = (take(new_init), take(new_containers));
-    let new_in_lists: Vec<Vec<Value>> = new_in_lists.into_iter().map(&mut take).collect();
+    let new_in_lists: PerPodList<Vec<Value>> = new_in_lists.map(&mut take);
     if !new_init.is_empty() || !new_containers.is_empty() {
         let kept_containers = containers.iter().enumerate().filter(|(i, _)| !removed_containers.contains(i));
         let kept_init = init_containers.into_iter().flatten().enumerate().filter(|(i, _)| !removed_init.contains(i));
@@ -754,6 +754,22 @@ struct PodList<'p> {
 }
 
 impl<'p> PodList<'p> {
+    /// Every kind of spec list of the pod, in the order of `kinds::POD_LISTS`.
+    fn all_of(pod: &'p Value, previous: &InjectionStatus) -> Result<PerPodList<Self>, PodShapeError> {
+        let mut malformed = None;
+        let lists = std::array::from_fn(|index| {
+            let kind = &POD_LISTS[index];
+            PodList::of(pod, kind, previous).unwrap_or_else(|error| {
+                malformed.get_or_insert(error);
+                PodList { kind, items: None, identities: Vec::new(), removed: Vec::new() }
+            })
+        });
+        match malformed {
+            Some(error) => Err(error),
+            None => Ok(lists),
+        }
+    }
+
     fn of(pod: &'p Value, kind: &'static PodListKind, previous: &InjectionStatus) -> Result<Self, PodShapeError> {
         let items = pod::list(pod, kind.field)?;
         let identities = match kind.key_required {
