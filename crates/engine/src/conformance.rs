@@ -12,34 +12,32 @@ use serde_json::Value;
 pub const CHECKED_KUBERNETES_VERSION: &str = "1.37";
 
 /// Reads `item` as a `T`: an error names the field path of a value of the wrong type; `Ok(Some)`
-/// names the first field `T` does not have (k8s-openapi ignores unknown fields, so they are the
-/// fields that reading and writing the item back loses).
-pub fn conforms<T: serde::de::DeserializeOwned + serde::Serialize>(item: &Value) -> Result<Option<String>, String> {
-    let typed: T = serde_path_to_error::deserialize(item).map_err(|e| {
+/// names the first field `T` does not have, as `ports[1].protocl` (k8s-openapi ignores unknown
+/// fields; `serde_ignored` reports each one it skips, so no type needs to be written back).
+pub fn conforms<T: serde::de::DeserializeOwned>(item: &Value) -> Result<Option<String>, String> {
+    let mut unknown = None;
+    let mut note = |path: serde_ignored::Path<'_>| {
+        unknown.get_or_insert_with(|| field_path(&path));
+    };
+    let reader = serde_ignored::Deserializer::new(item, &mut note);
+    serde_path_to_error::deserialize::<_, T>(reader).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
         if path == "." { inner } else { format!("{path}: {inner}") }
     })?;
-    let known = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
-    Ok(first_unknown_field(item, &known, ""))
+    Ok(unknown)
 }
 
-/// The first field of `item` (a null counts as absent) missing from `known`, as a path like
-/// `resources.limitz` or `ports[1].containerPortt`.
-fn first_unknown_field(item: &Value, known: &Value, path: &str) -> Option<String> {
-    let join = |key: &str| if path.is_empty() { key.to_owned() } else { format!("{path}.{key}") };
-    match (item, known) {
-        (Value::Object(fields), Value::Object(known)) => {
-            fields.iter().filter(|(_, value)| !value.is_null()).find_map(|(key, value)| match known.get(key) {
-                None => Some(join(key)),
-                Some(known) => first_unknown_field(value, known, &join(key)),
-            })
-        }
-        (Value::Array(items), Value::Array(known)) => items
-            .iter()
-            .zip(known)
-            .enumerate()
-            .find_map(|(index, (item, known))| first_unknown_field(item, known, &format!("{path}[{index}]"))),
-        _ => None,
+/// A path as Kubernetes writes field paths: `resources.limitz`, `ports[1].protocl`.
+fn field_path(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", field_path(parent)),
+        Path::Map { parent, key } => match field_path(parent) {
+            parent if parent.is_empty() => key.clone(),
+            parent => format!("{parent}.{key}"),
+        },
+        Path::Some { parent } | Path::NewtypeStruct { parent } | Path::NewtypeVariant { parent } => field_path(parent),
     }
 }
