@@ -43,7 +43,7 @@ pub struct PodListKind {
     pub claimed_mut: fn(&mut InjectionStatus) -> &mut Vec<String>,
     /// Reads a rendered item as its Kubernetes type (see `conformance::conforms`): a wrong type is an
     /// error, `Some(path)` a field the type does not have.
-    pub conforms: fn(&Value) -> Result<Option<String>, String>,
+    pub conforms: fn(&Value) -> super::conformance::Checked,
     /// Whether the policy mode (`compile-policies`) adds this kind; otherwise a template with such
     /// items is left to the webhook, saying why.
     pub in_policy: bool,
@@ -91,7 +91,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         when_held: WhenHeld::Skip,
         claimed: |s| &s.volumes,
         claimed_mut: |s| &mut s.volumes,
-        conforms: super::conformance::conforms::<k8s_openapi::api::core::v1::Volume>,
+        conforms: super::conformance::volume,
         in_policy: true,
         sample: |name| json!({"name": name, "emptyDir": {}}),
         authored: |name| json!({"name": name, "hostPath": {"path": "/"}}),
@@ -106,7 +106,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         when_held: WhenHeld::AlreadyThere,
         claimed: |s| &s.image_pull_secrets,
         claimed_mut: |s| &mut s.image_pull_secrets,
-        conforms: super::conformance::conforms::<k8s_openapi::api::core::v1::LocalObjectReference>,
+        conforms: super::conformance::local_object_reference,
         in_policy: true,
         sample: |name| json!({"name": name}),
         authored: |name| json!({"name": name}),
@@ -121,7 +121,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         when_held: WhenHeld::Skip,
         claimed: |s| &s.host_aliases,
         claimed_mut: |s| &mut s.host_aliases,
-        conforms: super::conformance::conforms::<k8s_openapi::api::core::v1::HostAlias>,
+        conforms: super::conformance::host_alias,
         // A MutatingAdmissionPolicy could append them, but the pod's own entry for an IP must
         // win, which needs the webhook's claim bookkeeping.
         in_policy: false,
