@@ -117,7 +117,7 @@ fn memory(pid: u32) -> (f64, f64) {
 
 /// `pod` as the API server stores it after our `/mutate` in namespace `shop`: what `/validate` sees.
 fn injected_by_the_engine(pod: &Value) -> Result<Value> {
-    use sidecar_injector::engine::template::embedded_sources;
+    use sidecar_injector::engine::templates::template::embedded_sources;
     use sidecar_injector::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet};
     let (templates, errors) = TemplateSet::load(embedded_sources());
     ensure!(errors.is_empty(), "{errors:?}");
@@ -135,8 +135,8 @@ fn injected_by_the_engine(pod: &Value) -> Result<Value> {
     json_patch::patch(&mut injected, &injection.patch)?;
     // The row measures the full check, not an early refusal.
     let check = PodRequest { pod: std::sync::Arc::new(injected.clone()), ..request };
-    let verdict = sidecar_injector::engine::validate::validate_pod(&engine, &check);
-    ensure!(matches!(verdict, sidecar_injector::engine::validate::Verdict::Allowed(_)), "{verdict:?}");
+    let verdict = sidecar_injector::engine::checks::validate::validate_pod(&engine, &check);
+    ensure!(matches!(verdict, sidecar_injector::engine::checks::validate::Verdict::Allowed(_)), "{verdict:?}");
     Ok(injected)
 }
 
@@ -776,9 +776,9 @@ async fn null_policy(plane: &ControlPlane, client: &kube::Client, patch: &[u8]) 
         .map(|op| {
             format!(
                 "JSONPatch{{op: {}, path: {}, value: {}}}",
-                sidecar_injector::engine::policy::json_lit(&op["op"]),
-                sidecar_injector::engine::policy::json_lit(&op["path"]),
-                sidecar_injector::engine::policy::json_lit(&op["value"]),
+                sidecar_injector::engine::emit::policy::json_lit(&op["op"]),
+                sidecar_injector::engine::emit::policy::json_lit(&op["path"]),
+                sidecar_injector::engine::emit::policy::json_lit(&op["value"]),
             )
         })
         .collect();

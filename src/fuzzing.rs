@@ -9,9 +9,9 @@ use std::sync::{Arc, LazyLock};
 use serde_json::{Value, json};
 
 use crate::admission;
-use crate::engine::template::embedded_sources;
+use crate::engine::templates::template::embedded_sources;
 use crate::engine::{
-    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, Template, TemplateSet, TemplateSource, render,
+    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, Template, TemplateSet, TemplateSource, injection::render,
 };
 
 /// A template using every feature, besides the embedded defaults.
@@ -78,7 +78,7 @@ pub fn admission(data: &[u8]) {
                 &namespace,
                 ClusterFacts::default(),
                 "sidecar-injector",
-                &crate::engine::template::InProcess,
+                &crate::engine::templates::template::InProcess,
             ),
         };
         assert_eq!(reply.status, 200, "{:?}", reply.summary);

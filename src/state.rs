@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::engine::template::PreCheck;
+use crate::engine::templates::template::PreCheck;
 use crate::engine::{ClusterFacts, Engine, NamespaceFacts};
 use crate::telemetry::Metrics;
 
@@ -169,9 +169,9 @@ pub struct AppState {
     pub template_queue: Arc<tokio::sync::Semaphore>,
     /// Where Kubernetes Events go (`cluster::events`); disabled without a cluster.
     pub events: EventSink,
-    /// The nodes' kubelet versions, for native sidecars by node (`engine::nodes`); empty without
+    /// The nodes' kubelet versions, for native sidecars by node (`engine::injection::nodes`); empty without
     /// a cluster or with `cluster.watch_nodes` off.
-    pub nodes: ArcSwap<crate::engine::nodes::NodePool>,
+    pub nodes: ArcSwap<crate::engine::injection::nodes::NodePool>,
 }
 
 /// The sending end of the Event publisher: never blocks, drops an Event when the publisher is

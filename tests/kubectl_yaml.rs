@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use sidecar_injector::cli::{self, Cli};
-use sidecar_injector::engine::{Engine, Outcome, PodRequest, manifest, names, template, workload};
+use sidecar_injector::engine::{Engine, Outcome, PodRequest, manifest, names, templates::template, workload};
 
 fn yamlread() -> Option<PathBuf> {
     std::env::var_os("SIDECAR_INJECTOR_YAMLREAD").map(PathBuf::from)

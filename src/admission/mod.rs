@@ -17,8 +17,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::engine::template::PreCheck;
-use crate::engine::validate::{self, Verdict};
+use crate::engine::checks::validate::{self, Verdict};
+use crate::engine::templates::template::PreCheck;
 use crate::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, WarningCode, names};
 
 /// The only AdmissionReview version served.

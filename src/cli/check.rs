@@ -5,8 +5,8 @@ use std::path::Path;
 
 use super::{CliError, template_sources_from};
 use crate::engine::TemplateSet;
-use crate::engine::policy;
-use crate::engine::template::SidecarMode;
+use crate::engine::emit::policy;
+use crate::engine::templates::template::SidecarMode;
 
 /// Loads every template under `path`; returns a summary line per template, or every error.
 pub fn check_templates(path: &Path) -> Result<String, CliError> {
@@ -18,11 +18,11 @@ pub fn check_templates(path: &Path) -> Result<String, CliError> {
         format!("ok  {} ({}{}, hash {})\n", t.name, if t.default { "default, " } else { "" }, t.description, t.hash)
     });
     let warnings = set.iter().flat_map(|t| t.warnings.iter().map(|w| format!("warning: {w}\n")));
-    // Which rule decides `sidecarMode: auto` (`engine::nodes`).
+    // Which rule decides `sidecarMode: auto` (`engine::injection::nodes`).
     let auto = set
         .iter()
         .filter(|t| t.sidecar_mode == SidecarMode::Auto && t.has_sidecars())
-        .map(|t| format!("sidecar mode: {}: {}\n", t.name, crate::engine::native::AUTO_RULE));
+        .map(|t| format!("sidecar mode: {}: {}\n", t.name, crate::engine::injection::native::AUTO_RULE));
     // The policy mode (`compile-policies`): which templates the API server can inject itself.
     let policy = set.iter().filter_map(|t| {
         policy::webhook_only_reason(t, true).map(|reason| format!("webhook-only: {}: {reason}\n", t.name))

@@ -20,11 +20,11 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::OutputFormat;
+use crate::engine::claims::status::InjectionStatus;
 use crate::engine::drift::{self, PodDrift, RestartAction, WorkloadRef};
-use crate::engine::status::InjectionStatus;
-use crate::engine::webhook::{self, Check, Reachability};
+use crate::engine::emit::webhook_rules::{self, Check, Reachability};
 use crate::engine::{
-    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, names, validate, workload,
+    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, checks::validate, names, workload,
 };
 
 /// Where the injector lives.
@@ -180,7 +180,7 @@ pub async fn explain(
         None => pod.clone(),
     };
     let (pod_labels, pod_annotations) = (labels_of(&fresh, "labels"), labels_of(&fresh, "annotations"));
-    let checks = webhook::checks(
+    let checks = webhook_rules::checks(
         configuration.as_ref(),
         &injector.webhook_configuration,
         reachable,
@@ -193,8 +193,10 @@ pub async fn explain(
     // (when the nodes can be listed).
     let cluster = match Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()).list(&ListParams::default()).await
     {
-        Ok(nodes) => crate::engine::nodes::NodePool::new(nodes.items.iter().map(crate::engine::nodes::NodeFacts::of))
-            .facts_for(&fresh, cluster),
+        Ok(nodes) => crate::engine::injection::nodes::NodePool::new(
+            nodes.items.iter().map(crate::engine::injection::nodes::NodeFacts::of),
+        )
+        .facts_for(&fresh, cluster),
         Err(_) => cluster,
     };
     let request = PodRequest { pod: Arc::new(fresh), namespace: facts.clone(), cluster, workload: None };

@@ -5,9 +5,9 @@ use serde_json::{Value, json};
 
 use super::inject::{PodDecision, decide_all};
 use super::{CliError, OfflineArgs, OutputFormat};
+use crate::engine::claims::status::InjectionStatus;
 use crate::engine::kinds::POD_LISTS;
-use crate::engine::status::InjectionStatus;
-use crate::engine::{Choice, Outcome, names, policy};
+use crate::engine::{Choice, Outcome, emit::policy, names};
 
 /// The explanation of one pod, as printed by `-o json`.
 #[derive(Debug, Serialize)]
@@ -182,7 +182,7 @@ fn item_lines(out: &mut String, heading: &str, status: &InjectionStatus) {
     }
 }
 
-/// Templates the policy mode leaves to the webhook, with why (`engine::policy`).
+/// Templates the policy mode leaves to the webhook, with why (`engine::emit::policy`).
 type WebhookOnly = std::collections::BTreeMap<String, String>;
 
 fn text(explanations: &[Explanation], decisions: &[Option<Choice>], webhook_only: &WebhookOnly) -> String {

@@ -18,9 +18,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use serde_json::Value;
 
-use crate::engine::nodes::{NodeFacts, NodePool};
-use crate::engine::template::PreCheck;
-use crate::engine::template::embedded_sources;
+use crate::engine::injection::nodes::{NodeFacts, NodePool};
+use crate::engine::templates::template::PreCheck;
+use crate::engine::templates::template::embedded_sources;
 use crate::engine::{ClusterFacts, NamespaceFacts, TemplateError, TemplateSet, TemplateSource};
 
 pub use check::check_templates;
@@ -278,7 +278,7 @@ pub fn template_sources_from(path: &Path) -> Result<Vec<TemplateSource>, CliErro
 
 /// Loads the templates from `--templates DIR` or the embedded defaults; any error fails.
 pub fn load_templates(dir: Option<&Path>) -> Result<TemplateSet, CliError> {
-    load_templates_checked(dir, &crate::engine::template::InProcess)
+    load_templates_checked(dir, &crate::engine::templates::template::InProcess)
 }
 
 /// [`load_templates`], each new template first passing `precheck` (the webhook's sandbox, so that

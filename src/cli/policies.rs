@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::{CliError, load_templates};
 use crate::engine::ClusterFacts;
-use crate::engine::policy;
+use crate::engine::emit::policy;
 
 /// The policy and binding as two YAML documents, preceded by a comment per template the policy
 /// leaves to the webhook (and why).

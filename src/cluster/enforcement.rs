@@ -3,7 +3,7 @@
 //!
 //! For every enforced template the injector server-side-applies a params ConfigMap in its own
 //! namespace and a binding of the `sidecar-injector.io-enforced` ValidatingAdmissionPolicy (shipped
-//! in `deploy/`) to the pods the template is enforced for (`engine::enforce::policy_objects`), and
+//! in `deploy/`) to the pods the template is enforced for (`engine::checks::enforce::policy_objects`), and
 //! deletes the labelled objects of templates no longer enforced. The API server then refuses pods
 //! that lack an enforced template's items by itself, so the mandate holds while the injector is
 //! down. None of these objects is in `deploy/`, so GitOps tools never see them change.
@@ -14,7 +14,7 @@
 //! failures in `sidecar_injector_enforcement_sync_errors_total`.
 //!
 //! In the policy mode (`cluster.injection_policy`) it also server-side-applies the
-//! MutatingAdmissionPolicy `sidecar-injector.io-inject` and its binding as `engine::policy`
+//! MutatingAdmissionPolicy `sidecar-injector.io-inject` and its binding as `engine::emit::policy`
 //! compiles them from the same templates, so the API server injects first admissions itself.
 
 use std::collections::BTreeMap;
@@ -27,7 +27,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 
-use crate::engine::{enforce, names, policy};
+use crate::engine::{checks::enforce, emit::policy, names};
 use crate::state::AppState;
 
 /// How often the templates in service are compared with what was last written.
@@ -42,7 +42,7 @@ const FIELD_MANAGER: &str = "sidecar-injector";
 type PolicyObjects = BTreeMap<String, (Value, Value)>;
 
 /// Everything this reconciler writes: the enforcement bindings and, in the policy mode, the
-/// MutatingAdmissionPolicy compiled from the templates and its binding (`engine::policy`).
+/// MutatingAdmissionPolicy compiled from the templates and its binding (`engine::emit::policy`).
 #[derive(Debug, PartialEq)]
 struct Desired {
     enforced: PolicyObjects,

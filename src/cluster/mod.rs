@@ -27,9 +27,9 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
-use crate::engine::nodes::{NodeFacts, NodePool};
-use crate::engine::pod_index::{PodIndex, drift_counts};
-use crate::engine::validate::template_sources;
+use crate::engine::checks::validate::template_sources;
+use crate::engine::drift::pod_index::{PodIndex, drift_counts};
+use crate::engine::injection::nodes::{NodeFacts, NodePool};
 use crate::engine::{ClusterFacts, NamespaceFacts, TemplateSource, names};
 use crate::state::{AppState, Readiness};
 use crate::telemetry::Metrics;
@@ -79,7 +79,7 @@ pub fn watch_namespaces(
 }
 
 /// Starts a watch of the nodes that keeps, per node, only its name, labels and kubelet version
-/// (`engine::nodes`), and publishes a new pool to `state.nodes` whenever one of those changes
+/// (`engine::injection::nodes`), and publishes a new pool to `state.nodes` whenever one of those changes
 /// (a node's status heartbeat changes nothing here, so it costs one comparison).
 pub fn watch_nodes(client: Client, state: Arc<AppState>) {
     let stream = watcher(Api::<Node>::all(client), watcher::Config::default()).backoff(backoff());
@@ -334,7 +334,7 @@ mod tests {
             inflight_kib: crate::state::InflightRoom::new(1 << 20, 1 << 20),
             body_timeout: Duration::from_secs(1),
             room_wait: Duration::from_secs(1),
-            precheck: Arc::new(crate::engine::template::InProcess),
+            precheck: Arc::new(crate::engine::templates::template::InProcess),
             template_work: Default::default(),
             template_queue: Arc::new(tokio::sync::Semaphore::new(1)),
             events: Default::default(),

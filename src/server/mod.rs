@@ -144,7 +144,7 @@ async fn decide(endpoint: Endpoint, req: &HttpRequest, payload: web::Payload, st
             span.record("name", name.as_str());
             let namespace = state.namespaces.facts(admission::namespace_of(&request), &state.metrics).await;
             let engine = state.engine.load_full();
-            // Native sidecars by the kubelets of the nodes the pod can run on (`engine::nodes`).
+            // Native sidecars by the kubelets of the nodes the pod can run on (`engine::injection::nodes`).
             let cluster = match &request.object {
                 Some(object) if admission::is_kind(&request, "", "Pod") => {
                     state.nodes.load().facts_for(&object.json, **state.cluster.load())

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sidecar_injector_engine::template::embedded_sources;
+use sidecar_injector_engine::templates::template::embedded_sources;
 use sidecar_injector_engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource};
 
 /// The system allocator, counting allocations (a relaxed add per call: noise next to a decision).

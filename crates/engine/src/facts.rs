@@ -104,7 +104,7 @@ impl ClusterFacts {
     pub fn from_version(major: &str, minor: &str) -> Option<Self> {
         let major: u32 = major.trim().parse().ok()?;
         let minor: u32 = minor.trim().trim_end_matches('+').parse().ok()?;
-        Some(ClusterFacts::api_server(super::native::supported_by((major, minor))))
+        Some(ClusterFacts::api_server(crate::injection::native::supported_by((major, minor))))
     }
 
     /// Facts for a version written `1.33` or `v1.33.2`.

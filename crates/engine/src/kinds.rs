@@ -4,7 +4,7 @@
 //! load check, and whether the policy mode can add it.
 //!
 //! The steps iterate over [`POD_LISTS`] instead of naming these kinds: the template compiler and
-//! the renderer keep one list per description, `inject::plan` claims, adds and removes by it,
+//! the renderer keep one list per description, `injection::plan` claims, adds and removes by it,
 //! `ownership` proves claims by it, `validate` strips and checks by it, `enforce` compares
 //! conflicts by it, `load` checks conformance by it, `explain` lists by it and the properties
 //! generate items from it. A new kind of spec list is one entry here and its status list (with an
@@ -16,7 +16,7 @@
 
 use serde_json::{Value, json};
 
-use super::status::{InjectionStatus, ItemKind};
+use crate::claims::status::{InjectionStatus, ItemKind};
 
 /// A kind of item kept in a list of the pod's spec and identified by one string field.
 #[derive(Debug)]
@@ -43,7 +43,7 @@ pub struct PodListKind {
     pub claimed_mut: fn(&mut InjectionStatus) -> &mut Vec<String>,
     /// Reads a rendered item as its Kubernetes type (see `conformance::conforms`): a wrong type is an
     /// error, `Some(path)` a field the type does not have.
-    pub conforms: fn(&Value) -> super::conformance::Checked,
+    pub conforms: fn(&Value) -> crate::templates::conformance::Checked,
     /// Whether the policy mode (`compile-policies`) adds this kind; otherwise a template with such
     /// items is left to the webhook, saying why.
     pub in_policy: bool,
@@ -91,7 +91,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         when_held: WhenHeld::Skip,
         claimed: |s| &s.volumes,
         claimed_mut: |s| &mut s.volumes,
-        conforms: super::conformance::volume,
+        conforms: crate::templates::conformance::volume,
         in_policy: true,
         sample: |name| json!({"name": name, "emptyDir": {}}),
         authored: |name| json!({"name": name, "hostPath": {"path": "/"}}),
@@ -106,7 +106,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         when_held: WhenHeld::AlreadyThere,
         claimed: |s| &s.image_pull_secrets,
         claimed_mut: |s| &mut s.image_pull_secrets,
-        conforms: super::conformance::local_object_reference,
+        conforms: crate::templates::conformance::local_object_reference,
         in_policy: true,
         sample: |name| json!({"name": name}),
         authored: |name| json!({"name": name}),
@@ -121,7 +121,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         when_held: WhenHeld::Skip,
         claimed: |s| &s.host_aliases,
         claimed_mut: |s| &mut s.host_aliases,
-        conforms: super::conformance::host_alias,
+        conforms: crate::templates::conformance::host_alias,
         // A MutatingAdmissionPolicy could append them, but the pod's own entry for an IP must
         // win, which needs the webhook's claim bookkeeping.
         in_policy: false,

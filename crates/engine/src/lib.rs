@@ -13,37 +13,20 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod compare;
-pub mod conformance;
+pub mod checks;
+pub mod claims;
 pub mod drift;
-pub mod enforce;
-pub mod env_merge;
-pub mod expression;
+pub mod emit;
 pub mod facts;
 pub mod findings;
-pub mod inject;
+pub mod injection;
 pub mod kinds;
-mod load;
 pub mod manifest;
 pub mod names;
-pub mod native;
-pub mod nodes;
-pub mod ownership;
 pub mod pod;
-pub mod pod_index;
-pub mod pod_resources;
-pub mod policy;
-pub mod render;
-pub mod select;
-pub mod status;
-pub mod template;
-pub mod validate;
-pub mod webhook;
+pub mod templates;
 pub mod workload;
-pub mod yaml;
 
-#[cfg(test)]
-mod env_merge_tests;
 #[cfg(test)]
 mod test_support;
 #[cfg(test)]
@@ -55,14 +38,14 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+pub use claims::status::InjectionStatus;
 pub use facts::{ClusterFacts, NamespaceFacts};
 pub use findings::{Warning, WarningCode};
-pub use inject::{Injection, PlannedTemplate};
+pub use injection::plan::{Injection, PlannedTemplate};
+pub use injection::render::{RenderError, RenderedTemplate};
+pub use injection::select::{Choice, ChoiceSource, OutOfScope, TemplateVerdict};
 pub use pod::PodShapeError;
-pub use render::{RenderError, RenderedTemplate};
-pub use select::{Choice, ChoiceSource, OutOfScope, TemplateVerdict};
-pub use status::InjectionStatus;
-pub use template::{Template, TemplateError, TemplateSet, TemplateSource};
+pub use templates::template::{Template, TemplateError, TemplateSet, TemplateSource};
 
 /// The injection engine: the templates in service plus the namespaces it never touches.
 #[derive(Debug, Clone, Default)]
@@ -219,7 +202,7 @@ impl Engine {
         native: &dyn Fn(&Template, &RenderedTemplate) -> bool,
         warnings: &mut Vec<Warning>,
     ) -> ClaimCheck {
-        let base = Arc::new(validate::strip_injection(pod, claim));
+        let base = Arc::new(checks::validate::strip_injection(pod, claim));
         let base_annotations = pod::string_map(&base, "annotations").unwrap_or_default();
         let renderings: Vec<Option<RenderedTemplate>> = claim
             .templates
@@ -229,7 +212,8 @@ impl Engine {
                 render_one(template, &base, &base_annotations).ok()
             })
             .collect();
-        let assessed = ownership::assess(pod, claim, &renderings.iter().map(Option::as_ref).collect::<Vec<_>>());
+        let assessed =
+            claims::ownership::assess(pod, claim, &renderings.iter().map(Option::as_ref).collect::<Vec<_>>());
         let current = claim.is_current(selected.iter().map(|t| (&*t.name, t.hash.as_str())));
         if current && !assessed.altered.is_empty() {
             return ClaimCheck::Decided(Outcome::Denied(Denial::Altered(assessed.altered)));
@@ -238,7 +222,7 @@ impl Engine {
             // An enforced template's items count as injected only when exactly the template's.
             let enforced = claim.templates.iter().zip(&renderings).find_map(|(claimed, rendered)| {
                 let template = self.templates.version(&claimed.name, &claimed.hash).filter(|t| t.enforced)?;
-                let conflicts = enforce::inexact_items(&assessed.present, &assessed.owned, rendered.as_ref()?);
+                let conflicts = checks::enforce::inexact_items(&assessed.present, &assessed.owned, rendered.as_ref()?);
                 (!conflicts.is_empty()).then(|| Denial::Enforced { template: template.name.to_string(), conflicts })
             });
             if let Some(denial) = enforced {
@@ -257,14 +241,14 @@ impl Engine {
                 .collect();
             if planned.len() == selected.len() {
                 let reason = planned.is_empty().then(|| choice.summary_of_none());
-                match inject::plan(pod, inject::Earlier::Keep(&assessed.present), planned, reason) {
+                match injection::plan::plan(pod, injection::plan::Earlier::Keep(&assessed.present), planned, reason) {
                     Ok(fresh) if !fresh.invalid.is_empty() => {
                         return ClaimCheck::Decided(refuse_or_admit(fresh, selected, warnings));
                     }
                     Ok(fresh) if fresh.status == *claim && assessed.all_present => {
                         return ClaimCheck::Decided(Outcome::UpToDate(claim.clone()));
                     }
-                    Ok(fresh) if ownership::includes_items_of(&fresh.status, &assessed.present) => {
+                    Ok(fresh) if claims::ownership::includes_items_of(&fresh.status, &assessed.present) => {
                         warnings.extend(doubted(assessed.doubts));
                         return ClaimCheck::Decided(Outcome::Inject(fresh));
                     }
@@ -274,9 +258,9 @@ impl Engine {
             }
         }
         warnings.extend(doubted(assessed.doubts.iter().cloned()));
-        let base = match ownership::owns_everything(&assessed, claim) {
+        let base = match claims::ownership::owns_everything(&assessed, claim) {
             true => base,
-            false => Arc::new(validate::strip_injection(pod, &assessed.owned)),
+            false => Arc::new(checks::validate::strip_injection(pod, &assessed.owned)),
         };
         ClaimCheck::Replace { owned: assessed.owned, base }
     }
@@ -285,12 +269,16 @@ impl Engine {
 /// An injection that would make a pod the API server refuses (`Injection::invalid`) is not
 /// applied: an enforced template refuses the pod with the API server's reasons; otherwise the pod
 /// is admitted as its author wrote it (fail open; the reasons go in the warning and the metric).
-fn refuse_or_admit(injection: inject::Injection, selected: &[&Arc<Template>], warnings: &mut Vec<Warning>) -> Outcome {
+fn refuse_or_admit(
+    injection: injection::plan::Injection,
+    selected: &[&Arc<Template>],
+    warnings: &mut Vec<Warning>,
+) -> Outcome {
     let reasons = injection.invalid;
     match selected.iter().find(|t| t.enforced && !t.audit) {
         Some(template) => Outcome::Denied(Denial::WouldBeInvalid { template: template.name.to_string(), reasons }),
         None => {
-            let reason = select::OutOfScope::WouldBeInvalid { reasons };
+            let reason = injection::select::OutOfScope::WouldBeInvalid { reasons };
             warnings.push(Warning::new(WarningCode::InjectionWouldBeInvalid, format!("sidecar-injector: {reason}")));
             Outcome::OutOfScope(reason)
         }
@@ -307,7 +295,7 @@ const AUDIT_FORCED: &str = "it would be injected into this pod whatever its anno
 
 /// The sidecar mode for this pod: the pod's choice where the template lets it choose, else the
 /// template's.
-fn sidecar_mode(template: &Template, rendered: &RenderedTemplate) -> template::SidecarMode {
+fn sidecar_mode(template: &Template, rendered: &RenderedTemplate) -> templates::template::SidecarMode {
     rendered.sidecar_mode.unwrap_or(template.sidecar_mode)
 }
 
@@ -322,17 +310,17 @@ fn sidecar_mode_warnings(
     if rendered.sidecars.is_empty() {
         return warnings;
     }
-    let (major, minor) = native::NATIVE_SINCE;
-    for concern in native::concerns(sidecar_mode(template, rendered), cluster.native_sidecars, &owner.kind) {
+    let (major, minor) = injection::native::NATIVE_SINCE;
+    for concern in injection::native::concerns(sidecar_mode(template, rendered), cluster.native_sidecars, &owner.kind) {
         warnings.push(match concern {
-            native::Concern::NativeUnavailable => Warning::new(
+            injection::native::Concern::NativeUnavailable => Warning::new(
                 WarningCode::NativeSidecarsUnavailable,
                 format!(
                     "template {} asks for native sidecars (sidecarMode: native), which need a kubelet {major}.{minor} or newer: they are added as classic containers (decided {})",
                     template.name, cluster.rule
                 ),
             ),
-            native::Concern::ClassicInJob => Warning::new(
+            injection::native::Concern::ClassicInJob => Warning::new(
                 WarningCode::ClassicSidecarsInJob,
                 format!(
                     "template {} adds classic sidecar containers to a pod of {} {}: the Job does not complete while they run (native sidecars, kubelet {major}.{minor}+ with sidecarMode native or auto, stop by themselves; decided {})",
@@ -355,7 +343,7 @@ impl Engine {
         self.evaluate_with(request, false)
     }
 
-    /// Decides with every field computed from pod data masked (see `render::render_masked`).
+    /// Decides with every field computed from pod data masked (see `injection::render::render_masked`).
     pub(crate) fn evaluate_masked(&self, request: &PodRequest) -> Decision {
         self.evaluate_with(request, true)
     }
@@ -365,11 +353,15 @@ impl Engine {
         let status = match &decision.outcome {
             Outcome::Inject(injection) => &injection.status,
             Outcome::UpToDate(status) => status,
-            Outcome::OutOfScope(select::OutOfScope::PodOptedOut) => {
+            Outcome::OutOfScope(injection::select::OutOfScope::PodOptedOut) => {
                 let labels = pod::string_map(&request.pod, "labels").unwrap_or_default();
                 let annotations = pod::string_map(&request.pod, "annotations").unwrap_or_default();
-                let reach =
-                    select::audit_reach_of_opted_out(&self.templates, &labels, &annotations, &request.namespace);
+                let reach = injection::select::audit_reach_of_opted_out(
+                    &self.templates,
+                    &labels,
+                    &annotations,
+                    &request.namespace,
+                );
                 for template in reach {
                     decision.warnings.push(Warning::new(
                         WarningCode::EnforcementAudit,
@@ -393,7 +385,7 @@ impl Engine {
             }
         }
         let forced = decision.choice.iter().flat_map(|c| &c.verdicts);
-        for (name, _) in forced.filter(|(_, v)| *v == select::TemplateVerdict::AuditEnforced) {
+        for (name, _) in forced.filter(|(_, v)| *v == injection::select::TemplateVerdict::AuditEnforced) {
             findings.push((name.to_string(), AUDIT_FORCED.to_owned()));
         }
         for (template, finding) in findings {
@@ -429,11 +421,14 @@ impl Engine {
         let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(&request.pod));
         let mut denials = Vec::new();
         for template in enforced {
-            let subject = render::Subject::new(request.pod.clone(), &owner);
-            let conflicts = match render::render(template, &subject, &annotations, &request.namespace) {
+            let subject = injection::render::Subject::new(request.pod.clone(), &owner);
+            let conflicts = match injection::render::render(template, &subject, &annotations, &request.namespace) {
                 Ok(rendered) => {
-                    let native = native::is_native(sidecar_mode(template, &rendered), request.cluster.native_sidecars);
-                    enforce::conflicts(&request.pod, status, &rendered, native)
+                    let native = injection::native::is_native(
+                        sidecar_mode(template, &rendered),
+                        request.cluster.native_sidecars,
+                    );
+                    checks::enforce::conflicts(&request.pod, status, &rendered, native)
                 }
                 Err(e) => vec![format!("the template does not render for the pod as it is: {e}")],
             };
@@ -454,12 +449,16 @@ impl Engine {
                 return decision(None, Outcome::Denied(Denial::Shape(e)), warnings);
             }
         };
-        let choice =
-            match select::select(&self.templates, &labels, &annotations, &request.namespace, &self.excluded_namespaces)
-            {
-                Ok(choice) => choice,
-                Err(reason) => return decision(None, Outcome::OutOfScope(reason), warnings),
-            };
+        let choice = match injection::select::select(
+            &self.templates,
+            &labels,
+            &annotations,
+            &request.namespace,
+            &self.excluded_namespaces,
+        ) {
+            Ok(choice) => choice,
+            Err(reason) => return decision(None, Outcome::OutOfScope(reason), warnings),
+        };
         let missing: Vec<String> = choice.missing().map(str::to_owned).collect();
         if !missing.is_empty() {
             let denial = Denial::UnknownTemplates {
@@ -483,14 +482,15 @@ impl Engine {
         };
         let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(pod));
         let render_one = |template: &Template, pod: &Arc<Value>, annotations: &BTreeMap<String, String>| {
-            let subject = render::Subject { pod: render::pod_value(pod.clone()), workload: &owner };
+            let subject =
+                injection::render::Subject { pod: injection::render::pod_value(pod.clone()), workload: &owner };
             match mask_pod_reads {
-                true => render::render_masked(template, &subject, annotations, &request.namespace),
-                false => render::render(template, &subject, annotations, &request.namespace),
+                true => injection::render::render_masked(template, &subject, annotations, &request.namespace),
+                false => injection::render::render(template, &subject, annotations, &request.namespace),
             }
         };
         let native = |template: &Template, rendered: &RenderedTemplate| {
-            native::is_native(sidecar_mode(template, rendered), request.cluster.native_sidecars)
+            injection::native::is_native(sidecar_mode(template, rendered), request.cluster.native_sidecars)
         };
 
         // The status annotation is a claim (see `ownership`): what it proves decides what may go.
@@ -519,7 +519,7 @@ impl Engine {
             .collect();
         let mut planned = Vec::with_capacity(selected.len());
         for template in &selected {
-            if let Err(e) = render::check_chosen_containers(template, &base_annotations, &container_names) {
+            if let Err(e) = injection::render::check_chosen_containers(template, &base_annotations, &container_names) {
                 return decision(Some(choice), Outcome::Denied(Denial::Render(RenderError::Override(e))), warnings);
             }
             match render_one(template, &base, &base_annotations) {
@@ -534,7 +534,7 @@ impl Engine {
             }
         }
         let reason = planned.is_empty().then(|| choice.summary_of_none());
-        match inject::plan(pod, inject::Earlier::Replace(&owned), planned, reason) {
+        match injection::plan::plan(pod, injection::plan::Earlier::Replace(&owned), planned, reason) {
             Ok(injection) if !injection.invalid.is_empty() => {
                 let outcome = refuse_or_admit(injection, &selected, &mut warnings);
                 decision(Some(choice), outcome, warnings)

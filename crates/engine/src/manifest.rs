@@ -16,7 +16,7 @@
 //!   refused; a duplicate key: the last one wins; merge keys (`<<`) merge in place, later keys win.
 //! - a float whose value is whole is written as an integer (Go's JSON encoder does the same).
 //!
-//! Templates are not read here: they keep YAML 1.2's stricter rules (`crate::yaml`).
+//! Templates are not read here: they keep YAML 1.2's stricter rules (`crate::templates::yaml`).
 //!
 //! The writer emits block YAML that both kubectl's reader and YAML 1.2 readers read back as the
 //! same JSON: a string is written plain only when no YAML version could read it as anything else,
@@ -32,7 +32,7 @@ use std::fmt::Write as _;
 use granit_parser::{Event, Parser, ScalarStyle, ScanError, Span};
 use serde_json::{Map, Number, Value};
 
-use super::yaml::YamlError;
+use crate::templates::yaml::YamlError;
 
 /// How much one manifest stream may hold.
 #[derive(Debug, Clone, Copy)]

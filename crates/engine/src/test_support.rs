@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{ClusterFacts, Engine, NamespaceFacts, PodRequest, Template, TemplateSet, TemplateSource};
+use crate::{ClusterFacts, Engine, NamespaceFacts, PodRequest, Template, TemplateSet, TemplateSource};
 
 /// Loads one template or panics with its error.
 pub fn template(name: &str, yaml: &str) -> Template {

@@ -3,8 +3,12 @@
 use json_patch::PatchOperation;
 use serde_json::{Value, json};
 
-use super::test_support::{apply, engine, opted_in, request};
-use super::*;
+use crate::checks::validate;
+use crate::claims::status;
+use crate::emit::policy;
+use crate::templates::template;
+use crate::test_support::{apply, engine, opted_in, request};
+use crate::*;
 
 const LOGS: &str = r#"
 default: true
@@ -195,7 +199,7 @@ fn the_pods_own_items_win_and_every_skip_is_recorded() {
         .iter()
         .map(|s| (s.kind, s.name.as_str(), s.container.as_deref(), s.owner.as_str()))
         .collect();
-    use status::ItemKind::*;
+    use claims::status::ItemKind::*;
     assert_eq!(
         skipped,
         vec![
@@ -781,7 +785,7 @@ fn registry_engine() -> Engine {
 }
 
 fn env_from_keys(container: &Value) -> Vec<String> {
-    container["envFrom"].as_array().into_iter().flatten().filter_map(super::compare::env_from_key).collect()
+    container["envFrom"].as_array().into_iter().flatten().filter_map(crate::injection::compare::env_from_key).collect()
 }
 
 #[test]
@@ -892,7 +896,7 @@ fn a_pod_chooses_its_app_containers_and_sidecar_mode_only_where_the_template_let
     );
     refused(json!({"sidecar-injector.io/registry.sidecar-mode": "sometimes"}), "\"sometimes\" is not a sidecar mode");
     // A template without podChoices ignores the annotations, with a warning.
-    let strict = super::test_support::engine(&[(
+    let strict = crate::test_support::engine(&[(
         "registry",
         &REGISTRY.replace("podChoices: [appContainers, sidecarMode]\n", ""),
     )]);

@@ -19,10 +19,10 @@ use json_patch::PatchOperation;
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use serde_json::{Map, Value, json};
-use sidecar_injector_engine::compare::first_difference;
+use sidecar_injector_engine::injection::compare::first_difference;
+use sidecar_injector_engine::injection::pod_resources;
 use sidecar_injector_engine::kinds::{POD_LIST_COUNT, POD_LISTS, VOLUMES};
-use sidecar_injector_engine::pod_resources;
-use sidecar_injector_engine::template::InProcess;
+use sidecar_injector_engine::templates::template::InProcess;
 use sidecar_injector_engine::{
     ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, manifest,
 };
@@ -329,11 +329,11 @@ proptest! {
         // Pod-level resources: the patched pod is one the API server accepts, and taking the
         // injection back gives the author's values exactly.
         let text = out["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap();
-        let status = sidecar_injector_engine::status::InjectionStatus::parse(text).unwrap();
+        let status = sidecar_injector_engine::claims::status::InjectionStatus::parse(text).unwrap();
         if let Some(level) = pod_resources::PodLevel::of(&out) {
             let list = |field: &str| out["spec"][field].as_array().map(|l| l.iter().collect::<Vec<_>>()).unwrap_or_default();
             prop_assert_eq!(pod_resources::violations(&level, &(list("initContainers"), list("containers"))), Vec::<String>::new());
-            let stripped = sidecar_injector_engine::validate::strip_injection(&out, &status);
+            let stripped = sidecar_injector_engine::checks::validate::strip_injection(&out, &status);
             prop_assert_eq!(&stripped["spec"]["resources"], &pod["spec"]["resources"], "strip gives back the author's pod-level values");
         }
         // Everything else the pod had is still there, unchanged (lists of named items matched by name).
@@ -545,8 +545,8 @@ proptest! {
         prop_assert!(matches!(evaluate(&v1, &injected, true), Outcome::UpToDate(_)), "injecting again adds nothing");
 
         let text = injected["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap();
-        let status = sidecar_injector_engine::status::InjectionStatus::parse(text).unwrap();
-        let stripped = sidecar_injector_engine::validate::strip_injection(&injected, &status);
+        let status = sidecar_injector_engine::claims::status::InjectionStatus::parse(text).unwrap();
+        let stripped = sidecar_injector_engine::checks::validate::strip_injection(&injected, &status);
         prop_assert_eq!(env_of(&stripped), author_env.clone(), "strip(inject(v)) == v");
 
         let v2 = edited(&v1, &[merging_template(name, &fragments[1], append)]);
@@ -673,8 +673,8 @@ proptest! {
             prop_assert_eq!(env_of(&current), env_of(&fresh), "re-injection after editing the fragment to {:?}", fragment);
             prop_assert!(matches!(evaluate(&engine, &current, true), Outcome::UpToDate(_)), "injecting again adds nothing");
             let text = current["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap();
-            let status = sidecar_injector_engine::status::InjectionStatus::parse(text).unwrap();
-            let stripped = sidecar_injector_engine::validate::strip_injection(&current, &status);
+            let status = sidecar_injector_engine::claims::status::InjectionStatus::parse(text).unwrap();
+            let stripped = sidecar_injector_engine::checks::validate::strip_injection(&current, &status);
             prop_assert_eq!(env_of(&stripped), author_env.clone(), "strip gives back the author's env");
         }
     }

@@ -16,8 +16,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::Value;
-use sidecar_injector_engine::status::InjectionStatus;
-use sidecar_injector_engine::validate::{Verdict, strip_injection, validate_pod};
+use sidecar_injector_engine::checks::validate::{Verdict, strip_injection, validate_pod};
+use sidecar_injector_engine::claims::status::InjectionStatus;
 use sidecar_injector_engine::{
     ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, manifest, names, workload,
 };

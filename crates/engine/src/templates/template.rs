@@ -20,10 +20,10 @@ use kube_core::Selector;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::env_merge::{EnvMerge, Position};
-use super::expression::{self, CompiledText};
-use super::kinds::{POD_LISTS, PerPodList};
-use super::yaml::{MapEntry, SourceNode, SourceValue};
+use crate::injection::env_merge::{EnvMerge, Position};
+use crate::kinds::{POD_LISTS, PerPodList};
+use crate::templates::expression::{self, CompiledText};
+use crate::templates::yaml::{MapEntry, SourceNode, SourceValue};
 
 /// The longest template name: `<template>.<value>` must fit the 63 characters of an annotation name.
 const MAX_TEMPLATE_NAME: usize = 40;
@@ -67,7 +67,7 @@ pub enum PodResources {
     Share,
 }
 
-pub use super::native::SidecarMode;
+pub use crate::injection::native::SidecarMode;
 
 /// A label selector as written in the template, with the matcher built from it.
 #[derive(Debug, Clone)]
@@ -591,7 +591,7 @@ impl<'a> Compiler<'a> {
                 Some(default) => default,
             };
             if !is_identifier(name)
-                || super::names::override_annotation(self.name, name).len() - super::names::PREFIX.len() > 63
+                || crate::names::override_annotation(self.name, name).len() - crate::names::PREFIX.len() > 63
             {
                 return Err(self.err(
                     item.line,

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::facts::{ClusterFacts, NativeRule};
+use crate::facts::{ClusterFacts, NativeRule};
 
 /// What the decision needs of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +93,7 @@ impl NodePool {
         let known = &self.nodes;
         let spec = pod.get("spec");
         let facts = |version: (u32, u32), rule: fn((u32, u32), u32) -> NativeRule, nodes: usize| ClusterFacts {
-            native_sidecars: super::native::supported_by(version),
+            native_sidecars: crate::injection::native::supported_by(version),
             rule: rule(version, nodes as u32),
         };
         if let Some(name) = spec.and_then(|s| s.get("nodeName")).and_then(Value::as_str)

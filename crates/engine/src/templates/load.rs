@@ -10,13 +10,13 @@ use std::sync::Arc;
 use minijinja::Value as JinjaValue;
 use serde_json::Value;
 
-use super::conformance::{CHECKED_KUBERNETES_VERSION, conforms};
-use super::facts::NamespaceFacts;
-use super::kinds::POD_LISTS;
-use super::names;
-use super::render::{RenderError, RenderedTemplate, Subject, render};
-use super::template::{self, Template, TemplateError};
-use super::workload::Workload;
+use crate::facts::NamespaceFacts;
+use crate::injection::render::{RenderError, RenderedTemplate, Subject, render};
+use crate::kinds::POD_LISTS;
+use crate::names;
+use crate::templates::conformance::{CHECKED_KUBERNETES_VERSION, conforms};
+use crate::templates::template::{self, Template, TemplateError};
+use crate::workload::Workload;
 
 impl Template {
     /// Whether the template adds sidecars (whose mode `sidecarMode` decides).
@@ -33,7 +33,7 @@ impl Template {
         template.warnings.extend(template::resource_warnings(&template.inject));
         if template.enforced || template.audit {
             // Native or classic does not change what can be checked.
-            let unchecked = super::enforce::Requirements::of(&template, true).unchecked;
+            let unchecked = crate::checks::enforce::Requirements::of(&template, true).unchecked;
             template.warnings.extend(unchecked.into_iter().map(|what| {
                 format!("enforced: while the injector is down, the enforcement policy checks less: {what}")
             }));
@@ -179,7 +179,7 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
             }
             let identified = match key {
                 Some(key) => matches!(item.get(key), Some(Value::String(s)) if !s.is_empty()),
-                None => super::compare::env_from_key(item).is_some(),
+                None => crate::injection::compare::env_from_key(item).is_some(),
             };
             if !identified {
                 return Err(fail(match key {

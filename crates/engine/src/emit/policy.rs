@@ -29,13 +29,13 @@ use std::collections::BTreeMap;
 use minijinja::machinery::ast::{self, Expr, Stmt};
 use serde_json::{Value, json};
 
-use super::compare::env_from_key;
-use super::expression::CompiledText;
-use super::kinds::{IMAGE_PULL_SECRETS, POD_LISTS, VOLUMES};
-use super::names;
-use super::names::SERVICE_ACCOUNT_TOKEN_PATH;
-use super::status::ItemKind;
-use super::template::{AppTargets, Piece, SeqItem, Template, TemplateSelector, TemplateSet};
+use crate::claims::status::ItemKind;
+use crate::injection::compare::env_from_key;
+use crate::kinds::{IMAGE_PULL_SECRETS, POD_LISTS, VOLUMES};
+use crate::names;
+use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
+use crate::templates::expression::CompiledText;
+use crate::templates::template::{AppTargets, Piece, SeqItem, Template, TemplateSelector, TemplateSet};
 
 /// Why a template cannot be compiled: the expression (or item) and what keeps it out.
 pub type WebhookOnly = String;
@@ -55,7 +55,7 @@ pub struct CompiledPolicy {
 
 /// The volume names a template's containers and app-container mounts refer to; `None` when one is
 /// an expression (then any of its volumes may be).
-fn mounted_volume_names(spec: &super::template::InjectSpec) -> Option<Vec<String>> {
+fn mounted_volume_names(spec: &crate::templates::template::InjectSpec) -> Option<Vec<String>> {
     /// The `name`s of a list of mounts.
     fn names_in(list: &Piece, out: &mut Vec<String>) -> Option<()> {
         match list {
@@ -269,7 +269,7 @@ struct Override {
 }
 
 impl Override {
-    fn of(template: &Template, o: &super::template::Overridable) -> Result<Override, String> {
+    fn of(template: &Template, o: &crate::templates::template::Overridable) -> Result<Override, String> {
         let key = format!("{}{}.{}", names::PREFIX, template.name, o.name);
         let annotation = format!("object.metadata.?annotations[?{}]", lit(&key));
         let text = format!("{annotation}.value()");
@@ -375,8 +375,8 @@ impl Cx<'_> {
         let mut terms: Vec<String> = self.overrides.values().map(|o| o.valid.clone()).collect();
         let choices = self.template.pod_choices;
         for (allowed, suffix) in [
-            (choices.app_containers, super::render::APP_CONTAINERS_CHOICE),
-            (choices.sidecar_mode, super::render::SIDECAR_MODE_CHOICE),
+            (choices.app_containers, crate::injection::render::APP_CONTAINERS_CHOICE),
+            (choices.sidecar_mode, crate::injection::render::SIDECAR_MODE_CHOICE),
         ] {
             if allowed {
                 let key = format!("{}{}.{suffix}", names::PREFIX, self.template.name);
@@ -622,7 +622,7 @@ fn piece_val(cx: &Cx<'_>, piece: &Piece) -> Result<Val, String> {
         Piece::ValueRef { path, .. } => match path.as_slice() {
             [name] if cx.overrides.contains_key(name) => Val::Cel(cx.overrides[name].typed.clone()),
             _ => Val::Const(
-                super::expression::lookup_path(&cx.template.values, path)
+                crate::templates::expression::lookup_path(&cx.template.values, path)
                     .cloned()
                     .ok_or_else(|| format!("values.{} is not defined", path.join(".")))?,
             ),
@@ -785,7 +785,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         }
         Ok(out)
     };
-    let native = super::native::is_native(template.sidecar_mode, native_sidecars);
+    let native = crate::injection::native::is_native(template.sidecar_mode, native_sidecars);
     let volume_names = items(&spec.pod_lists[VOLUMES.index], ItemKind::Volume, None)?;
     let mounted = match mounted_volume_names(spec) {
         Some(names) => volume_names.iter().map(|v| v.key.clone()).filter(|v| names.contains(v)).collect(),
@@ -871,7 +871,7 @@ fn container_fields(cx: &Cx<'_>, piece: &Piece, native: bool) -> Result<String, 
         fields.push((k, v));
     }
     if native {
-        fields.push(("restartPolicy".to_owned(), Val::Const(json!(super::native::RESTART_ALWAYS))));
+        fields.push(("restartPolicy".to_owned(), Val::Const(json!(crate::injection::native::RESTART_ALWAYS))));
     }
     let mounts = match (mounts, mounts_token_path) {
         (Some(v), true) => Some(v),
@@ -984,7 +984,7 @@ impl Program {
                 "object.spec.?imagePullSecrets.orValue([]).map(s, s.?name.orValue(\"\"))".into(),
             ),
             ("tokenVolumes".into(), "variables.volumeNames.filter(n, n.startsWith(\"kube-api-access-\"))".into()),
-            // `inject::service_account_token_mount`: the mount the ServiceAccount plugin gave
+            // `plan::service_account_token_mount`: the mount the ServiceAccount plugin gave
             // every container, when it gave it to all and is allowed to.
             (
                 "tokenMounts".into(),
@@ -1205,9 +1205,11 @@ impl Program {
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                let json =
-                    serde_json::to_string(&super::status::TemplateRef { name: p.name.clone(), hash: p.hash.clone() })
-                        .expect("serializes");
+                let json = serde_json::to_string(&crate::claims::status::TemplateRef {
+                    name: p.name.clone(),
+                    hash: p.hash.clone(),
+                })
+                .expect("serializes");
                 (selected[i].clone(), lit(&json))
             })
             .collect::<Vec<_>>();
@@ -1253,7 +1255,7 @@ impl Program {
         .join(" + ");
         vars.push(("status".into(), status));
 
-        // The patch, in the order `inject::plan` writes it.
+        // The patch, in the order `injection::plan` writes it.
         let mut ops: Vec<String> = Vec::new();
         ops.push(format!("(has(object.metadata.labels) ? [] : [{}])", patch_op("\"/metadata/labels\"", "{}")));
         let [label_ops, annotation_ops] = metadata_ops;
@@ -1331,7 +1333,7 @@ fn app_claims(plans: &[Plan], before: usize, list_index: usize, key: &str) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::template::Template;
+    use crate::templates::template::Template;
 
     fn template(inject: &str) -> Template {
         let source = format!(
@@ -1442,7 +1444,7 @@ mod tests {
 
     #[test]
     fn the_policy_binds_like_the_webhook_and_records_the_engine_status() {
-        let (set, errors) = TemplateSet::load(crate::template::embedded_sources());
+        let (set, errors) = TemplateSet::load(crate::templates::template::embedded_sources());
         assert!(errors.is_empty(), "{errors:?}");
         let compiled = compile(&set, true, &["sidecar-injector".to_owned()]);
         assert_eq!(compiled.compiled, vec!["log-shipper"]);

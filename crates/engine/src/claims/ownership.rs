@@ -22,12 +22,12 @@
 
 use serde_json::Value;
 
-use super::compare::{env_from_key, first_difference, quantities_equal};
-use super::env_merge;
-use super::kinds::POD_LISTS;
-use super::names::{self, SERVICE_ACCOUNT_TOKEN_PATH};
-use super::render::RenderedTemplate;
-use super::status::{AppContainerAdditions, InjectionStatus, ItemKind};
+use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind};
+use crate::injection::compare::{env_from_key, first_difference, quantities_equal};
+use crate::injection::env_merge;
+use crate::injection::render::RenderedTemplate;
+use crate::kinds::POD_LISTS;
+use crate::names::{self, SERVICE_ACCOUNT_TOKEN_PATH};
 
 /// What the claim says, checked against the pod.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -113,7 +113,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
         let native = claim.native_sidecars.contains(name);
         let expected = match native {
             true => rendered_item(|r| &r.sidecars, "name", name).map(|mut sidecar| {
-                super::native::make_native(&mut sidecar);
+                crate::injection::native::make_native(&mut sidecar);
                 sidecar
             }),
             false => rendered_item(|r| &r.init_containers, "name", name),
@@ -198,7 +198,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
     if let Some(claimed) = &claim.pod_resources {
         // The padding of pod-level resources: proven when it is exactly what the injected
         // containers present account for.
-        match super::pod_resources::proves(pod, claimed, &present.init_containers, &present.containers) {
+        match crate::injection::pod_resources::proves(pod, claimed, &present.init_containers, &present.containers) {
             true => {
                 owned.pod_resources = Some(claimed.clone());
                 present.pod_resources = Some(claimed.clone());

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::names;
+use crate::names;
 
 /// The content of the status annotation.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,7 +48,7 @@ pub struct InjectionStatus {
     /// What the injection added to the pod-level `spec.resources` the pod sets, so that its
     /// containers fit (see `pod_resources`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod_resources: Option<super::pod_resources::Padding>,
+    pub pod_resources: Option<crate::injection::pod_resources::Padding>,
     /// Items a template wanted to add but the pod (or an earlier template) already had.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<Skipped>,

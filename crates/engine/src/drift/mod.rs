@@ -2,15 +2,18 @@
 //! template versions that have since changed (stale), or never injected although they should have
 //! been (created while the injector was down, or before their namespace opted in). Decided from a
 //! pod's metadata alone (labels, annotations, owner), so a cluster-wide metadata watch can keep it
-//! current cheaply; and which workload to restart for it.
+//! current cheaply; and which workload to restart for it. `pod_index` keeps, for every pod of the
+//! cluster, exactly what [`classify`] reads.
+
+pub mod pod_index;
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde::Serialize;
 
-use super::status::InjectionStatus;
-use super::{Engine, NamespaceFacts, names, select};
+use crate::claims::status::InjectionStatus;
+use crate::{Engine, NamespaceFacts, injection::select, names};
 
 /// A template whose injected version differs from the one in service.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -187,7 +190,7 @@ pub fn restart_action(workload: &WorkloadRef) -> RestartAction {
 mod tests {
     use super::*;
     use crate::test_support::{engine, opted_in};
-    use crate::{InjectionStatus, status::TemplateRef};
+    use crate::{InjectionStatus, claims::status::TemplateRef};
 
     const A: &str = "default: true\ninject:\n  labels: {a: \"1\"}\n";
     const B: &str = "default: true\npodSelector: {matchLabels: {app: web}}\ninject:\n  labels: {b: \"1\"}\n";
@@ -219,9 +222,9 @@ mod tests {
                 TemplateRef { name: "a".into(), hash: a.clone() },
                 TemplateRef { name: "b".into(), hash: b.clone() },
             ],
-            skipped: vec![crate::status::Skipped {
+            skipped: vec![crate::claims::status::Skipped {
                 template: "b".into(),
-                kind: crate::status::ItemKind::Label,
+                kind: crate::claims::status::ItemKind::Label,
                 name: "b".into(),
                 container: None,
                 owner: "pod".into(),

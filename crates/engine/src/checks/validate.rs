@@ -18,12 +18,12 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::compare::first_difference;
-use super::env_merge;
-use super::kinds::POD_LISTS;
-use super::status::{InjectionStatus, TemplateRef};
-use super::template::{PreCheck, TemplateError, TemplateSet, TemplateSource};
-use super::{Engine, Outcome, PodRequest, names, pod, select};
+use crate::claims::status::{InjectionStatus, TemplateRef};
+use crate::injection::compare::first_difference;
+use crate::injection::env_merge;
+use crate::kinds::POD_LISTS;
+use crate::templates::template::{PreCheck, TemplateError, TemplateSet, TemplateSource};
+use crate::{Engine, Outcome, PodRequest, injection::select, names, pod};
 
 /// The verdict of a validating check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,7 +112,7 @@ pub fn validate_pod_update(engine: &Engine, old: &Value, new: &Value) -> Verdict
         return Verdict::Allowed(Vec::new());
     };
     let enforced_skips = status.skipped.iter().filter(|s| {
-        matches!(s.kind, super::status::ItemKind::Sidecar | super::status::ItemKind::InitContainer)
+        matches!(s.kind, crate::claims::status::ItemKind::Sidecar | crate::claims::status::ItemKind::InitContainer)
             && engine.templates.get(&s.template).is_some_and(|t| t.enforced)
     });
     let guarded = status.containers.iter().chain(&status.init_containers).chain(enforced_skips.map(|s| &s.name));
@@ -158,7 +158,7 @@ fn check_named_items(pod: &Value, status: &InjectionStatus) -> Result<(), String
     }
     for name in &status.native_sidecars {
         let sidecar = find_by(init, "name", name);
-        if !sidecar.is_some_and(super::native::is_native_sidecar) {
+        if !sidecar.is_some_and(crate::injection::native::is_native_sidecar) {
             let policy = sidecar.and_then(|c| c.get("restartPolicy")).and_then(Value::as_str);
             return Err(format!(
                 "native sidecar {name:?} lost restartPolicy: Always after injection (it is {}), so it would block the pod's start",
@@ -183,7 +183,7 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
         Outcome::Inject(injection) => injection,
         // An enforced template's item was replaced after injection (or never injected under a
         // forged status): the author cannot have that either way.
-        Outcome::Denied(denial @ super::Denial::Enforced { .. }) => {
+        Outcome::Denied(denial @ crate::Denial::Enforced { .. }) => {
             let text = denial.to_string();
             return Err(text.strip_prefix("sidecar-injector: ").unwrap_or(&text).to_owned());
         }
@@ -240,7 +240,10 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
         for key in &additions.env_from {
             let what = || format!("envFrom source {key:?} injected into container {container:?}");
             let source = |list: Option<&'_ Vec<Value>>| {
-                list?.iter().find(|i| super::compare::env_from_key(i).as_deref() == Some(key.as_str())).cloned()
+                list?
+                    .iter()
+                    .find(|i| crate::injection::compare::env_from_key(i).as_deref() == Some(key.as_str()))
+                    .cloned()
             };
             compare(what, source(list_of(want, "envFrom")).as_ref(), source(list_of(have, "envFrom")).as_ref())?;
         }
@@ -275,7 +278,7 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
     let mut pod = pod.clone();
     // The pod-level resources as the author wrote them: the padding taken back.
     if let Some(padding) = &status.pod_resources
-        && let Some(authors) = super::pod_resources::PodLevel::of(&pod).and_then(|now| now.with(padding, -1))
+        && let Some(authors) = crate::injection::pod_resources::PodLevel::of(&pod).and_then(|now| now.with(padding, -1))
         && let Some(Value::Object(resources)) = pod.get_mut("spec").and_then(|s| s.get_mut("resources"))
     {
         for (field, map) in [("requests", &authors.requests), ("limits", &authors.limits)] {
@@ -293,7 +296,7 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
     };
     if let Some(spec) = pod.get_mut("spec") {
         retain_unnamed(spec.get_mut("containers"), "name", &status.containers);
-        // A list the injection emptied was added whole by it (`inject::plan` removes it whole).
+        // A list the injection emptied was added whole by it (`injection::plan` removes it whole).
         let lists = POD_LISTS.iter().map(|k| (k.field, k.key, (k.claimed)(status)));
         for (field, key, names) in [("initContainers", "name", &status.init_containers)].into_iter().chain(lists) {
             retain_unnamed(spec.get_mut(field), key, names);
@@ -319,8 +322,9 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
                     }
                 }
                 if let Some(Value::Array(sources)) = container.get_mut("envFrom") {
-                    sources
-                        .retain(|e| !super::compare::env_from_key(e).is_some_and(|k| additions.env_from.contains(&k)));
+                    sources.retain(|e| {
+                        !crate::injection::compare::env_from_key(e).is_some_and(|k| additions.env_from.contains(&k))
+                    });
                 }
                 if let Some(Value::Array(mounts)) = container.get_mut("volumeMounts") {
                     mounts.retain(|m| {
@@ -556,7 +560,7 @@ inject:
     fn template_configmaps_are_checked() {
         let good: BTreeMap<String, String> =
             [("a.yaml".to_owned(), TEMPLATE.to_owned()), ("README".to_owned(), "x".to_owned())].into();
-        let warnings = validate_template_data(&good, &crate::template::InProcess).unwrap();
+        let warnings = validate_template_data(&good, &crate::templates::template::InProcess).unwrap();
         assert_eq!(warnings[0], "key \"README\" is ignored: only keys named <template>.yaml hold templates");
         assert!(warnings[1..].iter().all(|w| w.contains("sets no") && w.contains("ResourceQuota")), "{warnings:?}");
         let bad: BTreeMap<String, String> = [
@@ -564,7 +568,7 @@ inject:
             ("B.yaml".to_owned(), TEMPLATE.to_owned()),
         ]
         .into();
-        let errors = validate_template_data(&bad, &crate::template::InProcess).unwrap_err();
+        let errors = validate_template_data(&bad, &crate::templates::template::InProcess).unwrap_err();
         let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
         assert_eq!(messages.len(), 2, "{messages:?}");
         assert!(messages[0].starts_with("template \"B\": invalid template name"), "{messages:?}");

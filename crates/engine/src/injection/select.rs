@@ -20,9 +20,9 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::facts::NamespaceFacts;
-use super::names;
-use super::template::{Template, TemplateSet};
+use crate::facts::NamespaceFacts;
+use crate::names;
+use crate::templates::template::{Template, TemplateSet};
 
 /// Why a pod is not considered for injection at all.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -16,14 +16,14 @@
 //! epoch instead of building a second index beside the first; then [`PodIndex::apply`] and
 //! [`PodIndex::remove`] for the watch's changes.
 //!
-//! [`drift::classify`]: super::drift::classify
-//! [`drift::ANNOTATIONS_READ`]: super::drift::ANNOTATIONS_READ
+//! [`drift::classify`]: crate::drift::classify
+//! [`drift::ANNOTATIONS_READ`]: crate::drift::ANNOTATIONS_READ
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use super::drift::{ANNOTATIONS_READ, PodDrift, classify};
-use super::{Engine, NamespaceFacts};
+use crate::drift::{ANNOTATIONS_READ, PodDrift, classify};
+use crate::{Engine, NamespaceFacts};
 
 /// Drifted pods by (namespace, template, state): the `sidecar_injector_drifted_pods` gauge.
 pub type DriftCounts = BTreeMap<(String, String, &'static str), i64>;

@@ -25,12 +25,12 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, RemoveOperation};
 use serde_json::Value;
 
-use super::compare::env_from_key;
-use super::kinds::{POD_LISTS, PerPodList, PodListKind, VOLUMES, WhenHeld};
-use super::pod::{self, PodShapeError, shape_error};
-use super::render::RenderedTemplate;
-use super::status::{AppContainerAdditions, InjectionStatus, ItemKind, Skipped, TemplateRef};
-use super::{env_merge, names, pod_resources};
+use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind, Skipped, TemplateRef};
+use crate::injection::compare::env_from_key;
+use crate::injection::render::RenderedTemplate;
+use crate::kinds::{POD_LISTS, PerPodList, PodListKind, VOLUMES, WhenHeld};
+use crate::pod::{self, PodShapeError, shape_error};
+use crate::{injection::env_merge, injection::pod_resources, names};
 
 /// A rendered template and whether its sidecars become native sidecars.
 #[derive(Debug, Clone)]
@@ -682,7 +682,7 @@ fn resize_pod_level(
     })
 }
 
-use super::names::SERVICE_ACCOUNT_TOKEN_PATH;
+use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
 
 /// A template's containers, init containers and spec-list items, taken out of its rendering for
 /// `plan`.
@@ -729,7 +729,7 @@ impl WholeItems {
         };
         let mut item = std::mem::take(&mut list[index]);
         if matches!(kind, WholeKind::NativeSidecar) {
-            super::native::make_native(&mut item);
+            crate::injection::native::make_native(&mut item);
         }
         item
     }

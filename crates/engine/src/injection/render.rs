@@ -22,15 +22,15 @@ use minijinja::Value as JinjaValue;
 use minijinja::value::{Enumerator, Object, ObjectRepr, Serde};
 use serde_json::Value;
 
-use super::compare::POD_DERIVED;
-use super::env_merge::EnvMerge;
-use super::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
-use super::facts::NamespaceFacts;
-use super::findings::{Warning, WarningCode};
-use super::kinds::{PerPodList, PodListKind};
-use super::names;
-use super::template::{AppTargets, Piece, PodResources, SeqItem, SidecarMode, Template, TemplateError};
-use super::workload::Workload;
+use crate::facts::NamespaceFacts;
+use crate::findings::{Warning, WarningCode};
+use crate::injection::compare::POD_DERIVED;
+use crate::injection::env_merge::EnvMerge;
+use crate::kinds::{PerPodList, PodListKind};
+use crate::names;
+use crate::templates::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
+use crate::templates::template::{AppTargets, Piece, PodResources, SeqItem, SidecarMode, Template, TemplateError};
+use crate::workload::Workload;
 
 /// Instructions all expressions of one template may execute for one pod.
 pub const FUEL_PER_TEMPLATE: u64 = 500_000;
@@ -328,7 +328,7 @@ fn pod_choices(
             continue;
         }
         let chosen: Vec<String> = text.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect();
-        if let Some(bad) = chosen.iter().find(|n| !super::template::is_dns_label(n)) {
+        if let Some(bad) = chosen.iter().find(|n| !crate::templates::template::is_dns_label(n)) {
             return Err(invalid(format!("{bad:?} is not a container name")));
         }
         if let Some(excluded) = chosen.iter().find(|n| targets.except.contains(n)) {

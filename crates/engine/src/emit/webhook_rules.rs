@@ -13,7 +13,7 @@ use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebho
 use kube_core::{Selector, SelectorExt};
 use serde::Serialize;
 
-use super::names;
+use crate::names;
 
 /// One rule and whether it passed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -181,7 +181,7 @@ mod tests {
     use serde_json::json;
 
     fn configuration() -> MutatingWebhookConfiguration {
-        let text = include_str!("../../../deploy/base/mutatingwebhookconfiguration.yaml");
+        let text = include_str!("../../../../deploy/base/mutatingwebhookconfiguration.yaml");
         let value: serde_json::Value = crate::manifest::read(text).unwrap().remove(0);
         let mut configuration: MutatingWebhookConfiguration = serde_json::from_value(value).unwrap();
         for webhook in configuration.webhooks.as_mut().unwrap() {

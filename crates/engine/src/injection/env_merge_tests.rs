@@ -4,9 +4,13 @@
 
 use serde_json::{Value, json};
 
-use super::test_support::{apply, engine, opted_in, request};
-use super::validate::{Verdict, strip_injection, validate_pod};
-use super::*;
+use crate::checks::validate::{Verdict, strip_injection, validate_pod};
+use crate::test_support::{apply, engine, opted_in, request};
+use crate::*;
+
+use crate::claims::status;
+
+use crate::templates::template;
 
 fn agent(jar: &str) -> String {
     format!(

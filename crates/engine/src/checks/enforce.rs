@@ -15,12 +15,12 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::compare::{env_from_key, first_difference};
-use super::kinds::{POD_LISTS, Place, VOLUMES};
-use super::render::RenderedTemplate;
-use super::status::InjectionStatus;
-use super::template::{Piece, SeqItem, Template};
-use super::{names, ownership};
+use crate::claims::status::InjectionStatus;
+use crate::injection::compare::{env_from_key, first_difference};
+use crate::injection::render::RenderedTemplate;
+use crate::kinds::{POD_LISTS, Place, VOLUMES};
+use crate::templates::template::{Piece, SeqItem, Template};
+use crate::{claims::ownership, names};
 
 /// The conflicts of one enforced template with what the pod already has, one sentence each.
 /// `rendered` is the template rendered for this pod; `native` whether its sidecars are native.
@@ -76,7 +76,7 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
             Place::Sidecar => {
                 let expected = named(&rendered.sidecars, "name").map(|mut sidecar| {
                     if native {
-                        super::native::make_native(&mut sidecar);
+                        crate::injection::native::make_native(&mut sidecar);
                     }
                     sidecar
                 });
@@ -392,7 +392,7 @@ fn fixed_value(template: &Template, piece: &Piece) -> Option<Value> {
             let overridable = template.overridable.iter().any(|o| Some(&o.name) == path.first());
             match overridable {
                 true => None,
-                false => super::expression::lookup_path(&template.values, path).cloned(),
+                false => crate::templates::expression::lookup_path(&template.values, path).cloned(),
             }
         }
         Piece::Seq(items) => items
@@ -413,7 +413,7 @@ fn fixed_value(template: &Template, piece: &Piece) -> Option<Value> {
 
 /// The output of an expression string that reads neither the pod nor the namespace nor a value a
 /// pod may override.
-fn fixed_text(template: &Template, text: &super::expression::CompiledText) -> Option<String> {
+fn fixed_text(template: &Template, text: &crate::templates::expression::CompiledText) -> Option<String> {
     let may_be_overridden = text.reads_values && !template.overridable.is_empty();
     match may_be_overridden {
         true => None,
@@ -427,8 +427,8 @@ mod tests {
 
     use super::*;
     use crate::WarningCode;
+    use crate::checks::validate::{Verdict, validate_pod, validate_pod_update};
     use crate::test_support::{apply, engine, opted_in, request};
-    use crate::validate::{Verdict, validate_pod, validate_pod_update};
     use crate::{Denial, Engine, Outcome, names};
 
     /// An enforced audit agent for pods labelled `app`, plus an ordinary default template.

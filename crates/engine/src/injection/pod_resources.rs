@@ -94,7 +94,7 @@ pub fn aggregate(init_containers: &[&Value], containers: &[&Value], resource: &s
     let (mut sidecars, mut init_peak) = (0i128, 0i128);
     for init in init_containers {
         let own = container_quantity(init, resource, field);
-        let at_start = if super::native::is_native_sidecar(init) {
+        let at_start = if crate::injection::native::is_native_sidecar(init) {
             sum += own;
             sidecars += own;
             sidecars

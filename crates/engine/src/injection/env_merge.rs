@@ -128,7 +128,7 @@ pub fn possible_sources(container: &Value, name: &str) -> Vec<String> {
     sources
         .iter()
         .filter(|source| source.get("prefix").and_then(Value::as_str).is_none_or(|prefix| name.starts_with(prefix)))
-        .filter_map(super::compare::env_from_key)
+        .filter_map(crate::injection::compare::env_from_key)
         .collect()
 }
 

@@ -1,0 +1,6 @@
+//! The validating checks: a pod after every mutator has run and the template ConfigMaps
+//! (`validate`, behind `/validate`), and enforced templates, whose sidecars a pod's author cannot
+//! skip, swap or fake (`enforce`).
+
+pub mod enforce;
+pub mod validate;

@@ -1,0 +1,7 @@
+//! What the engine writes for the API server to run, and how the API server reads what we ship:
+//! templates compiled into a MutatingAdmissionPolicy (`policy`, the policy mode), and the rules of
+//! the shipped MutatingWebhookConfiguration as the API server applies them before the webhook is
+//! even called (`webhook_rules`).
+
+pub mod policy;
+pub mod webhook_rules;

@@ -1,0 +1,18 @@
+//! The injection, in the order a pod meets it: which pods and templates are in scope (`select`),
+//! a template rendered for one pod (`render`), the plan of what to add and the JSONPatch that
+//! writes it (`plan`), and the decisions the plan asks of its own modules: how items are
+//! identified and compared (`compare`), native or classic sidecars (`native`, with what the nodes
+//! run in `nodes`), adding to an env var the app already has (`env_merge`) and pod-level resources
+//! (`pod_resources`).
+
+pub mod compare;
+pub mod env_merge;
+pub mod native;
+pub mod nodes;
+pub mod plan;
+pub mod pod_resources;
+pub mod render;
+pub mod select;
+
+#[cfg(test)]
+mod env_merge_tests;
