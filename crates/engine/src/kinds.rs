@@ -10,13 +10,19 @@
 //! generate items from it. A new kind of spec list is one entry here and its status list (with an
 //! [`ItemKind`]) in `status`: a step cannot forget it, because no step names it.
 //!
-//! Containers, init containers and native sidecars (one name space, placement by sidecar mode),
-//! the app containers' lists (per container, with merged env) and labels and annotations (maps)
-//! are not spec lists and keep code of their own.
+//! The lists a template adds to in each app container it targets (`env`, `envFrom`,
+//! `volumeMounts`) are described the same way in [`APP_LISTS`]: the steps iterate over them per
+//! app container. Merged env entries (`env_merge`) are env vars with a second identity and keep
+//! code of their own beside [`ENV`].
+//!
+//! Containers, init containers and native sidecars (one name space, placement by sidecar mode)
+//! and labels and annotations (maps) are not lists of this kind and keep code of their own.
+
+use std::borrow::Cow;
 
 use serde_json::{Value, json};
 
-use crate::claims::status::{InjectionStatus, ItemKind};
+use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind};
 
 /// A kind of item kept in a list of the pod's spec and identified by one string field.
 #[derive(Debug)]
@@ -130,6 +136,118 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
     },
 ];
 
+/// A kind of item a template adds to each app container it targets: the container's list
+/// `<field>`, from the template's `inject.appContainers.<field>`.
+#[derive(Debug)]
+pub struct AppListKind {
+    /// The kind, as the status annotation's skips and messages name it.
+    pub kind: ItemKind,
+    /// Its position in [`APP_LISTS`] (and in every per-kind array of app lists).
+    pub index: usize,
+    /// The list's field, in a container and under a template's `inject.appContainers`.
+    pub field: &'static str,
+    /// The fields a template's item must have (checked when the template is compiled); the first
+    /// one, if any, must render to a non-empty string.
+    pub required: &'static [&'static str],
+    /// What identifies an item (see [`AppListKind::identity`]).
+    pub identity: Identity,
+    /// The status annotation's list of the identities added to one container.
+    pub claimed: fn(&AppContainerAdditions) -> &Vec<String>,
+    /// The same list, to fill.
+    pub claimed_mut: fn(&mut AppContainerAdditions) -> &mut Vec<String>,
+    /// Reads a rendered item as its Kubernetes type (see `conformance::conforms`).
+    pub conforms: fn(&Value) -> crate::templates::conformance::Checked,
+    /// What the load check says of a rendered item without an identity, for a kind whose
+    /// identity is not a required field.
+    pub unidentified: &'static str,
+    /// A well-formed item of this identity as a template adds it, for the properties.
+    pub sample: fn(&str) -> Value,
+}
+
+/// How many kinds of app-container lists there are.
+pub const APP_LIST_COUNT: usize = 3;
+
+/// One value per kind of app-container list, in the order of [`APP_LISTS`].
+pub type PerAppList<T> = [T; APP_LIST_COUNT];
+
+/// Env vars (`env`), identified by name.
+pub const ENV: &AppListKind = &APP_LISTS[0];
+/// `envFrom` sources, identified by what they reference (`compare::env_from_key`).
+pub const ENV_FROM: &AppListKind = &APP_LISTS[1];
+/// Volume mounts (`volumeMounts`), identified by mount path.
+pub const VOLUME_MOUNTS: &AppListKind = &APP_LISTS[2];
+
+/// Every kind of app-container list, in status and patch order.
+pub const APP_LISTS: PerAppList<AppListKind> = [
+    AppListKind {
+        kind: ItemKind::Env,
+        index: 0,
+        field: "env",
+        required: &["name"],
+        identity: Identity::Field("name"),
+        claimed: |a| &a.env,
+        claimed_mut: |a| &mut a.env,
+        conforms: crate::templates::conformance::env_var,
+        unidentified: ".name must render to a non-empty string",
+        sample: |name| json!({"name": name, "value": "injected"}),
+    },
+    AppListKind {
+        kind: ItemKind::EnvFrom,
+        index: 1,
+        field: "envFrom",
+        required: &[],
+        identity: Identity::Derived(crate::injection::compare::env_from_key),
+        claimed: |a| &a.env_from,
+        claimed_mut: |a| &mut a.env_from,
+        conforms: crate::templates::conformance::env_from_source,
+        unidentified: " needs exactly one of configMapRef or secretRef, with a non-empty name",
+        sample: |name| json!({"configMapRef": {"name": name}}),
+    },
+    AppListKind {
+        kind: ItemKind::VolumeMount,
+        index: 2,
+        field: "volumeMounts",
+        required: &["name", "mountPath"],
+        identity: Identity::Field("mountPath"),
+        claimed: |a| &a.volume_mounts,
+        claimed_mut: |a| &mut a.volume_mounts,
+        conforms: crate::templates::conformance::volume_mount,
+        unidentified: ".name must render to a non-empty string",
+        sample: |path| json!({"name": "injected", "mountPath": format!("/{path}")}),
+    },
+];
+
+/// What identifies an item of an app-container list.
+#[derive(Debug, Clone, Copy)]
+pub enum Identity {
+    /// One string field of the item (`name`, `mountPath`).
+    Field(&'static str),
+    /// Derived from several fields (an `envFrom` source's `configMap/<name>+<prefix>`); `None`
+    /// when the item has none.
+    Derived(fn(&Value) -> Option<String>),
+}
+
+impl AppListKind {
+    /// The identity of an item (`None` when it has none, which the load check refuses): borrowed
+    /// when it is a field, so claiming allocates nothing for those kinds.
+    pub fn identity<'v>(&self, item: &'v Value) -> Option<Cow<'v, str>> {
+        match self.identity {
+            Identity::Field(field) => item.get(field).and_then(Value::as_str).map(Cow::Borrowed),
+            Identity::Derived(derive) => derive(item).map(Cow::Owned),
+        }
+    }
+
+    /// The item of `items` with this identity.
+    pub fn find<'v>(&self, items: &'v [Value], identity: &str) -> Option<&'v Value> {
+        items.iter().find(|item| self.identity(item).as_deref() == Some(identity))
+    }
+
+    /// The section of a template that holds these items (`inject.appContainers.env`).
+    pub fn section(&self) -> String {
+        format!("inject.appContainers.{}", self.field)
+    }
+}
+
 /// The description of a spec-list kind, if `kind` is one.
 pub fn pod_list_of(kind: ItemKind) -> Option<&'static PodListKind> {
     POD_LISTS.iter().find(|k| k.kind == kind)
@@ -150,12 +268,8 @@ pub enum Place {
     InitContainer,
     /// A sidecar (a container, or a native sidecar among the init containers).
     Sidecar,
-    /// An env var of an app container.
-    Env,
-    /// An `envFrom` source of an app container.
-    EnvFrom,
-    /// A volume mount of an app container.
-    VolumeMount,
+    /// An item of an app container's list.
+    AppList(&'static AppListKind),
     /// An entry merged into an app container's own env var.
     EnvMerge,
 }
@@ -168,9 +282,9 @@ impl ItemKind {
             ItemKind::Annotation => Place::Annotation,
             ItemKind::InitContainer => Place::InitContainer,
             ItemKind::Sidecar => Place::Sidecar,
-            ItemKind::Env => Place::Env,
-            ItemKind::EnvFrom => Place::EnvFrom,
-            ItemKind::VolumeMount => Place::VolumeMount,
+            ItemKind::Env => Place::AppList(ENV),
+            ItemKind::EnvFrom => Place::AppList(ENV_FROM),
+            ItemKind::VolumeMount => Place::AppList(VOLUME_MOUNTS),
             ItemKind::EnvMerge => Place::EnvMerge,
             ItemKind::Volume => Place::PodList(VOLUMES),
             ItemKind::ImagePullSecret => Place::PodList(IMAGE_PULL_SECRETS),
@@ -223,6 +337,36 @@ mod tests {
             for sample in [(kind.sample)("10.1.2.3"), (kind.authored)("10.1.2.3")] {
                 assert_eq!((kind.conforms)(&sample), Ok(None), "{}", kind.field);
                 assert_eq!(kind.identity(&sample), Some("10.1.2.3"));
+            }
+        }
+    }
+
+    #[test]
+    fn every_app_list_is_where_its_index_says_and_counts_in_its_container_additions() {
+        for (index, kind) in APP_LISTS.iter().enumerate() {
+            assert_eq!(kind.index, index, "{}", kind.field);
+            assert!(matches!(kind.kind.place(), Place::AppList(k) if k.index == index), "{}", kind.field);
+            // A status list of its own, which the additions' emptiness and count see (they are
+            // written in `status`, which cannot name these descriptions).
+            let mut additions = AppContainerAdditions::default();
+            (kind.claimed_mut)(&mut additions).push(kind.field.to_owned());
+            assert!(!additions.is_empty() && additions.len() == 1, "{}", kind.field);
+            let others = APP_LISTS.iter().filter(|k| k.index != index);
+            assert!(others.map(|k| (k.claimed)(&additions)).all(Vec::is_empty), "{}", kind.field);
+            let json = serde_json::to_value(&additions).unwrap();
+            assert_eq!(json[kind.field], json!([kind.field]), "the status key of {} is its field", kind.field);
+        }
+    }
+
+    #[test]
+    fn every_app_list_sample_conforms_and_is_identified() {
+        for kind in &APP_LISTS {
+            let sample = (kind.sample)("agent");
+            assert_eq!((kind.conforms)(&sample), Ok(None), "{}", kind.field);
+            let identity = kind.identity(&sample).expect("a sample has an identity").into_owned();
+            assert_eq!(kind.find(std::slice::from_ref(&sample), &identity), Some(&sample), "{}", kind.field);
+            for field in kind.required {
+                assert!(sample.get(field).is_some(), "{} sample lacks {field}", kind.field);
             }
         }
     }

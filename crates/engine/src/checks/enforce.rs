@@ -16,9 +16,9 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use crate::claims::status::InjectionStatus;
-use crate::injection::compare::{env_from_key, first_difference};
+use crate::injection::compare::first_difference;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{POD_LISTS, Place, VOLUMES};
+use crate::kinds::{APP_LISTS, POD_LISTS, Place, VOLUMES};
 use crate::templates::template::{Piece, SeqItem, Template};
 use crate::{claims::ownership, names};
 
@@ -32,10 +32,6 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
             .flatten()
             .flatten()
             .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
-    };
-    let app_item = |app: Option<&str>, field: &str, key: &str, name: &str| {
-        let app = container(app?)?;
-        app.get(field)?.as_array()?.iter().find(|i| i.get(key).and_then(Value::as_str) == Some(name))
     };
     let metadata = |field: &str, key: &str| {
         pod.get("metadata").and_then(|m| m.get(field)).and_then(|m| m.get(key)).and_then(Value::as_str)
@@ -82,23 +78,16 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
                 });
                 (expected, container(&skip.name).cloned())
             }
-            Place::Env => {
-                (named(&rendered.env, "name"), app_item(skip.container.as_deref(), "env", "name", &skip.name).cloned())
-            }
-            Place::EnvFrom => {
-                let source = |items: &[Value]| {
-                    items.iter().find(|i| env_from_key(i).as_deref() == Some(skip.name.as_str())).cloned()
-                };
+            Place::AppList(kind) => {
                 let app = skip.container.as_deref().and_then(container);
-                let actual = app.and_then(|c| c.get("envFrom")).and_then(Value::as_array).and_then(|l| source(l));
-                (source(&rendered.env_from), actual)
+                let actual = app.and_then(|c| c.get(kind.field)).and_then(Value::as_array);
+                (
+                    kind.find(rendered.app_list(kind), &skip.name).cloned(),
+                    actual.and_then(|items| kind.find(items, &skip.name)).cloned(),
+                )
             }
             // Skipped only when the pod already has exactly this entry (its key is its value).
             Place::EnvMerge => continue,
-            Place::VolumeMount => (
-                named(&rendered.volume_mounts, "mountPath"),
-                app_item(skip.container.as_deref(), "volumeMounts", "mountPath", &skip.name).cloned(),
-            ),
         };
         let (Some(expected), Some(actual)) = (expected, actual) else {
             found.push(format!("the pod's {what} takes the place of the template's"));
@@ -153,20 +142,13 @@ pub fn inexact_items(present: &InjectionStatus, owned: &InjectionStatus, rendere
     }
     for (container, here) in &present.app_containers {
         let mine = owned.app_containers.get(container).cloned().unwrap_or_default();
-        let env = rendered.env.iter().map(name).filter(|n| inexact(n, &here.env, &mine.env));
-        let mounts = rendered
-            .volume_mounts
-            .iter()
-            .filter_map(|m| m.get("mountPath").and_then(Value::as_str).map(str::to_owned))
-            .filter(|p| inexact(p, &here.volume_mounts, &mine.volume_mounts));
-        let sources =
-            rendered.env_from.iter().filter_map(env_from_key).filter(|k| inexact(k, &here.env_from, &mine.env_from));
-        for (kind, item) in env
-            .map(|e| ("env var", e))
-            .chain(mounts.map(|m| ("volume mount", m)))
-            .chain(sources.map(|k| ("envFrom source", k)))
-        {
-            report(kind, item, Some(container));
+        for kind in &APP_LISTS {
+            let (here, mine) = ((kind.claimed)(here), (kind.claimed)(&mine));
+            for item in rendered.app_list(kind).iter().filter_map(|i| kind.identity(i)) {
+                if inexact(&item, here, mine) {
+                    report(kind.kind.describe(), item.into_owned(), Some(container));
+                }
+            }
         }
     }
     found

@@ -21,7 +21,7 @@ use serde_json::Value;
 use crate::claims::status::{InjectionStatus, TemplateRef};
 use crate::injection::compare::first_difference;
 use crate::injection::env_merge;
-use crate::kinds::POD_LISTS;
+use crate::kinds::{APP_LISTS, ENV, POD_LISTS};
 use crate::templates::template::{PreCheck, TemplateError, TemplateSet, TemplateSource};
 use crate::{Engine, Outcome, PodRequest, injection::select, names, pod};
 
@@ -220,9 +220,12 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
         else {
             continue;
         };
-        for env in &additions.env {
-            let what = || format!("env var {env:?} injected into container {container:?}");
-            compare(what, find_by(list_of(want, "env"), "name", env), find_by(list_of(have, "env"), "name", env))?;
+        for kind in &APP_LISTS {
+            for identity in (kind.claimed)(additions) {
+                let what = || format!("{} {identity:?} injected into container {container:?}", kind.kind.describe());
+                let (want, have) = (list_of(want, kind.field), list_of(have, kind.field));
+                compare(what, want.and_then(|l| kind.find(l, identity)), have.and_then(|l| kind.find(l, identity)))?;
+            }
         }
         for key in &additions.env_merges {
             let (name, value) = env_merge::split_key(key);
@@ -231,21 +234,6 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
                 list?.iter().rev().find(|e| env_merge::key(e).as_ref() == Some(key))
             }
             compare(what, entry(list_of(want, "env"), key), entry(list_of(have, "env"), key))?;
-        }
-        for path in &additions.volume_mounts {
-            let what = || format!("volume mount {path:?} injected into container {container:?}");
-            let (want, have) = (list_of(want, "volumeMounts"), list_of(have, "volumeMounts"));
-            compare(what, find_by(want, "mountPath", path), find_by(have, "mountPath", path))?;
-        }
-        for key in &additions.env_from {
-            let what = || format!("envFrom source {key:?} injected into container {container:?}");
-            let source = |list: Option<&'_ Vec<Value>>| {
-                list?
-                    .iter()
-                    .find(|i| crate::injection::compare::env_from_key(i).as_deref() == Some(key.as_str()))
-                    .cloned()
-            };
-            compare(what, source(list_of(want, "envFrom")).as_ref(), source(list_of(have, "envFrom")).as_ref())?;
         }
     }
     Ok(())
@@ -310,28 +298,19 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
                 let Some(additions) = status.app_containers.get(&name) else {
                     continue;
                 };
-                if let Some(Value::Array(env)) = container.get_mut("env") {
-                    env.retain(|e| {
-                        !e.get("name").and_then(Value::as_str).is_some_and(|n| additions.env.iter().any(|x| x == n))
-                    });
+                for kind in &APP_LISTS {
+                    if let Some(Value::Array(items)) = container.get_mut(kind.field) {
+                        let added = (kind.claimed)(additions);
+                        items.retain(|item| !kind.identity(item).is_some_and(|i| added.iter().any(|a| *a == i)));
+                    }
+                }
+                if let Some(Value::Array(env)) = container.get_mut(ENV.field) {
                     // Each merged entry once, the last of its value (the author's own come first).
                     for key in &additions.env_merges {
                         if let Some(at) = env.iter().rposition(|e| env_merge::key(e).as_ref() == Some(key)) {
                             env.remove(at);
                         }
                     }
-                }
-                if let Some(Value::Array(sources)) = container.get_mut("envFrom") {
-                    sources.retain(|e| {
-                        !crate::injection::compare::env_from_key(e).is_some_and(|k| additions.env_from.contains(&k))
-                    });
-                }
-                if let Some(Value::Array(mounts)) = container.get_mut("volumeMounts") {
-                    mounts.retain(|m| {
-                        !m.get("mountPath")
-                            .and_then(Value::as_str)
-                            .is_some_and(|p| additions.volume_mounts.iter().any(|x| x == p))
-                    });
                 }
             }
         }

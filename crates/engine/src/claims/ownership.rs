@@ -23,10 +23,10 @@
 use serde_json::Value;
 
 use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind};
-use crate::injection::compare::{env_from_key, first_difference, quantities_equal};
+use crate::injection::compare::{first_difference, quantities_equal};
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::POD_LISTS;
+use crate::kinds::{APP_LISTS, ENV, POD_LISTS};
 use crate::names::{self, SERVICE_ACCOUNT_TOKEN_PATH};
 
 /// What the claim says, checked against the pod.
@@ -155,10 +155,13 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
         let actual = find(spec_list("containers"), "name", container);
         let list = |field: &str| actual.and_then(|c| c.get(field)).and_then(Value::as_array);
         let (mut here, mut mine) = (AppContainerAdditions::default(), AppContainerAdditions::default());
-        for env in &additions.env {
-            let expected = rendered_item(|r| &r.env, "name", env);
-            let found = judge(ItemKind::Env, env, Some(container), expected, find(list("env"), "name", env));
-            found.record(env, &mut here.env, &mut mine.env);
+        for kind in &APP_LISTS {
+            for identity in (kind.claimed)(additions) {
+                let expected = renderings.iter().flatten().find_map(|r| kind.find(r.app_list(kind), identity).cloned());
+                let actual = list(kind.field).and_then(|items| kind.find(items, identity));
+                let found = judge(kind.kind, identity, Some(container), expected, actual);
+                found.record(identity, (kind.claimed_mut)(&mut here), (kind.claimed_mut)(&mut mine));
+            }
         }
         for key in &additions.env_merges {
             // Proven when a claimed template renders a merging env var whose entry is exactly
@@ -166,28 +169,13 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             // the name.
             let (name, _) = env_merge::split_key(key);
             let expected = renderings.iter().flatten().find_map(|r| {
-                let item = find_in(&r.env, "name", name)?;
+                let item = ENV.find(r.app_list(ENV), name)?;
                 let entry = r.env_merges.get(name)?.entry(name, item.get("value")?.as_str()?);
                 (env_merge::key(&entry).as_ref() == Some(key)).then_some(entry)
             });
             let actual = list("env").and_then(|l| l.iter().rev().find(|e| env_merge::key(e).as_ref() == Some(key)));
             let found = judge(ItemKind::EnvMerge, key, Some(container), expected, actual);
             found.record(key, &mut here.env_merges, &mut mine.env_merges);
-        }
-        for path in &additions.volume_mounts {
-            let expected = rendered_item(|r| &r.volume_mounts, "mountPath", path);
-            let actual = find(list("volumeMounts"), "mountPath", path);
-            let found = judge(ItemKind::VolumeMount, path, Some(container), expected, actual);
-            found.record(path, &mut here.volume_mounts, &mut mine.volume_mounts);
-        }
-        let source =
-            |items: &[Value], key: &str| items.iter().find(|i| env_from_key(i).as_deref() == Some(key)).cloned();
-        for key in &additions.env_from {
-            let expected = renderings.iter().flatten().find_map(|r| source(&r.env_from, key));
-            let actual =
-                list("envFrom").and_then(|l| l.iter().find(|i| env_from_key(i).as_deref() == Some(key.as_str())));
-            let found = judge(ItemKind::EnvFrom, key, Some(container), expected, actual);
-            found.record(key, &mut here.env_from, &mut mine.env_from);
         }
         for (status, additions) in [(&mut present, here), (&mut owned, mine)] {
             if !additions.is_empty() {
@@ -257,9 +245,7 @@ pub fn includes_items_of(status: &InjectionStatus, other: &InjectionStatus) -> b
         && all(&status.annotations, &other.annotations)
         && other.app_containers.iter().all(|(name, theirs)| {
             status.app_containers.get(name).is_some_and(|mine| {
-                all(&mine.env, &theirs.env)
-                    && all(&mine.env_from, &theirs.env_from)
-                    && all(&mine.volume_mounts, &theirs.volume_mounts)
+                APP_LISTS.iter().all(|k| all((k.claimed)(mine), (k.claimed)(theirs)))
                     && all(&mine.env_merges, &theirs.env_merges)
             })
         })

@@ -30,8 +30,9 @@ use minijinja::machinery::ast::{self, Expr, Stmt};
 use serde_json::{Value, json};
 
 use crate::claims::status::ItemKind;
-use crate::injection::compare::env_from_key;
-use crate::kinds::{IMAGE_PULL_SECRETS, POD_LISTS, VOLUMES};
+use crate::kinds::{
+    APP_LISTS, AppListKind, ENV, IMAGE_PULL_SECRETS, Identity, POD_LISTS, PerAppList, Place, VOLUME_MOUNTS, VOLUMES,
+};
 use crate::names;
 use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
 use crate::templates::expression::CompiledText;
@@ -95,7 +96,7 @@ fn mounted_volume_names(spec: &crate::templates::template::InjectSpec) -> Option
             _ => return None,
         }
     }
-    for mount in &spec.volume_mounts {
+    for mount in &spec.app_lists[VOLUME_MOUNTS.index] {
         name_of(&mount.piece, &mut names)?;
     }
     Some(names)
@@ -704,20 +705,17 @@ struct Plan {
     sidecars: Vec<Item>,
     volumes: Vec<Item>,
     pull_secrets: Vec<Item>,
-    /// env, envFrom, volumeMounts
-    app: [Vec<Item>; 3],
+    /// The items of each app-container list (`kinds::APP_LISTS`).
+    app: PerAppList<Vec<Item>>,
     targets: AppTargets,
 }
 
-/// The fields of the app lists, with the kinds and the CEL of a pod item's key (`x`).
-const APP_LISTS: [(&str, ItemKind, &str); 3] = [
-    ("env", ItemKind::Env, "x.name"),
-    (
-        "envFrom",
-        ItemKind::EnvFrom,
-        "((has(x.configMapRef) && x.configMapRef.?name.orValue(\"\") != \"\" && !(has(x.secretRef) && x.secretRef.?name.orValue(\"\") != \"\")) ? \"configMap/\" + x.configMapRef.name : ((has(x.secretRef) && x.secretRef.?name.orValue(\"\") != \"\" && !(has(x.configMapRef) && x.configMapRef.?name.orValue(\"\") != \"\")) ? \"secret/\" + x.secretRef.name : \"\")) + (x.?prefix.orValue(\"\") != \"\" ? \"+\" + x.prefix : \"\")",
-    ),
-    ("volumeMounts", ItemKind::VolumeMount, "x.mountPath"),
+/// The identity of an app-container list's item in CEL (`x` the pod's item), per description of
+/// `kinds::APP_LISTS`: what `AppListKind::identity` computes, written for the API server.
+const APP_LIST_CEL_IDENTITY: PerAppList<&str> = [
+    "x.name",
+    "((has(x.configMapRef) && x.configMapRef.?name.orValue(\"\") != \"\" && !(has(x.secretRef) && x.secretRef.?name.orValue(\"\") != \"\")) ? \"configMap/\" + x.configMapRef.name : ((has(x.secretRef) && x.secretRef.?name.orValue(\"\") != \"\" && !(has(x.configMapRef) && x.configMapRef.?name.orValue(\"\") != \"\")) ? \"secret/\" + x.secretRef.name : \"\")) + (x.?prefix.orValue(\"\") != \"\" ? \"+\" + x.prefix : \"\")",
+    "x.mountPath",
 ];
 
 fn compile_template(template: &Template, native_sidecars: bool, selected: &str) -> Result<Plan, String> {
@@ -730,7 +728,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         return Err(format!("it adds {} ({}), which only the webhook adds", kind.field, kind.section()));
     }
     // A merged entry depends on what the app container has (its env and envFrom): the webhook's.
-    if spec.env.iter().any(|item| item.merge.is_some()) {
+    if spec.app_lists[ENV.index].iter().any(|item| item.merge.is_some()) {
         return Err("an appContainers.env item merges into the app's own variable (merge:)".to_owned());
     }
     let overrides = template
@@ -786,6 +784,13 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         Ok(out)
     };
     let native = crate::injection::native::is_native(template.sidecar_mode, native_sidecars);
+    let app_items = (|| {
+        let mut app = PerAppList::<Vec<Item>>::default();
+        for (kind, out) in APP_LISTS.iter().zip(&mut app) {
+            *out = items(&spec.app_lists[kind.index], kind.kind, None)?;
+        }
+        Ok::<_, String>(app)
+    })();
     let volume_names = items(&spec.pod_lists[VOLUMES.index], ItemKind::Volume, None)?;
     let mounted = match mounted_volume_names(spec) {
         Some(names) => volume_names.iter().map(|v| v.key.clone()).filter(|v| names.contains(v)).collect(),
@@ -805,11 +810,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         sidecars: items(&spec.sidecars, ItemKind::Sidecar, Some(native))?,
         volumes: volume_names,
         pull_secrets: items(&spec.pod_lists[IMAGE_PULL_SECRETS.index], ItemKind::ImagePullSecret, None)?,
-        app: [
-            items(&spec.env, ItemKind::Env, None)?,
-            items(&spec.env_from, ItemKind::EnvFrom, None)?,
-            items(&spec.volume_mounts, ItemKind::VolumeMount, None)?,
-        ],
+        app: app_items?,
         targets: spec.targets.clone(),
     })
 }
@@ -820,20 +821,23 @@ fn kind_name(kind: ItemKind) -> String {
 
 /// The identity of an item, when it is the same for every pod.
 fn item_key(piece: &Piece, cx: &Cx<'_>, kind: ItemKind) -> Option<String> {
-    let field = match kind {
-        ItemKind::VolumeMount => "mountPath",
-        _ => "name",
+    let identity = match kind.place() {
+        Place::AppList(list) => list.identity,
+        Place::PodList(list) => Identity::Field(list.key),
+        _ => Identity::Field("name"),
     };
-    match (piece, kind) {
-        (Piece::Map(entries), kind) if kind != ItemKind::EnvFrom => {
+    match (piece, identity) {
+        (Piece::Map(entries), Identity::Field(field)) => {
             match piece_val(cx, &entries.iter().find(|(k, _)| k == field)?.1).ok()? {
                 Val::Const(Value::String(s)) => Some(s),
                 _ => None,
             }
         }
         _ => match piece_val(cx, piece).ok()? {
-            Val::Const(v) if kind == ItemKind::EnvFrom => env_from_key(&v),
-            Val::Const(v) => v.get(field)?.as_str().map(str::to_owned),
+            Val::Const(v) => match identity {
+                Identity::Field(field) => v.get(field)?.as_str().map(str::to_owned),
+                Identity::Derived(derive) => derive(&v),
+            },
             Val::Cel(_) => None,
         },
     }
@@ -1136,7 +1140,8 @@ impl Program {
             // App containers: per container, so inline over `c`.
             let includes = targets_cel(&plan.targets);
             let mut this_plan_app_skips = Vec::new();
-            for (list_index, (field, kind, pod_key)) in APP_LISTS.iter().enumerate() {
+            for (list, pod_key) in APP_LISTS.iter().zip(APP_LIST_CEL_IDENTITY) {
+                let (list_index, field, kind) = (list.index, list.field, &list.kind);
                 for item in &plan.app[list_index] {
                     let pod_has = format!("c.?{field}.orValue([]).exists(x, {pod_key} == {})", lit(&item.key));
                     let earlier_plans: Vec<(String, &str)> = app_claims(plans, i, list_index, &item.key)
@@ -1295,7 +1300,8 @@ impl Program {
             }
         };
         list_ops(&mut ops, "/spec/initContainers", &init_ops, true);
-        for (list_index, (field, _, _)) in APP_LISTS.iter().enumerate() {
+        for AppListKind { index: list_index, field, .. } in &APP_LISTS {
+            let list_index = *list_index;
             if app_added[list_index].is_empty() {
                 continue;
             }

@@ -19,6 +19,7 @@
 //! status records the skip. Container names are unique across containers and init containers, as
 //! Kubernetes requires. The cost is linear in the size of the pod plus the size of the templates.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use json_patch::jsonptr::PointerBuf;
@@ -28,7 +29,7 @@ use serde_json::Value;
 use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind, Skipped, TemplateRef};
 use crate::injection::compare::env_from_key;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{POD_LISTS, PerPodList, PodListKind, VOLUMES, WhenHeld};
+use crate::kinds::{APP_LISTS, ENV, Identity, POD_LISTS, PerAppList, PerPodList, PodListKind, VOLUMES, WhenHeld};
 use crate::pod::{self, PodShapeError, shape_error};
 use crate::{injection::env_merge, injection::pod_resources, names};
 
@@ -167,16 +168,17 @@ pub fn plan(
     // The templates' whole items, out of the templates: the claims below borrow their names, and
     // once claiming is over the items the injection adds are moved from here into the patch.
     let mut whole_items: Vec<WholeItems> = templates.iter_mut().map(|t| WholeItems::out_of(&mut t.rendered)).collect();
-    // The keys of the templates' `envFrom` sources, borrowed by the lists while claiming.
-    let template_env_from_keys: Vec<Vec<String>> =
-        templates.iter().map(|t| t.rendered.env_from.iter().filter_map(env_from_key).collect()).collect();
+    // The identities of the templates' app-list items that are derived rather than a field (an
+    // `envFrom` source's), computed once and borrowed by the lists while claiming.
+    let template_derived_keys: Vec<PerAppList<Vec<String>>> =
+        templates.iter().map(|t| derived_identities(&t.rendered)).collect();
     // The entry each env var that says `merge:` adds when the app container has the variable, and
     // its status key; borrowed likewise.
     let template_merged_env: Vec<Vec<Option<MergedEnvEntry>>> = templates
         .iter()
         .map(|t| {
             let r = &t.rendered;
-            r.env
+            r.app_list(ENV)
                 .iter()
                 .map(|e| {
                     let name = rendered_name(e);
@@ -313,7 +315,7 @@ pub fn plan(
         }
         claim_app_items(
             t,
-            (&template_env_from_keys[template_index], &template_merged_env[template_index]),
+            (&template_derived_keys[template_index], &template_merged_env[template_index]),
             &mut app_containers,
             &displaced,
             &mut status.skipped,
@@ -372,16 +374,14 @@ pub fn plan(
     status.labels = sorted(&added_labels, kept_label_keys);
     status.annotations = sorted(&added_annotations, kept_annotation_keys);
     for app in app_containers.iter().filter(|a| a.lists.iter().any(|l| !l.added.is_empty())) {
-        let [env, env_from, mounts] = &app.lists;
-        status.app_containers.insert(
-            app.name.to_owned(),
-            AppContainerAdditions {
-                env: env.added.iter().filter(|e| !e.merges).map(|e| rendered_name(e.item).to_owned()).collect(),
-                env_from: env_from.added.iter().filter_map(|e| env_from_key(e.item)).collect(),
-                volume_mounts: mounts.added.iter().map(|m| mount_path(m.item).to_owned()).collect(),
-                env_merges: env.added.iter().filter(|e| e.merges).filter_map(|e| env_merge::key(e.item)).collect(),
-            },
-        );
+        let mut additions = AppContainerAdditions::default();
+        for (kind, list) in APP_LISTS.iter().zip(&app.lists) {
+            let identities = list.added.iter().filter(|e| !e.merges).filter_map(|e| kind.identity(e.item));
+            *(kind.claimed_mut)(&mut additions) = identities.map(Cow::into_owned).collect();
+        }
+        let env = &app.lists[ENV.index];
+        additions.env_merges = env.added.iter().filter(|e| e.merges).filter_map(|e| env_merge::key(e.item)).collect();
+        status.app_containers.insert(app.name.to_owned(), additions);
     }
 
     // Write the operations: metadata, then init containers, containers (with their env and mounts),
@@ -478,7 +478,7 @@ struct MergeNotes {
 /// `keys`: the template's `envFrom` keys, and each env var's merged entry with its status key.
 fn claim_app_items<'a>(
     t: &'a RenderedTemplate,
-    (env_from_keys, merged_env): (&'a [String], &'a [Option<MergedEnvEntry>]),
+    (derived_keys, merged_env): (&'a PerAppList<Vec<String>>, &'a [Option<MergedEnvEntry>]),
     app_containers: &mut [AppContainer<'a>],
     displaced: &[&str],
     skipped: &mut Vec<Skipped>,
@@ -495,13 +495,21 @@ fn claim_app_items<'a>(
         });
     };
     let held = |taken: &Taken, name: &str| !matches!(taken.holder(name), None | Some(Owner::Kept));
-    let sources = t.env_from.iter().zip(env_from_keys);
-    let merged_env = merged_env.iter().map(|m| m.as_ref().map(|(k, e)| (k.as_str(), e)));
-    let kinds: [(ItemKind, AppItems); 3] = [
-        (ItemKind::Env, t.env.iter().zip(merged_env).map(|(e, merged)| (e, rendered_name(e), merged)).collect()),
-        (ItemKind::EnvFrom, sources.map(|(e, k)| (e, k.as_str(), None)).collect()),
-        (ItemKind::VolumeMount, t.volume_mounts.iter().map(|m| (m, mount_path(m), None)).collect()),
-    ];
+    let mut merged_env = merged_env.iter().map(|m| m.as_ref().map(|(k, e)| (k.as_str(), e)));
+    let kinds: PerAppList<(ItemKind, AppItems)> = APP_LISTS.each_ref().map(|kind| {
+        let items = t.app_list(kind).iter();
+        let items: AppItems = match kind.identity {
+            Identity::Field(field) => {
+                let identity = |item: &'a Value| item.get(field).and_then(Value::as_str).unwrap_or_default();
+                match kind.index == ENV.index {
+                    true => items.zip(&mut merged_env).map(|(e, merged)| (e, identity(e), merged)).collect(),
+                    false => items.map(|e| (e, identity(e), None)).collect(),
+                }
+            }
+            Identity::Derived(_) => items.zip(&derived_keys[kind.index]).map(|(e, k)| (e, k.as_str(), None)).collect(),
+        };
+        (kind.kind, items)
+    });
     for app in app_containers.iter_mut().filter(|app| t.targets.includes(app.name)) {
         for ((kind, items), list) in kinds.iter().zip(&mut app.lists) {
             for (item, key, merged) in items {
@@ -1064,6 +1072,15 @@ impl<'a> Taken<'a> {
 fn rendered_name(item: &Value) -> &str {
     // Rendered items were checked to carry a string name (load::check_rendered).
     item.get("name").and_then(Value::as_str).unwrap_or_default()
+}
+
+/// The identities of a template's app-list items of the kinds whose identity is derived (empty
+/// lists for the others): rendered items were checked to have one (`load::check_rendered`).
+fn derived_identities(rendered: &RenderedTemplate) -> PerAppList<Vec<String>> {
+    APP_LISTS.each_ref().map(|kind| match kind.identity {
+        Identity::Field(_) => Vec::new(),
+        Identity::Derived(derive) => rendered.app_list(kind).iter().filter_map(derive).collect(),
+    })
 }
 
 /// The key of a pod's own `envFrom` source; one `env_from_key` never yields (so it never matches

@@ -26,7 +26,7 @@ use crate::facts::NamespaceFacts;
 use crate::findings::{Warning, WarningCode};
 use crate::injection::compare::POD_DERIVED;
 use crate::injection::env_merge::EnvMerge;
-use crate::kinds::{PerPodList, PodListKind};
+use crate::kinds::{APP_LISTS, AppListKind, ENV, PerAppList, PerPodList, PodListKind};
 use crate::names;
 use crate::templates::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
 use crate::templates::template::{AppTargets, Piece, PodResources, SeqItem, SidecarMode, Template, TemplateError};
@@ -55,14 +55,11 @@ pub struct RenderedTemplate {
     /// The items of each kind of spec list (`kinds::POD_LISTS`), see
     /// [`RenderedTemplate::pod_list`].
     pub pod_lists: PerPodList<Vec<Value>>,
-    /// Env vars for the targeted app containers.
-    pub env: Vec<Value>,
-    /// How the env vars above that say `merge:` merge with the app's own, by name.
+    /// The items of each kind of app-container list (`kinds::APP_LISTS`: env vars, `envFrom`
+    /// sources, volume mounts) for the targeted app containers; see [`RenderedTemplate::app_list`].
+    pub app_lists: PerAppList<Vec<Value>>,
+    /// How the env vars that say `merge:` merge with the app's own, by name.
     pub env_merges: BTreeMap<String, EnvMerge>,
-    /// `envFrom` sources for the targeted app containers.
-    pub env_from: Vec<Value>,
-    /// Volume mounts for the targeted app containers.
-    pub volume_mounts: Vec<Value>,
     /// Which app containers get `env`, `envFrom` and `volumeMounts` (the pod's choice applied).
     pub targets: AppTargets,
     /// The pod's choice of sidecar mode, when the template lets it choose.
@@ -78,6 +75,11 @@ impl RenderedTemplate {
     /// The rendered items of one kind of spec list.
     pub fn pod_list(&self, kind: &PodListKind) -> &[Value] {
         &self.pod_lists[kind.index]
+    }
+
+    /// The rendered items of one kind of app-container list.
+    pub fn app_list(&self, kind: &AppListKind) -> &[Value] {
+        &self.app_lists[kind.index]
     }
 }
 
@@ -199,7 +201,18 @@ fn render_with(
     };
     let spec = &template.inject;
     let err = RenderError::Template;
-    let (env, env_merges) = renderer.env_items(&spec.env).map_err(err)?;
+    let mut app_lists = PerAppList::<Vec<Value>>::default();
+    let mut env_merges = BTreeMap::new();
+    for (kind, (rendered, items)) in APP_LISTS.iter().zip(app_lists.iter_mut().zip(&spec.app_lists)) {
+        *rendered = match kind.index == ENV.index {
+            true => {
+                let (env, merges) = renderer.env_items(items).map_err(err)?;
+                env_merges = merges;
+                env
+            }
+            false => renderer.items(items).map_err(err)?,
+        };
+    }
     let mut init_containers = renderer.items(&spec.init_containers).map_err(err)?;
     let mut sidecars = renderer.items(&spec.sidecars).map_err(err)?;
     // `podResources: share` in a pod that sets pod-level resources: the containers run inside the
@@ -226,10 +239,8 @@ fn render_with(
         annotations: renderer.string_map(&spec.annotations, "inject.annotations").map_err(err)?,
         init_containers,
         sidecars,
-        env,
+        app_lists,
         env_merges,
-        env_from: renderer.items(&spec.env_from).map_err(err)?,
-        volume_mounts: renderer.items(&spec.volume_mounts).map_err(err)?,
         pod_lists,
         targets,
         sidecar_mode,
@@ -877,8 +888,9 @@ inject:
       - {name: NEVER, value: "1", when: false}
 "#,
         );
-        let names =
-            |r: &RenderedTemplate| r.env.iter().map(|e| e["name"].as_str().unwrap().to_owned()).collect::<Vec<_>>();
+        let names = |r: &RenderedTemplate| {
+            r.app_list(ENV).iter().map(|e| e["name"].as_str().unwrap().to_owned()).collect::<Vec<_>>()
+        };
         assert_eq!(names(&render_for(&t, pod(), &[]).unwrap()), vec!["ALWAYS", "APP"]);
         assert_eq!(
             names(&render_for(&t, pod(), &[("sidecar-injector.io/t.debug", "true")]).unwrap()),
@@ -887,7 +899,7 @@ inject:
         let unlabelled = json!({"metadata": {"name": "x"}, "spec": {"containers": []}});
         assert_eq!(names(&render_for(&t, unlabelled, &[]).unwrap()), vec!["ALWAYS"]);
         assert!(
-            render_for(&t, pod(), &[]).unwrap().env.iter().all(|e| e.get("when").is_none()),
+            render_for(&t, pod(), &[]).unwrap().app_list(ENV).iter().all(|e| e.get("when").is_none()),
             "when is not rendered"
         );
     }

@@ -33,6 +33,21 @@ pub fn host_alias(item: &Value) -> Checked {
     conforms::<k8s_openapi::api::core::v1::HostAlias>(item)
 }
 
+/// [`conforms`] for an `EnvVar`; see [`volume`].
+pub fn env_var(item: &Value) -> Checked {
+    conforms::<k8s_openapi::api::core::v1::EnvVar>(item)
+}
+
+/// [`conforms`] for an `EnvFromSource`; see [`volume`].
+pub fn env_from_source(item: &Value) -> Checked {
+    conforms::<k8s_openapi::api::core::v1::EnvFromSource>(item)
+}
+
+/// [`conforms`] for a `VolumeMount`; see [`volume`].
+pub fn volume_mount(item: &Value) -> Checked {
+    conforms::<k8s_openapi::api::core::v1::VolumeMount>(item)
+}
+
 /// Reads `item` as a `T`: an error names the field path of a value of the wrong type; `Ok(Some)`
 /// names the first field `T` does not have, as `ports[1].protocl` (k8s-openapi ignores unknown
 /// fields; `serde_ignored` reports each one it skips, so no type needs to be written back).

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::facts::NamespaceFacts;
 use crate::injection::render::{RenderError, RenderedTemplate, Subject, render};
-use crate::kinds::POD_LISTS;
+use crate::kinds::{APP_LISTS, AppListKind, POD_LISTS};
 use crate::names;
 use crate::templates::conformance::{CHECKED_KUBERNETES_VERSION, conforms};
 use crate::templates::template::{self, Template, TemplateError};
@@ -146,26 +146,52 @@ impl SampleShape {
     }
 }
 
+/// One section of a rendered template, for [`check_rendered`].
+struct Section<'r> {
+    name: String,
+    items: &'r [Value],
+    conforms: fn(&Value) -> crate::templates::conformance::Checked,
+    identified: Identified,
+}
+
+/// What must identify each item of a section.
+#[derive(Clone, Copy)]
+enum Identified {
+    /// This field, a non-empty string.
+    By(&'static str),
+    /// The app-list kind's identity (derived, as an `envFrom` source's).
+    AsAppItem(&'static AppListKind),
+}
+
 /// Checks that rendered items are what Kubernetes accepts in their place (a `Container`, a `Volume`,
 /// an `EnvVar`, a `VolumeMount`), with the field path of the first mismatch, and carry a name.
 /// Strictly, as `kubectl`'s strict field validation does: a field the type does not have (a
 /// misspelt `resourcse:`) is an error, not silently dropped by the API server, unless the template
 /// lists its path in `uncheckedFields`.
 pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -> Result<(), TemplateError> {
-    use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, VolumeMount};
+    use k8s_openapi::api::core::v1::Container;
 
-    type Check = fn(&Value) -> Result<Option<String>, String>;
-    // (section, items, their type, the field that identifies them: `None` for an envFrom source)
-    let sections: [(String, &[Value], Check, Option<&str>); 5] = [
-        ("inject.initContainers".into(), &rendered.init_containers, conforms::<Container>, Some("name")),
-        ("inject.sidecars".into(), &rendered.sidecars, conforms::<Container>, Some("name")),
-        ("inject.appContainers.env".into(), &rendered.env, conforms::<EnvVar>, Some("name")),
-        ("inject.appContainers.envFrom".into(), &rendered.env_from, conforms::<EnvFromSource>, None),
-        ("inject.appContainers.volumeMounts".into(), &rendered.volume_mounts, conforms::<VolumeMount>, Some("name")),
+    // (section, items, their type, what must identify each item)
+    let section = |name: String, items, conforms, identified| Section { name, items, conforms, identified };
+    let containers = [
+        section(
+            "inject.initContainers".into(),
+            &rendered.init_containers,
+            conforms::<Container>,
+            Identified::By("name"),
+        ),
+        section("inject.sidecars".into(), &rendered.sidecars, conforms::<Container>, Identified::By("name")),
     ];
-    let pod_lists =
-        POD_LISTS.iter().map(|kind| (kind.section(), rendered.pod_list(kind), kind.conforms, Some(kind.key)));
-    for (section, items, conforms, key) in sections.into_iter().chain(pod_lists) {
+    let app_lists = APP_LISTS.iter().map(|kind| {
+        let identified = kind.required.first().map_or(Identified::AsAppItem(kind), |key| Identified::By(key));
+        section(kind.section(), rendered.app_list(kind), kind.conforms, identified)
+    });
+    let pod_lists = POD_LISTS
+        .iter()
+        .map(|kind| section(kind.section(), rendered.pod_list(kind), kind.conforms, Identified::By(kind.key)));
+    for Section { name: section, items, conforms, identified } in
+        containers.into_iter().chain(app_lists).chain(pod_lists)
+    {
         for (index, item) in items.iter().enumerate() {
             let fail = |message: String| TemplateError::at(&template.name, 0, format!("{section}[{index}]{message}"));
             let unknown = conforms(item).map_err(|e| fail(format!(" is not valid: {e}")))?;
@@ -177,15 +203,13 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
                     )));
                 }
             }
-            let identified = match key {
-                Some(key) => matches!(item.get(key), Some(Value::String(s)) if !s.is_empty()),
-                None => crate::injection::compare::env_from_key(item).is_some(),
+            let unidentified = match identified {
+                Identified::By(key) => (!matches!(item.get(key), Some(Value::String(s)) if !s.is_empty()))
+                    .then(|| format!(".{key} must render to a non-empty string")),
+                Identified::AsAppItem(kind) => kind.identity(item).is_none().then(|| kind.unidentified.to_owned()),
             };
-            if !identified {
-                return Err(fail(match key {
-                    Some(key) => format!(".{key} must render to a non-empty string"),
-                    None => " needs exactly one of configMapRef or secretRef, with a non-empty name".to_owned(),
-                }));
+            if let Some(message) = unidentified {
+                return Err(fail(message));
             }
         }
     }

@@ -21,7 +21,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::injection::env_merge::{EnvMerge, Position};
-use crate::kinds::{POD_LISTS, PerPodList};
+use crate::kinds::{APP_LISTS, ENV, POD_LISTS, PerAppList, PerPodList};
 use crate::templates::expression::{self, CompiledText};
 use crate::templates::yaml::{MapEntry, SourceNode, SourceValue};
 
@@ -196,9 +196,8 @@ pub(crate) struct InjectSpec {
     pub(crate) sidecars: Vec<SeqItem>,
     /// The items of each kind of spec list (`kinds::POD_LISTS`).
     pub(crate) pod_lists: PerPodList<Vec<SeqItem>>,
-    pub(crate) env: Vec<SeqItem>,
-    pub(crate) env_from: Vec<SeqItem>,
-    pub(crate) volume_mounts: Vec<SeqItem>,
+    /// The items of each kind of app-container list (`kinds::APP_LISTS`).
+    pub(crate) app_lists: PerAppList<Vec<SeqItem>>,
     /// Which app containers get `env`, `envFrom` and `volumeMounts`.
     pub(crate) targets: AppTargets,
 }
@@ -206,9 +205,7 @@ pub(crate) struct InjectSpec {
 impl InjectSpec {
     /// Every list of items, in a fixed order.
     pub(crate) fn lists(&self) -> impl Iterator<Item = &Vec<SeqItem>> {
-        [&self.init_containers, &self.sidecars, &self.env, &self.env_from, &self.volume_mounts]
-            .into_iter()
-            .chain(&self.pod_lists)
+        [&self.init_containers, &self.sidecars].into_iter().chain(&self.app_lists).chain(&self.pod_lists)
     }
 
     /// Every compiled expression of the tree, `when:` conditions included.
@@ -246,11 +243,9 @@ impl InjectSpec {
             walk(&mut item.piece, out);
         }
         let mut out = Vec::new();
-        let InjectSpec {
-            labels, annotations, init_containers, sidecars, pod_lists, env, env_from, volume_mounts, ..
-        } = self;
+        let InjectSpec { labels, annotations, init_containers, sidecars, pod_lists, app_lists, .. } = self;
         labels.iter_mut().chain(annotations.iter_mut()).for_each(|(_, p)| walk(p, &mut out));
-        for list in [init_containers, sidecars, env, env_from, volume_mounts].into_iter().chain(pod_lists) {
+        for list in [init_containers, sidecars].into_iter().chain(app_lists).chain(pod_lists) {
             list.iter_mut().for_each(|i| walk_item(i, &mut out));
         }
         out
@@ -722,11 +717,9 @@ impl<'a> Compiler<'a> {
                 "appContainers" => {
                     for MapEntry { key, key_line, value: grandchild } in self.mapping(child, "inject.appContainers")? {
                         match key.as_str() {
-                            "env" => spec.env = self.items(grandchild, "inject.appContainers.env", &["name"])?,
-                            "envFrom" => spec.env_from = self.items(grandchild, "inject.appContainers.envFrom", &[])?,
-                            "volumeMounts" => {
-                                spec.volume_mounts =
-                                    self.items(grandchild, "inject.appContainers.volumeMounts", &["name", "mountPath"])?
+                            field if APP_LISTS.iter().any(|k| k.field == field) => {
+                                let kind = APP_LISTS.iter().find(|k| k.field == field).expect("matched above");
+                                spec.app_lists[kind.index] = self.items(grandchild, &kind.section(), kind.required)?
                             }
                             "containers" => {
                                 spec.targets.only = Some(self.names(grandchild, "inject.appContainers.containers")?)
@@ -837,7 +830,7 @@ impl<'a> Compiler<'a> {
                     return Err(self.err(item.line, format!("an item of {what} has no {key}")));
                 }
             }
-            let env = what == "inject.appContainers.env";
+            let env = what == ENV.section();
             let mut seq_item = self.seq_item(item, env)?;
             if env {
                 seq_item.merge = self.env_merge(item)?;
