@@ -15,8 +15,11 @@
 //! app container. Merged env entries (`env_merge`) are env vars with a second identity and keep
 //! code of their own beside [`ENV`].
 //!
+//! The pod's maps a template adds to (labels and annotations) are described in [`MAPS`]: each
+//! holds one key of the injector's own besides the items.
+//!
 //! Containers, init containers and native sidecars (one name space, placement by sidecar mode)
-//! and labels and annotations (maps) are not lists of this kind and keep code of their own.
+//! are not lists of these kinds and keep code of their own.
 
 use std::borrow::Cow;
 
@@ -248,6 +251,65 @@ impl AppListKind {
     }
 }
 
+/// A map of the pod's metadata a template adds keys to (`metadata.<field>`, from the template's
+/// `inject.<field>`).
+#[derive(Debug)]
+pub struct MapKind {
+    /// The kind, as the status annotation's skips and messages name it.
+    pub kind: ItemKind,
+    /// Its position in [`MAPS`] (and in every per-kind array of maps).
+    pub index: usize,
+    /// The map's field, in the pod's metadata, in a template's `inject` and in the status.
+    pub field: &'static str,
+    /// The section of a template that holds these items, for messages (`inject.labels`; a
+    /// constant, as rendering names it for every pod).
+    pub section: &'static str,
+    /// The injector's own key in this map: never a template's item nor a claimed one, always
+    /// rewritten to say what the injection did.
+    pub own_key: &'static str,
+    /// The value of [`MapKind::own_key`] for an injection (`None`: the key is removed).
+    pub own_value: fn(&InjectionStatus) -> Option<String>,
+    /// The status annotation's list of the keys added.
+    pub claimed: fn(&InjectionStatus) -> &Vec<String>,
+    /// The same list, to fill.
+    pub claimed_mut: fn(&mut InjectionStatus) -> &mut Vec<String>,
+}
+
+/// How many kinds of maps there are.
+pub const MAP_COUNT: usize = 2;
+
+/// One value per kind of map, in the order of [`MAPS`].
+pub type PerMap<T> = [T; MAP_COUNT];
+
+/// Pod labels.
+pub const LABELS: &MapKind = &MAPS[0];
+/// Pod annotations.
+pub const ANNOTATIONS: &MapKind = &MAPS[1];
+
+/// Every kind of map, in patch order.
+pub const MAPS: PerMap<MapKind> = [
+    MapKind {
+        kind: ItemKind::Label,
+        index: 0,
+        field: "labels",
+        section: "inject.labels",
+        own_key: crate::names::INJECTED_LABEL,
+        own_value: |status| status.injected_label().map(str::to_owned),
+        claimed: |s| &s.labels,
+        claimed_mut: |s| &mut s.labels,
+    },
+    MapKind {
+        kind: ItemKind::Annotation,
+        index: 1,
+        field: "annotations",
+        section: "inject.annotations",
+        own_key: crate::names::STATUS_ANNOTATION,
+        own_value: |status| Some(status.to_annotation()),
+        claimed: |s| &s.annotations,
+        claimed_mut: |s| &mut s.annotations,
+    },
+];
+
 /// The description of a spec-list kind, if `kind` is one.
 pub fn pod_list_of(kind: ItemKind) -> Option<&'static PodListKind> {
     POD_LISTS.iter().find(|k| k.kind == kind)
@@ -260,10 +322,8 @@ pub fn pod_list_of(kind: ItemKind) -> Option<&'static PodListKind> {
 pub enum Place {
     /// An item of a spec list.
     PodList(&'static PodListKind),
-    /// A pod label.
-    Label,
-    /// A pod annotation.
-    Annotation,
+    /// A key of a pod's metadata map.
+    Map(&'static MapKind),
     /// An init container.
     InitContainer,
     /// A sidecar (a container, or a native sidecar among the init containers).
@@ -278,8 +338,8 @@ impl ItemKind {
     /// Where items of this kind live.
     pub fn place(self) -> Place {
         match self {
-            ItemKind::Label => Place::Label,
-            ItemKind::Annotation => Place::Annotation,
+            ItemKind::Label => Place::Map(LABELS),
+            ItemKind::Annotation => Place::Map(ANNOTATIONS),
             ItemKind::InitContainer => Place::InitContainer,
             ItemKind::Sidecar => Place::Sidecar,
             ItemKind::Env => Place::AppList(ENV),
@@ -368,6 +428,21 @@ mod tests {
             for field in kind.required {
                 assert!(sample.get(field).is_some(), "{} sample lacks {field}", kind.field);
             }
+        }
+    }
+
+    #[test]
+    fn every_map_is_where_its_index_says_and_its_status_list_is_its_own() {
+        let mut status = InjectionStatus::default();
+        for (index, kind) in MAPS.iter().enumerate() {
+            assert_eq!(kind.index, index, "{}", kind.field);
+            assert!(matches!(kind.kind.place(), Place::Map(k) if k.index == index), "{}", kind.field);
+            (kind.claimed_mut)(&mut status).push(kind.field.to_owned());
+            assert_eq!(kind.section, format!("inject.{}", kind.field));
+        }
+        let json = serde_json::to_value(&status).unwrap();
+        for kind in &MAPS {
+            assert_eq!(json[kind.field], json!([kind.field]), "the status key of {} is its field", kind.field);
         }
     }
 }

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::claims::status::InjectionStatus;
 use crate::injection::compare::first_difference;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{APP_LISTS, POD_LISTS, Place, VOLUMES};
+use crate::kinds::{APP_LISTS, MAPS, POD_LISTS, Place, VOLUMES};
 use crate::templates::template::{Piece, SeqItem, Template};
 use crate::{claims::ownership, names};
 
@@ -60,13 +60,9 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
                 kind.find(rendered.pod_list(kind), &skip.name).cloned(),
                 spec_list(kind.field).and_then(|items| kind.find(items, &skip.name)).cloned(),
             ),
-            Place::Label => (
-                rendered.labels.get(&skip.name).map(|v| Value::from(v.as_str())),
-                metadata("labels", &skip.name).map(Value::from),
-            ),
-            Place::Annotation => (
-                rendered.annotations.get(&skip.name).map(|v| Value::from(v.as_str())),
-                metadata("annotations", &skip.name).map(Value::from),
+            Place::Map(kind) => (
+                rendered.map(kind).get(&skip.name).map(|v| Value::from(v.as_str())),
+                metadata(kind.field, &skip.name).map(Value::from),
             ),
             Place::InitContainer => (named(&rendered.init_containers, "name"), container(&skip.name).cloned()),
             Place::Sidecar => {
@@ -134,11 +130,11 @@ pub fn inexact_items(present: &InjectionStatus, owned: &InjectionStatus, rendere
             report(kind.kind.describe(), item.to_owned(), None);
         }
     }
-    for key in rendered.labels.keys().filter(|k| inexact(k, &present.labels, &owned.labels)) {
-        report("label", key.clone(), None);
-    }
-    for key in rendered.annotations.keys().filter(|k| inexact(k, &present.annotations, &owned.annotations)) {
-        report("annotation", key.clone(), None);
+    for kind in &MAPS {
+        let (present, owned) = ((kind.claimed)(present), (kind.claimed)(owned));
+        for key in rendered.map(kind).keys().filter(|k| inexact(k, present, owned)) {
+            report(kind.kind.describe(), key.clone(), None);
+        }
     }
     for (container, here) in &present.app_containers {
         let mine = owned.app_containers.get(container).cloned().unwrap_or_default();

@@ -26,8 +26,8 @@ use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind};
 use crate::injection::compare::{first_difference, quantities_equal};
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{APP_LISTS, ENV, POD_LISTS};
-use crate::names::{self, SERVICE_ACCOUNT_TOKEN_PATH};
+use crate::kinds::{APP_LISTS, ENV, MAPS, POD_LISTS};
+use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
 
 /// What the claim says, checked against the pod.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -134,21 +134,16 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
         }
     }
     let metadata = |section: &str| pod.get("metadata").and_then(|m| m.get(section)).and_then(Value::as_object);
-    for (kind, section, claimed, present_keys, owned_keys) in [
-        (ItemKind::Label, "labels", &claim.labels, &mut present.labels, &mut owned.labels),
-        (ItemKind::Annotation, "annotations", &claim.annotations, &mut present.annotations, &mut owned.annotations),
-    ] {
-        for key in claimed {
-            // The injector's own two keys are never claimed items: they are always rewritten.
-            if key == names::STATUS_ANNOTATION || key == names::INJECTED_LABEL {
+    for kind in &MAPS {
+        for key in (kind.claimed)(claim) {
+            // The injector's own key is never a claimed item: it is always rewritten.
+            if MAPS.iter().any(|k| k.own_key == key) {
                 continue;
             }
-            let expected = renderings.iter().flatten().find_map(|r| {
-                let map = if kind == ItemKind::Label { &r.labels } else { &r.annotations };
-                map.get(key).map(|v| Value::String(v.clone()))
-            });
-            let found = judge(kind, key, None, expected, metadata(section).and_then(|m| m.get(key)));
-            found.record(key, present_keys, owned_keys);
+            let expected =
+                renderings.iter().flatten().find_map(|r| r.map(kind).get(key).map(|v| Value::String(v.clone())));
+            let found = judge(kind.kind, key, None, expected, metadata(kind.field).and_then(|m| m.get(key)));
+            found.record(key, (kind.claimed_mut)(&mut present), (kind.claimed_mut)(&mut owned));
         }
     }
     for (container, additions) in &claim.app_containers {
@@ -241,8 +236,7 @@ pub fn includes_items_of(status: &InjectionStatus, other: &InjectionStatus) -> b
         && all(&status.init_containers, &other.init_containers)
         && all(&status.native_sidecars, &other.native_sidecars)
         && POD_LISTS.iter().all(|k| all((k.claimed)(status), (k.claimed)(other)))
-        && all(&status.labels, &other.labels)
-        && all(&status.annotations, &other.annotations)
+        && MAPS.iter().all(|k| all((k.claimed)(status), (k.claimed)(other)))
         && other.app_containers.iter().all(|(name, theirs)| {
             status.app_containers.get(name).is_some_and(|mine| {
                 APP_LISTS.iter().all(|k| all((k.claimed)(mine), (k.claimed)(theirs)))
@@ -259,8 +253,7 @@ pub fn owns_everything(ownership: &Ownership, claim: &InjectionStatus) -> bool {
         s.containers.len()
             + s.init_containers.len()
             + POD_LISTS.iter().map(|kind| (kind.claimed)(s).len()).sum::<usize>()
-            + s.labels.iter().filter(|k| *k != names::INJECTED_LABEL).count()
-            + s.annotations.iter().filter(|k| *k != names::STATUS_ANNOTATION).count()
+            + MAPS.iter().map(|kind| (kind.claimed)(s).iter().filter(|k| *k != kind.own_key).count()).sum::<usize>()
             + s.app_containers.values().map(AppContainerAdditions::len).sum::<usize>()
     };
     count(&ownership.owned) == count(claim)

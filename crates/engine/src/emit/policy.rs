@@ -31,7 +31,8 @@ use serde_json::{Value, json};
 
 use crate::claims::status::ItemKind;
 use crate::kinds::{
-    APP_LISTS, AppListKind, ENV, IMAGE_PULL_SECRETS, Identity, POD_LISTS, PerAppList, Place, VOLUME_MOUNTS, VOLUMES,
+    APP_LISTS, AppListKind, ENV, IMAGE_PULL_SECRETS, Identity, MAPS, POD_LISTS, PerAppList, PerMap, Place,
+    VOLUME_MOUNTS, VOLUMES,
 };
 use crate::names;
 use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
@@ -699,8 +700,8 @@ struct Plan {
     admissible: String,
     enforced: bool,
     native: bool,
-    labels: Vec<(String, Val)>,
-    annotations: Vec<(String, Val)>,
+    /// The entries of each kind of map (`kinds::MAPS`).
+    maps: PerMap<Vec<(String, Val)>>,
     init_containers: Vec<Item>,
     sidecars: Vec<Item>,
     volumes: Vec<Item>,
@@ -709,6 +710,9 @@ struct Plan {
     app: PerAppList<Vec<Item>>,
     targets: AppTargets,
 }
+
+/// Each map of the pod (`kinds::MAPS`) in CEL.
+const MAP_CEL_OF_POD: PerMap<&str> = ["variables.podLabels", "object.metadata.?annotations.orValue({})"];
 
 /// The identity of an app-container list's item in CEL (`x` the pod's item), per description of
 /// `kinds::APP_LISTS`: what `AppListKind::identity` computes, written for the API server.
@@ -791,6 +795,10 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         }
         Ok::<_, String>(app)
     })();
+    let mut maps = PerMap::<Vec<(String, Val)>>::default();
+    for (entries, compiled) in spec.maps.iter().zip(&mut maps) {
+        *compiled = string_map(entries)?;
+    }
     let volume_names = items(&spec.pod_lists[VOLUMES.index], ItemKind::Volume, None)?;
     let mounted = match mounted_volume_names(spec) {
         Some(names) => volume_names.iter().map(|v| v.key.clone()).filter(|v| names.contains(v)).collect(),
@@ -804,8 +812,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         admissible: cx.admissible(),
         enforced: template.enforced,
         native,
-        labels: string_map(&spec.labels)?,
-        annotations: string_map(&spec.annotations)?,
+        maps,
         init_containers: items(&spec.init_containers, ItemKind::InitContainer, Some(false))?,
         sidecars: items(&spec.sidecars, ItemKind::Sidecar, Some(native))?,
         volumes: volume_names,
@@ -1063,25 +1070,16 @@ impl Program {
             };
             // Labels, then annotations, each in key order (the rendered maps are sorted); the
             // injector's own key is always taken.
-            let metadata_maps = [
-                ("labels", ItemKind::Label, &plan.labels, names::INJECTED_LABEL, "variables.podLabels"),
-                (
-                    "annotations",
-                    ItemKind::Annotation,
-                    &plan.annotations,
-                    names::STATUS_ANNOTATION,
-                    "object.metadata.?annotations.orValue({})",
-                ),
-            ];
-            for (index, (field, kind, entries, own_key, pod_map)) in metadata_maps.into_iter().enumerate() {
-                let mut entries = entries.clone();
+            for (kind, pod_map) in MAPS.iter().zip(MAP_CEL_OF_POD) {
+                let (index, field, own_key) = (kind.index, kind.field, kind.own_key);
+                let mut entries = plan.maps[index].clone();
                 entries.sort_by(|a, b| a.0.cmp(&b.0));
                 for (key, value) in &entries {
                     let pod_has = match key.as_str() {
                         k if k == own_key => "true".to_owned(),
                         _ => format!("({} in {pod_map})", lit(key)),
                     };
-                    let added = static_item(&mut vars, field, kind, key, &None, pod_has, true);
+                    let added = static_item(&mut vars, field, kind.kind, key, &None, pod_has, true);
                     metadata_ops[index].push(format!(
                         "({added} ? [{}] : [])",
                         patch_op(&lit(&format!("/metadata/{field}/{}", pointer(key))), &value.cel())

@@ -29,9 +29,11 @@ use serde_json::Value;
 use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind, Skipped, TemplateRef};
 use crate::injection::compare::env_from_key;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{APP_LISTS, ENV, Identity, POD_LISTS, PerAppList, PerPodList, PodListKind, VOLUMES, WhenHeld};
+use crate::injection::{env_merge, pod_resources};
+use crate::kinds::{
+    APP_LISTS, ENV, Identity, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList, PodListKind, VOLUMES, WhenHeld,
+};
 use crate::pod::{self, PodShapeError, shape_error};
-use crate::{injection::env_merge, injection::pod_resources, names};
 
 /// A rendered template and whether its sidecars become native sidecars.
 #[derive(Debug, Clone)]
@@ -102,8 +104,10 @@ pub fn plan(
     if !matches!(pod.get("spec"), Some(Value::Object(_))) {
         return Err(shape_error("spec", "must be an object"));
     }
-    let labels = pod::string_map(pod, "labels")?;
-    let annotations = pod::string_map(pod, "annotations")?;
+    let mut pod_maps = PerMap::<BTreeMap<String, String>>::default();
+    for (kind, map) in MAPS.iter().zip(&mut pod_maps) {
+        *map = pod::string_map(pod, kind.field)?;
+    }
     let containers = pod::list(pod, "containers")?.ok_or_else(|| shape_error("spec.containers", "is missing"))?;
     let init_containers = pod::list(pod, "initContainers")?;
     let container_names = pod::names(Some(containers), || "spec.containers".into())?;
@@ -143,22 +147,16 @@ pub fn plan(
         .chain(init_names.iter().enumerate().filter(|(i, _)| !removed_init.contains(i)).map(|(_, n)| *n))
         .collect();
     taken_containers.keep(kept.containers.iter().chain(&kept.init_containers));
-    let kept_labels: BTreeMap<&str, &str> = labels
-        .iter()
-        .filter(|(k, _)| !previous.labels.contains(k) && k.as_str() != names::INJECTED_LABEL)
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let kept_annotations: BTreeMap<&str, &str> = annotations
-        .iter()
-        .filter(|(k, _)| !previous.annotations.contains(k) && k.as_str() != names::STATUS_ANNOTATION)
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let mut taken_labels: Taken = kept_labels.keys().copied().chain([names::INJECTED_LABEL]).collect();
-    taken_labels.keep(&kept.labels);
-    let mut taken_annotations: Taken = kept_annotations.keys().copied().chain([names::STATUS_ANNOTATION]).collect();
-    taken_annotations.keep(&kept.annotations);
-    // Keys of labels and annotations that stay as injected (no operation, but in the status).
-    let (mut kept_label_keys, mut kept_annotation_keys) = (Vec::new(), Vec::new());
+    // Per map: keys in use (the pod's own, and the injector's own key) and who holds them; keys
+    // that stay as injected (no operation, but in the status).
+    let mut taken_in_maps: PerMap<Taken> = MAPS.each_ref().map(|kind| {
+        let earlier = (kind.claimed)(previous);
+        let authors = pod_maps[kind.index].keys().filter(|k| !earlier.contains(k) && *k != kind.own_key);
+        let mut taken: Taken = authors.map(String::as_str).chain([kind.own_key]).collect();
+        taken.keep((kind.claimed)(kept));
+        taken
+    });
+    let mut kept_map_keys: PerMap<Vec<String>> = Default::default();
 
     // App containers that stay, with their index once the previous sidecars are gone.
     let container_keys = ContainerKeys::of(containers);
@@ -191,8 +189,7 @@ pub fn plan(
         .collect();
 
     // Decide what each template adds.
-    let mut added_labels = BTreeMap::new();
-    let mut added_annotations = BTreeMap::new();
+    let mut added_to_maps: PerMap<BTreeMap<String, String>> = Default::default();
     let mut new_init = Vec::new();
     let mut new_containers = Vec::new();
     for (template_index, (planned, items)) in templates.iter().zip(&whole_items).enumerate() {
@@ -208,22 +205,15 @@ pub fn plan(
                 owner: by.to_string(),
             });
         };
-        for (key, value) in &t.labels {
-            match taken_labels.claim(key, owner) {
-                Ok(Claimed::New) => {
-                    added_labels.insert(key.clone(), value.clone());
+        for kind in &MAPS {
+            for (key, value) in t.map(kind) {
+                match taken_in_maps[kind.index].claim(key, owner) {
+                    Ok(Claimed::New) => {
+                        added_to_maps[kind.index].insert(key.clone(), value.clone());
+                    }
+                    Ok(Claimed::Kept) => kept_map_keys[kind.index].push(key.clone()),
+                    Err(by) => skip(kind.kind, key, None, by),
                 }
-                Ok(Claimed::Kept) => kept_label_keys.push(key.clone()),
-                Err(by) => skip(ItemKind::Label, key, None, by),
-            }
-        }
-        for (key, value) in &t.annotations {
-            match taken_annotations.claim(key, owner) {
-                Ok(Claimed::New) => {
-                    added_annotations.insert(key.clone(), value.clone());
-                }
-                Ok(Claimed::Kept) => kept_annotation_keys.push(key.clone()),
-                Err(by) => skip(ItemKind::Annotation, key, None, by),
             }
         }
         // A name is an identity only within its kind: when the pod (or an earlier template) holds
@@ -371,8 +361,9 @@ pub fn plan(
     let sorted = |added: &BTreeMap<String, String>, kept: Vec<String>| -> Vec<String> {
         added.keys().cloned().chain(kept).collect::<std::collections::BTreeSet<_>>().into_iter().collect()
     };
-    status.labels = sorted(&added_labels, kept_label_keys);
-    status.annotations = sorted(&added_annotations, kept_annotation_keys);
+    for (kind, kept_keys) in MAPS.iter().zip(kept_map_keys) {
+        *(kind.claimed_mut)(&mut status) = sorted(&added_to_maps[kind.index], kept_keys);
+    }
     for app in app_containers.iter().filter(|a| a.lists.iter().any(|l| !l.added.is_empty())) {
         let mut additions = AppContainerAdditions::default();
         for (kind, list) in APP_LISTS.iter().zip(&app.lists) {
@@ -389,33 +380,23 @@ pub fn plan(
     if !matches!(pod.get("metadata"), Some(Value::Object(_))) {
         builder.add(&["metadata"], Value::Object(Default::default()));
     }
-    let mut label_removals: Vec<&str> =
-        previous.labels.iter().map(String::as_str).filter(|k| labels.contains_key(*k)).collect();
-    match status.injected_label() {
-        Some(value) => {
-            added_labels.insert(names::INJECTED_LABEL.to_owned(), value.to_owned());
+    // Each map: the keys an earlier injection added go, the templates' come, and the injector's
+    // own key says what this injection did.
+    let mut map_removals: PerMap<Vec<&str>> = Default::default();
+    for ((kind, mut added), removals) in MAPS.iter().zip(added_to_maps).zip(&mut map_removals) {
+        let map = &pod_maps[kind.index];
+        removals.extend((kind.claimed)(previous).iter().map(String::as_str).filter(|k| map.contains_key(*k)));
+        match (kind.own_value)(&status) {
+            Some(value) => {
+                added.insert(kind.own_key.to_owned(), value);
+            }
+            None if map.contains_key(kind.own_key) => removals.push(kind.own_key),
+            None => {}
         }
-        None if labels.contains_key(names::INJECTED_LABEL) => label_removals.push(names::INJECTED_LABEL),
-        None => {}
+        let empties = removals.len() == map.len();
+        let existing = pod.get("metadata").and_then(|m| m.get(kind.field));
+        builder.string_map(kind.field, existing, removals, added, empties);
     }
-    let empties_labels = label_removals.len() == labels.len();
-    builder.string_map(
-        "labels",
-        pod.get("metadata").and_then(|m| m.get("labels")),
-        &label_removals,
-        added_labels,
-        empties_labels,
-    );
-    let annotation_removals: Vec<&str> =
-        previous.annotations.iter().map(String::as_str).filter(|k| annotations.contains_key(*k)).collect();
-    added_annotations.insert(names::STATUS_ANNOTATION.to_owned(), status.to_annotation());
-    builder.string_map(
-        "annotations",
-        pod.get("metadata").and_then(|m| m.get("annotations")),
-        &annotation_removals,
-        added_annotations,
-        false,
-    );
 
     let init_left = builder.removals(&["spec", "initContainers"], &removed_init, init_names.len(), new_init.is_empty());
     builder.insert_front(&["spec", "initContainers"], init_left, new_init);
@@ -446,8 +427,7 @@ pub fn plan(
     let removed = removed_items(
         previous,
         PodItems { containers: &container_names, init: &init_names, lists: &pod_lists },
-        &label_removals,
-        &annotation_removals,
+        &map_removals,
         &app_containers,
     );
     Ok(Injection {
@@ -804,8 +784,7 @@ impl<'p> PodList<'p> {
 fn removed_items(
     previous: &InjectionStatus,
     pod: PodItems<'_>,
-    labels: &[&str],
-    annotations: &[&str],
+    map_removals: &PerMap<Vec<&str>>,
     app_containers: &[AppContainer<'_>],
 ) -> InjectionStatus {
     let present = |names: &[String], from: &[&str]| -> Vec<String> {
@@ -816,8 +795,6 @@ fn removed_items(
         containers: present(&previous.containers, pod.containers),
         init_containers: present(&previous.init_containers, pod.init),
         native_sidecars: present(&previous.native_sidecars, pod.init),
-        labels: labels.iter().filter(|k| **k != names::INJECTED_LABEL).map(|k| (*k).to_owned()).collect(),
-        annotations: annotations.iter().map(|k| (*k).to_owned()).collect(),
         app_containers: app_containers
             .iter()
             .filter_map(|app| {
@@ -830,6 +807,10 @@ fn removed_items(
     };
     for list in pod.lists {
         *(list.kind.claimed_mut)(&mut removed) = present((list.kind.claimed)(previous), &list.identities);
+    }
+    for (kind, removals) in MAPS.iter().zip(map_removals) {
+        let keys = removals.iter().filter(|k| **k != kind.own_key).map(|k| (*k).to_owned());
+        *(kind.claimed_mut)(&mut removed) = keys.collect();
     }
     removed
 }

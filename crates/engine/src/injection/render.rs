@@ -26,7 +26,7 @@ use crate::facts::NamespaceFacts;
 use crate::findings::{Warning, WarningCode};
 use crate::injection::compare::POD_DERIVED;
 use crate::injection::env_merge::EnvMerge;
-use crate::kinds::{APP_LISTS, AppListKind, ENV, PerAppList, PerPodList, PodListKind};
+use crate::kinds::{APP_LISTS, AppListKind, ENV, MAPS, MapKind, PerAppList, PerMap, PerPodList, PodListKind};
 use crate::names;
 use crate::templates::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
 use crate::templates::template::{AppTargets, Piece, PodResources, SeqItem, SidecarMode, Template, TemplateError};
@@ -44,10 +44,9 @@ pub struct RenderedTemplate {
     pub name: String,
     /// Template content hash.
     pub hash: String,
-    /// Labels to add.
-    pub labels: BTreeMap<String, String>,
-    /// Annotations to add.
-    pub annotations: BTreeMap<String, String>,
+    /// The keys each kind of map (`kinds::MAPS`) gets, with their values; see
+    /// [`RenderedTemplate::map`].
+    pub maps: PerMap<BTreeMap<String, String>>,
     /// Init containers, placed before the pod's own.
     pub init_containers: Vec<Value>,
     /// Sidecar containers (native or classic is decided when planning).
@@ -75,6 +74,11 @@ impl RenderedTemplate {
     /// The rendered items of one kind of spec list.
     pub fn pod_list(&self, kind: &PodListKind) -> &[Value] {
         &self.pod_lists[kind.index]
+    }
+
+    /// The rendered entries of one kind of map.
+    pub fn map(&self, kind: &MapKind) -> &BTreeMap<String, String> {
+        &self.maps[kind.index]
     }
 
     /// The rendered items of one kind of app-container list.
@@ -228,6 +232,10 @@ fn render_with(
             }
         }
     }
+    let mut maps = PerMap::<BTreeMap<String, String>>::default();
+    for (kind, rendered) in MAPS.iter().zip(&mut maps) {
+        *rendered = renderer.string_map(&spec.maps[kind.index], kind.section).map_err(err)?;
+    }
     let mut pod_lists = PerPodList::<Vec<Value>>::default();
     for (rendered, items) in pod_lists.iter_mut().zip(&spec.pod_lists) {
         *rendered = renderer.items(items).map_err(err)?;
@@ -235,8 +243,7 @@ fn render_with(
     Ok(RenderedTemplate {
         name: template.name.to_string(),
         hash: template.hash.clone(),
-        labels: renderer.string_map(&spec.labels, "inject.labels").map_err(err)?,
-        annotations: renderer.string_map(&spec.annotations, "inject.annotations").map_err(err)?,
+        maps,
         init_containers,
         sidecars,
         app_lists,
@@ -668,6 +675,7 @@ impl Object for JsonView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kinds::{ANNOTATIONS, LABELS};
     use crate::test_support::template;
     use serde_json::json;
 
@@ -778,7 +786,7 @@ inject:
         let rendered =
             render_for(&t, pod(), &[("sidecar-injector.io/t.image", "evil"), ("sidecar-injector.io/other.image", "x")])
                 .unwrap();
-        assert_eq!(rendered.labels["i"], "a");
+        assert_eq!(rendered.map(LABELS)["i"], "a");
         assert_eq!(rendered.warnings.len(), 1, "{:?}", rendered.warnings);
         assert!(
             rendered.warnings[0].code == WarningCode::OverrideIgnored
@@ -823,8 +831,8 @@ inject:
             }
         }
         assert_eq!(shape(&json!(attacked.sidecars)), shape(&json!(clean.sidecars)), "no key or item was added");
-        assert_eq!(attacked.labels.keys().collect::<Vec<_>>(), vec!["a"]);
-        assert_eq!(attacked.labels["a"], attack, "the text is kept verbatim inside the string");
+        assert_eq!(attacked.map(LABELS).keys().collect::<Vec<_>>(), vec!["a"]);
+        assert_eq!(attacked.map(LABELS)["a"], attack, "the text is kept verbatim inside the string");
         assert_eq!(attacked.sidecars[0]["env"][0]["value"], json!(attack));
         assert_eq!(attacked.sidecars[0]["image"], json!(format!("repo:{attack}")));
         assert_eq!(attacked.sidecars[0]["args"][1], json!(attack));
@@ -839,11 +847,11 @@ inject:
         );
         let rendered = render_for(&t, pod(), &[]).unwrap();
         assert!(
-            rendered.annotations["c"].starts_with('['),
+            rendered.map(ANNOTATIONS)["c"].starts_with('['),
             "a list from the pod renders as text: {:?}",
-            rendered.annotations["c"]
+            rendered.map(ANNOTATIONS)["c"]
         );
-        assert_eq!(rendered.annotations["n"], "2");
+        assert_eq!(rendered.map(ANNOTATIONS)["n"], "2");
     }
 
     #[test]
@@ -862,7 +870,8 @@ inject:
     json: "{{ pod.metadata.labels | tojson }}"
 "#,
         );
-        let a = render_for(&t, pod(), &[]).unwrap().annotations;
+        let rendered = render_for(&t, pod(), &[]).unwrap();
+        let a = rendered.map(ANNOTATIONS);
         assert_eq!(a["pod"], "web-1/web/web/sidecar-2");
         assert_eq!(a["ns"], "shop/payments/alice");
         assert_eq!(a["tpl"], "ctx: hello");
@@ -944,13 +953,13 @@ inject:
         let t = template("owner", "inject:\n  labels:\n    owner: \"{{ workload.kind }}.{{ workload.name }}\"\n");
         let from_replicaset = json!({"metadata": {"generateName": "web-7d9f8c6b5-", "labels": {"pod-template-hash": "7d9f8c6b5"},
             "ownerReferences": [{"kind": "ReplicaSet", "name": "web-7d9f8c6b5", "controller": true}]}, "spec": {"containers": []}});
-        assert_eq!(render_for(&t, from_replicaset, &[]).unwrap().labels["owner"], "Deployment.web");
+        assert_eq!(render_for(&t, from_replicaset, &[]).unwrap().map(LABELS)["owner"], "Deployment.web");
         let hinted = Workload { kind: "Deployment".into(), name: "web".into() };
         let namespace = NamespaceFacts::unknown("shop");
         let rendered =
             render(&t, &Subject::new(Arc::new(json!({"metadata": {}})), &hinted), &BTreeMap::new(), &namespace);
         assert_eq!(
-            rendered.unwrap().labels["owner"],
+            rendered.unwrap().map(LABELS)["owner"],
             "Deployment.web",
             "the CLI's pod template renders as its pods will"
         );
@@ -962,17 +971,15 @@ inject:
             "pre",
             "values: {port: 1}\noverridable: [port]\ninject:\n  annotations:\n    fixed: \"{{ template.name }}-{{ values.port + 1 }}\"\n    name: \"{{ workload.name }}\"\n    ns: \"{{ namespace.name }}\"\n",
         );
-        let constants: BTreeMap<&str, bool> = t
-            .inject
-            .annotations
+        let constants: BTreeMap<&str, bool> = t.inject.maps[ANNOTATIONS.index]
             .iter()
             .map(|(k, p)| (k.as_str(), matches!(p, Piece::Text(text) if text.constant.is_some())))
             .collect();
         assert_eq!(constants, [("fixed", true), ("name", false), ("ns", false)].into());
         let plain = render_for(&t, pod(), &[]).unwrap();
-        assert_eq!(plain.annotations["fixed"], "pre-2");
-        assert_eq!((plain.annotations["name"].as_str(), plain.annotations["ns"].as_str()), ("web-1", "shop"));
+        assert_eq!(plain.map(ANNOTATIONS)["fixed"], "pre-2");
+        assert_eq!((plain.map(ANNOTATIONS)["name"].as_str(), plain.map(ANNOTATIONS)["ns"].as_str()), ("web-1", "shop"));
         let overridden = render_for(&t, pod(), &[(&crate::names::override_annotation("pre", "port"), "41")]).unwrap();
-        assert_eq!(overridden.annotations["fixed"], "pre-42", "an override bypasses the pre-rendered output");
+        assert_eq!(overridden.map(ANNOTATIONS)["fixed"], "pre-42", "an override bypasses the pre-rendered output");
     }
 }

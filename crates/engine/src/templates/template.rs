@@ -21,7 +21,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::injection::env_merge::{EnvMerge, Position};
-use crate::kinds::{APP_LISTS, ENV, POD_LISTS, PerAppList, PerPodList};
+use crate::kinds::{APP_LISTS, ENV, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList};
 use crate::templates::expression::{self, CompiledText};
 use crate::templates::yaml::{MapEntry, SourceNode, SourceValue};
 
@@ -190,8 +190,8 @@ pub(crate) struct SeqItem {
 /// What a template injects, compiled.
 #[derive(Debug, Default)]
 pub(crate) struct InjectSpec {
-    pub(crate) labels: Vec<(String, Piece)>,
-    pub(crate) annotations: Vec<(String, Piece)>,
+    /// The entries of each kind of map (`kinds::MAPS`).
+    pub(crate) maps: PerMap<Vec<(String, Piece)>>,
     pub(crate) init_containers: Vec<SeqItem>,
     pub(crate) sidecars: Vec<SeqItem>,
     /// The items of each kind of spec list (`kinds::POD_LISTS`).
@@ -223,7 +223,7 @@ impl InjectSpec {
             walk(&item.piece, out);
         }
         let mut out = Vec::new();
-        self.labels.iter().chain(&self.annotations).for_each(|(_, p)| walk(p, &mut out));
+        self.maps.iter().flatten().for_each(|(_, p)| walk(p, &mut out));
         self.lists().flatten().for_each(|i| walk_item(i, &mut out));
         out
     }
@@ -243,8 +243,8 @@ impl InjectSpec {
             walk(&mut item.piece, out);
         }
         let mut out = Vec::new();
-        let InjectSpec { labels, annotations, init_containers, sidecars, pod_lists, app_lists, .. } = self;
-        labels.iter_mut().chain(annotations.iter_mut()).for_each(|(_, p)| walk(p, &mut out));
+        let InjectSpec { maps, init_containers, sidecars, pod_lists, app_lists, .. } = self;
+        maps.iter_mut().flatten().for_each(|(_, p)| walk(p, &mut out));
         for list in [init_containers, sidecars].into_iter().chain(app_lists).chain(pod_lists) {
             list.iter_mut().for_each(|i| walk_item(i, &mut out));
         }
@@ -706,8 +706,10 @@ impl<'a> Compiler<'a> {
         let mut spec = InjectSpec::default();
         for MapEntry { key, key_line, value: child } in self.mapping(node, "inject")? {
             match key.as_str() {
-                "labels" => spec.labels = self.string_map(child, "inject.labels")?,
-                "annotations" => spec.annotations = self.string_map(child, "inject.annotations")?,
+                field if MAPS.iter().any(|k| k.field == field) => {
+                    let kind = MAPS.iter().find(|k| k.field == field).expect("matched above");
+                    spec.maps[kind.index] = self.string_map(child, kind.section)?
+                }
                 "initContainers" => spec.init_containers = self.items(child, "inject.initContainers", &["name"])?,
                 "sidecars" => spec.sidecars = self.items(child, "inject.sidecars", &["name"])?,
                 field if POD_LISTS.iter().any(|k| k.field == field) => {
@@ -971,7 +973,7 @@ impl<'a> Compiler<'a> {
             }
         }
         let mut refs = Vec::new();
-        spec.labels.iter().chain(&spec.annotations).for_each(|(_, p)| collect(p, &mut refs));
+        spec.maps.iter().flatten().for_each(|(_, p)| collect(p, &mut refs));
         spec.lists().flatten().for_each(|i| collect(&i.piece, &mut refs));
         match refs.into_iter().find(|(_, path)| expression::lookup_path(values, path).is_none()) {
             Some((line, path)) => Err(self.err(line, format!("values.{} is not defined in values", path.join(".")))),
