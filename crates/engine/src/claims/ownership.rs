@@ -51,53 +51,9 @@ pub struct Ownership {
 pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<&RenderedTemplate>]) -> Ownership {
     let mut owned = InjectionStatus { templates: claim.templates.clone(), ..InjectionStatus::default() };
     let mut present = owned.clone();
-    let mut doubts = Vec::new();
-    let mut altered = Vec::new();
-    let mut all_present = true;
-    let mut judge = |kind: ItemKind,
-                     name: &str,
-                     container: Option<&str>,
-                     expected: Option<Value>,
-                     actual: Option<&Value>| {
-        let what = match container {
-            Some(c) => format!("{} {name:?} of container {c:?}", kind.describe()),
-            None => format!("{} {name:?}", kind.describe()),
-        };
-        match (expected, actual) {
-            (_, None) => {
-                all_present = false;
-                doubts.push(format!("the status claims {what} was injected, but the pod does not have it"));
-                Match::None
-            }
-            (None, Some(_)) => {
-                all_present = false;
-                doubts.push(format!(
-                    "the status claims {what} was injected, but no template version in service renders it (claimed: {}); it is kept as the pod's own",
-                    describe_claim(claim)
-                ));
-                Match::None
-            }
-            (Some(expected), Some(actual)) => {
-                if let Some(difference) = first_difference(&expected, actual, "") {
-                    all_present = false;
-                    altered.push(format!("{what} was changed after injection: {difference}"));
-                    doubts.push(format!(
-                        "{what} is not what its template renders ({difference}); it is kept as the pod's own"
-                    ));
-                    return Match::None;
-                }
-                if exact(&expected, actual) {
-                    Match::Exact
-                } else {
-                    doubts.push(format!(
-                        "{what} holds fields its template does not set; it is kept as the pod's own and not replaced"
-                    ));
-                    Match::Present
-                }
-            }
-        }
-    };
-
+    let mut judged = Judge { claim, doubts: Vec::new(), altered: Vec::new(), all_present: true };
+    let mut judge =
+        |kind, name: &str, container, expected, actual| judged.judge(kind, name, container, expected, actual);
     let spec_list = |field: &str| pod.get("spec").and_then(|s| s.get(field)).and_then(Value::as_array);
     let find = |items: Option<&'p Vec<Value>>, key: &str, name: &str| find_in(items?, key, name);
     let rendered_item = |pick: fn(&RenderedTemplate) -> &[Value], key: &str, name: &str| -> Option<Value> {
@@ -187,15 +143,74 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
                 present.pod_resources = Some(claimed.clone());
             }
             false => {
-                all_present = false;
-                doubts.push(format!(
+                judged.all_present = false;
+                judged.doubts.push(format!(
                     "the claimed padding of spec.resources ({}) is not what the injected containers in the pod account for; the pod's values are kept as they are",
                     claimed.describe()
                 ));
             }
         }
     }
+    let Judge { all_present, altered, doubts, .. } = judged;
     Ownership { owned, present, all_present, altered, doubts }
+}
+
+/// Judges claimed items one by one, collecting why any is not the injector's own.
+struct Judge<'c> {
+    claim: &'c InjectionStatus,
+    doubts: Vec<String>,
+    altered: Vec<String>,
+    all_present: bool,
+}
+
+impl Judge<'_> {
+    /// How well the pod's item (`actual`) matches what a claimed template renders (`expected`).
+    fn judge(
+        &mut self,
+        kind: ItemKind,
+        name: &str,
+        container: Option<&str>,
+        expected: Option<Value>,
+        actual: Option<&Value>,
+    ) -> Match {
+        let what = match container {
+            Some(c) => format!("{} {name:?} of container {c:?}", kind.describe()),
+            None => format!("{} {name:?}", kind.describe()),
+        };
+        match (expected, actual) {
+            (_, None) => {
+                self.all_present = false;
+                self.doubts.push(format!("the status claims {what} was injected, but the pod does not have it"));
+                Match::None
+            }
+            (None, Some(_)) => {
+                self.all_present = false;
+                self.doubts.push(format!(
+                "the status claims {what} was injected, but no template version in service renders it (claimed: {}); it is kept as the pod's own",
+                describe_claim(self.claim)
+            ));
+                Match::None
+            }
+            (Some(expected), Some(actual)) => {
+                if let Some(difference) = first_difference(&expected, actual, "") {
+                    self.all_present = false;
+                    self.altered.push(format!("{what} was changed after injection: {difference}"));
+                    self.doubts.push(format!(
+                        "{what} is not what its template renders ({difference}); it is kept as the pod's own"
+                    ));
+                    return Match::None;
+                }
+                if exact(&expected, actual) {
+                    Match::Exact
+                } else {
+                    self.doubts.push(format!(
+                        "{what} holds fields its template does not set; it is kept as the pod's own and not replaced"
+                    ));
+                    Match::Present
+                }
+            }
+        }
+    }
 }
 
 /// How well a claimed item matches its template.
