@@ -34,6 +34,10 @@ pub const TEMPLATES_CONFIGMAP_LABEL: &str = "sidecar-injector.io/templates";
 /// Annotation the kubelet puts on mirror pods (static pods reflected into the API server).
 pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
+/// Label the API server sets on every namespace to the namespace's own name, so a
+/// namespaceSelector can name namespaces.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
 /// Namespaces the injector never touches, besides its own.
 pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
 

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use crate::claims::status::InjectionStatus;
+use crate::emit::scope;
 use crate::injection::compare::first_difference;
 use crate::injection::render::RenderedTemplate;
 use crate::kinds::{APP_LISTS, MAPS, POD_LISTS, Place, VOLUMES};
@@ -307,12 +308,7 @@ pub fn policy_objects(template: &Template, native: bool, own_namespace: &str) ->
     });
     // The namespaces the webhook serves (opted in, not excluded), narrowed by the template's own
     // namespaceSelector; the pods its podSelector matches, opted out or not.
-    let mut excluded: Vec<&str> = names::SYSTEM_NAMESPACES.to_vec();
-    excluded.push(own_namespace);
-    let mut namespace_expressions = vec![
-        json!({"key": names::INJECT_LABEL, "operator": "In", "values": [names::INJECT_ENABLED]}),
-        json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded}),
-    ];
+    let mut namespace_expressions = scope::namespace_expressions(&[own_namespace]);
     let mut namespace_selector = json!({});
     if let Some(selector) = &template.namespace_selector {
         let own = serde_json::to_value(&selector.label_selector).unwrap_or_default();

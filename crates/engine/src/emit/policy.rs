@@ -29,6 +29,7 @@ use std::collections::BTreeMap;
 use minijinja::machinery::ast::{self, Expr, Stmt};
 use serde_json::{Value, json};
 
+use super::scope::{self, Pods};
 use crate::claims::status::ItemKind;
 use crate::kinds::{
     APP_LISTS, AppListKind, ENV, IMAGE_PULL_SECRETS, Identity, MAPS, POD_LISTS, PerAppList, PerMap, Place,
@@ -146,9 +147,7 @@ pub fn compile(templates: &TemplateSet, native_sidecars: bool, excluded_namespac
             "failurePolicy": "Ignore",
             "reinvocationPolicy": "IfNeeded",
             "matchConditions": [
-                {"name": "not-a-mirror-pod", "expression": format!(
-                    "!has(object.metadata.annotations) || !({} in object.metadata.annotations)",
-                    lit(names::MIRROR_POD_ANNOTATION))},
+                scope::mirror_pod_condition(),
                 // A status (reinvocation, re-admission) and a templates list are the webhook's to
                 // read; so are overrides the policy cannot follow (see `handled`).
                 {"name": "no-status-or-templates-annotation", "expression": format!(
@@ -159,22 +158,17 @@ pub fn compile(templates: &TemplateSet, native_sidecars: bool, excluded_namespac
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": program.patch}}],
         },
     });
-    let mut excluded: Vec<&str> = names::SYSTEM_NAMESPACES.to_vec();
-    excluded.extend(excluded_namespaces.iter().map(String::as_str));
     let binding = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicyBinding",
         "metadata": {"name": names::INJECTION_POLICY, "labels": {"app.kubernetes.io/name": "sidecar-injector"}},
         "spec": {
             "policyName": names::INJECTION_POLICY,
+            // The webhook's scope, for the pods that do not opt out (opted-out pods get only
+            // enforced templates, which the webhook's entry for them decides).
             "matchResources": {
-                "namespaceSelector": {"matchExpressions": [
-                    {"key": names::INJECT_LABEL, "operator": "In", "values": [names::INJECT_ENABLED]},
-                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded},
-                ]},
-                "objectSelector": {"matchExpressions": [
-                    {"key": names::INJECT_LABEL, "operator": "NotIn", "values": [names::INJECT_DISABLED]},
-                ]},
+                "namespaceSelector": scope::namespace_selector(excluded_namespaces),
+                "objectSelector": scope::object_selector(Pods::NotOptedOut),
             },
         },
     });

@@ -115,7 +115,7 @@ pub fn checks(
     });
 
     let mut namespace_labels = namespace_labels.clone();
-    namespace_labels.entry("kubernetes.io/metadata.name".into()).or_insert_with(|| namespace.to_owned());
+    namespace_labels.entry(names::NAMESPACE_NAME_LABEL.into()).or_insert_with(|| namespace.to_owned());
     checks.push(match selector_matches(webhook.namespace_selector.as_ref(), &namespace_labels) {
         Ok(true) => Check::pass("namespace-selected", format!("namespace {namespace} matches the webhook's namespaceSelector")),
         Ok(false) if namespace_labels.get(names::INJECT_LABEL).map(String::as_str) != Some(names::INJECT_ENABLED) => Check::fail(

@@ -13,6 +13,10 @@
 //! 6. A pod carrying `sidecar-injector.io/inject=disabled` gets only the enforced templates of
 //!    rule 5, and is out of scope when there are none. The pod is untrusted input: what it says can
 //!    narrow the operator's defaults, never the operator's mandates.
+//!
+//! Rules 1, 2 and 6 are also what the API server applies before the injector is called:
+//! `emit::scope` states them as the selectors and match conditions of the webhook and the
+//! policies, and its tests check the shipped manifests and `emit::webhook_rules` against [`select`].
 
 use std::collections::BTreeMap;
 use std::fmt;
