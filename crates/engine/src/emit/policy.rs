@@ -32,8 +32,7 @@ use serde_json::{Value, json};
 use super::scope::{self, Pods};
 use crate::claims::status::ItemKind;
 use crate::kinds::{
-    APP_LISTS, AppListKind, ENV, IMAGE_PULL_SECRETS, Identity, MAPS, POD_LISTS, PerAppList, PerMap, Place,
-    VOLUME_MOUNTS, VOLUMES,
+    APP_LISTS, ENV, IMAGE_PULL_SECRETS, Identity, MAPS, POD_LISTS, PerAppList, PerMap, Place, VOLUME_MOUNTS, VOLUMES,
 };
 use crate::names;
 use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
@@ -782,22 +781,24 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         Ok(out)
     };
     let native = crate::injection::native::is_native(template.sidecar_mode, native_sidecars);
-    let app_items = (|| {
-        let mut app = PerAppList::<Vec<Item>>::default();
-        for (kind, out) in APP_LISTS.iter().zip(&mut app) {
-            *out = items(&spec.app_lists[kind.index], kind.kind, None)?;
-        }
-        Ok::<_, String>(app)
-    })();
-    let mut maps = PerMap::<Vec<(String, Val)>>::default();
-    for (entries, compiled) in spec.maps.iter().zip(&mut maps) {
-        *compiled = string_map(entries)?;
-    }
     let volume_names = items(&spec.pod_lists[VOLUMES.index], ItemKind::Volume, None)?;
     let mounted = match mounted_volume_names(spec) {
         Some(names) => volume_names.iter().map(|v| v.key.clone()).filter(|v| names.contains(v)).collect(),
         None => volume_names.iter().map(|v| v.key.clone()).collect(),
     };
+    // In the order the webhook-only reasons were always found: volumes, maps, containers, pull
+    // secrets, app lists.
+    let mut maps = PerMap::<Vec<(String, Val)>>::default();
+    for (entries, compiled) in spec.maps.iter().zip(&mut maps) {
+        *compiled = string_map(entries)?;
+    }
+    let init_containers = items(&spec.init_containers, ItemKind::InitContainer, Some(false))?;
+    let sidecars = items(&spec.sidecars, ItemKind::Sidecar, Some(native))?;
+    let pull_secrets = items(&spec.pod_lists[IMAGE_PULL_SECRETS.index], ItemKind::ImagePullSecret, None)?;
+    let mut app = PerAppList::<Vec<Item>>::default();
+    for (kind, out) in APP_LISTS.iter().zip(&mut app) {
+        *out = items(&spec.app_lists[kind.index], kind.kind, None)?;
+    }
     Ok(Plan {
         mounted,
         name: name.to_owned(),
@@ -807,11 +808,11 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         enforced: template.enforced,
         native,
         maps,
-        init_containers: items(&spec.init_containers, ItemKind::InitContainer, Some(false))?,
-        sidecars: items(&spec.sidecars, ItemKind::Sidecar, Some(native))?,
+        init_containers,
+        sidecars,
         volumes: volume_names,
-        pull_secrets: items(&spec.pod_lists[IMAGE_PULL_SECRETS.index], ItemKind::ImagePullSecret, None)?,
-        app: app_items?,
+        pull_secrets,
+        app,
         targets: spec.targets.clone(),
     })
 }
@@ -1292,8 +1293,8 @@ impl Program {
             }
         };
         list_ops(&mut ops, "/spec/initContainers", &init_ops, true);
-        for AppListKind { index: list_index, field, .. } in &APP_LISTS {
-            let list_index = *list_index;
+        for kind in &APP_LISTS {
+            let (list_index, field) = (kind.index, kind.field);
             if app_added[list_index].is_empty() {
                 continue;
             }

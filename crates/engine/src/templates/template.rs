@@ -710,18 +710,21 @@ impl<'a> Compiler<'a> {
                     let kind = MAPS.iter().find(|k| k.field == field).expect("matched above");
                     spec.maps[kind.index] = self.string_map(child, kind.section)?
                 }
-                "initContainers" => spec.init_containers = self.items(child, "inject.initContainers", &["name"])?,
-                "sidecars" => spec.sidecars = self.items(child, "inject.sidecars", &["name"])?,
+                "initContainers" => {
+                    spec.init_containers = self.items(child, "inject.initContainers", &["name"], false)?
+                }
+                "sidecars" => spec.sidecars = self.items(child, "inject.sidecars", &["name"], false)?,
                 field if POD_LISTS.iter().any(|k| k.field == field) => {
                     let kind = POD_LISTS.iter().find(|k| k.field == field).expect("matched above");
-                    spec.pod_lists[kind.index] = self.items(child, &kind.section(), &[kind.key])?
+                    spec.pod_lists[kind.index] = self.items(child, &kind.section(), &[kind.key], false)?
                 }
                 "appContainers" => {
                     for MapEntry { key, key_line, value: grandchild } in self.mapping(child, "inject.appContainers")? {
                         match key.as_str() {
                             field if APP_LISTS.iter().any(|k| k.field == field) => {
                                 let kind = APP_LISTS.iter().find(|k| k.field == field).expect("matched above");
-                                spec.app_lists[kind.index] = self.items(grandchild, &kind.section(), kind.required)?
+                                spec.app_lists[kind.index] =
+                                    self.items(grandchild, &kind.section(), kind.required, kind.index == ENV.index)?
                             }
                             "containers" => {
                                 spec.targets.only = Some(self.names(grandchild, "inject.appContainers.containers")?)
@@ -808,8 +811,15 @@ impl<'a> Compiler<'a> {
         Ok(out)
     }
 
-    /// A list of mappings (containers, volumes, env vars, mounts), each with the `required` keys.
-    fn items(&mut self, node: &SourceNode, what: &str, required: &[&str]) -> Result<Vec<SeqItem>, TemplateError> {
+    /// A list of mappings (containers, volumes, env vars, mounts), each with the `required` keys;
+    /// `env`: the items of `appContainers.env`, which may say `merge:`.
+    fn items(
+        &mut self,
+        node: &SourceNode,
+        what: &str,
+        required: &[&str],
+        env: bool,
+    ) -> Result<Vec<SeqItem>, TemplateError> {
         let items = match &node.value {
             SourceValue::Seq(items) => items.as_slice(),
             SourceValue::Null => &[],
@@ -832,7 +842,6 @@ impl<'a> Compiler<'a> {
                     return Err(self.err(item.line, format!("an item of {what} has no {key}")));
                 }
             }
-            let env = what == ENV.section();
             let mut seq_item = self.seq_item(item, env)?;
             if env {
                 seq_item.merge = self.env_merge(item)?;
