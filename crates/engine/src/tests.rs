@@ -1084,3 +1084,24 @@ fn host_aliases_are_left_to_the_webhook_by_the_policy_mode_and_checked_strictly(
     let err = Template::load("hosts", &HOSTS.replace("hostnames: [vault", "hostname: [vault")).unwrap_err();
     assert!(err.message.contains("inject.hostAliases[1] is not valid: unknown field \"hostname\""), "{err}");
 }
+
+/// A sidecar may mount one volume at several paths (`subPath`), as real charts do: the pod is up
+/// to date after its injection and `/validate` allows it, although the mounts share a name.
+#[test]
+fn a_sidecar_mounting_one_volume_twice_is_up_to_date_after_injection() {
+    let engine = engine(&[(
+        "agent",
+        "default: true\ninject:\n  volumes:\n    - {name: agent-data, emptyDir: {}}\n  sidecars:\n    - name: agent\n      image: agent:1\n      volumeMounts:\n        - {name: agent-data, mountPath: /etc/agent, subPath: conf}\n        - {name: agent-data, mountPath: /var/agent}\n",
+    )]);
+    let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}});
+    let Outcome::Inject(injection) = engine.evaluate(&request(pod.clone(), opted_in("shop", &[]))).outcome else {
+        panic!("the pod is injected")
+    };
+    let out = apply(&pod, &injection.patch);
+    let again = engine.evaluate(&request(out.clone(), opted_in("shop", &[]))).outcome;
+    assert!(matches!(again, Outcome::UpToDate(_)), "{again:?}");
+    assert_eq!(
+        validate::validate_pod(&engine, &request(out, opted_in("shop", &[]))),
+        validate::Verdict::Allowed(vec![])
+    );
+}

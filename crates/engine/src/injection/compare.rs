@@ -27,7 +27,8 @@ pub fn env_from_key(source: &Value) -> Option<String> {
 
 /// The first field of `expected` that `actual` does not hold, as `path: is X, the template sets Y`.
 /// A field computed from pod data ([`POD_DERIVED`]) matches anything. Objects may have extra
-/// keys; lists of named objects are matched by name; other lists of objects
+/// keys; lists of objects are matched by key (mounts by `mountPath`, other named objects by name,
+/// any one of several with the key holding the expected item will do); other lists of objects
 /// item by item (extra trailing items allowed); an empty list is contained in any list; other lists
 /// must be equal. Resource quantities
 /// compare by value (`1000m` equals `1`), because the API server rewrites them in canonical form.
@@ -42,13 +43,27 @@ pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<
         }),
         (Value::Array(want), Value::Array(_)) if want.is_empty() => None,
         (Value::Array(want), Value::Array(have)) if want.iter().all(Value::is_object) => {
-            let by_name = want.iter().all(|w| w.get("name").is_some_and(Value::is_string));
+            // Items are found by the key Kubernetes merges them by: a mount by its path (one
+            // volume may be mounted at several), other named items by name; else by position.
+            let key = ["mountPath", "name"]
+                .into_iter()
+                .find(|key| want.iter().all(|w| w.get(*key).is_some_and(Value::is_string)));
             want.iter().enumerate().find_map(|(i, w)| {
-                let found = if by_name { have.iter().find(|h| h.get("name") == w.get("name")) } else { have.get(i) };
-                match found {
-                    None => Some(format!("{} was removed", here(&format!("{path}[{i}]")))),
-                    Some(h) => first_difference(w, h, &format!("{path}[{i}]")),
-                }
+                let at = format!("{path}[{i}]");
+                let mut candidates = have
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, h)| match key {
+                        Some(key) => h.get(key) == w.get(key),
+                        None => *j == i,
+                    })
+                    .map(|(_, h)| h);
+                let Some(first) = candidates.next() else {
+                    return Some(format!("{} was removed", here(&at)));
+                };
+                // Of several items with the key (a pod may repeat a name), one that holds `w` will do.
+                let difference = first_difference(w, first, &at)?;
+                candidates.all(|h| first_difference(w, h, &at).is_some()).then_some(difference)
             })
         }
         (Value::String(w), _) if w == POD_DERIVED => None,
@@ -113,6 +128,24 @@ pub fn quantities_equal(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn list_items_are_found_by_the_key_kubernetes_merges_them_by() {
+        let mounts = json!([{"name": "data", "mountPath": "/a", "subPath": "x"}, {"name": "data", "mountPath": "/b"}]);
+        assert_eq!(first_difference(&mounts, &mounts, ""), None, "one volume at two paths");
+        let moved = json!([{"name": "data", "mountPath": "/a", "subPath": "x"}, {"name": "data", "mountPath": "/c"}]);
+        assert_eq!(first_difference(&mounts, &moved, ""), Some("[1] was removed".to_owned()));
+        // A repeated name (the author's env var and a merged entry of it): one holding it will do.
+        let want = json!([{"name": "PATH", "value": "/agent"}]);
+        let have = json!([{"name": "PATH", "value": "/usr/bin"}, {"name": "PATH", "value": "/agent"}]);
+        assert_eq!(first_difference(&want, &have, ""), None);
+        let other = json!([{"name": "PATH", "value": "/usr/bin"}]);
+        assert_eq!(
+            first_difference(&want, &other, ""),
+            Some("[0].value is \"/usr/bin\", the template sets \"/agent\"".to_owned())
+        );
+    }
 
     #[test]
     fn quantities_compare_by_value() {
