@@ -163,8 +163,12 @@ pub struct AppListKind {
     /// What the load check says of a rendered item without an identity, for a kind whose
     /// identity is not a required field.
     pub unidentified: &'static str,
-    /// A well-formed item of this identity as a template adds it, for the properties.
+    /// A well-formed item of this identity as a template adds it, for the properties (a mount
+    /// names the volume `injected`, which the properties point at a volume of the template).
     pub sample: fn(&str) -> Value,
+    /// An item of the same identity as a pod's author might write it, with another definition
+    /// than [`AppListKind::sample`]'s (so that the pod's item and the template's conflict).
+    pub authored: fn(&str) -> Value,
 }
 
 /// How many kinds of app-container lists there are.
@@ -193,6 +197,7 @@ pub const APP_LISTS: PerAppList<AppListKind> = [
         conforms: crate::templates::conformance::env_var,
         unidentified: ".name must render to a non-empty string",
         sample: |name| json!({"name": name, "value": "injected"}),
+        authored: |name| json!({"name": name, "value": "the author's"}),
     },
     AppListKind {
         kind: ItemKind::EnvFrom,
@@ -205,6 +210,7 @@ pub const APP_LISTS: PerAppList<AppListKind> = [
         conforms: crate::templates::conformance::env_from_source,
         unidentified: " needs exactly one of configMapRef or secretRef, with a non-empty name",
         sample: |name| json!({"configMapRef": {"name": name}}),
+        authored: |name| json!({"configMapRef": {"name": name, "optional": true}}),
     },
     AppListKind {
         kind: ItemKind::VolumeMount,
@@ -217,6 +223,7 @@ pub const APP_LISTS: PerAppList<AppListKind> = [
         conforms: crate::templates::conformance::volume_mount,
         unidentified: ".name must render to a non-empty string",
         sample: |path| json!({"name": "injected", "mountPath": format!("/{path}")}),
+        authored: |path| json!({"name": "own", "mountPath": format!("/{path}"), "readOnly": true}),
     },
 ];
 
@@ -421,12 +428,16 @@ mod tests {
     #[test]
     fn every_app_list_sample_conforms_and_is_identified() {
         for kind in &APP_LISTS {
-            let sample = (kind.sample)("agent");
-            assert_eq!((kind.conforms)(&sample), Ok(None), "{}", kind.field);
+            let (sample, authored) = ((kind.sample)("agent"), (kind.authored)("agent"));
+            assert_ne!(sample, authored, "{}: the author's item is another definition", kind.field);
             let identity = kind.identity(&sample).expect("a sample has an identity").into_owned();
-            assert_eq!(kind.find(std::slice::from_ref(&sample), &identity), Some(&sample), "{}", kind.field);
-            for field in kind.required {
-                assert!(sample.get(field).is_some(), "{} sample lacks {field}", kind.field);
+            for item in [&sample, &authored] {
+                assert_eq!((kind.conforms)(item), Ok(None), "{}", kind.field);
+                assert_eq!(kind.identity(item).as_deref(), Some(identity.as_str()), "{}", kind.field);
+                assert_eq!(kind.find(std::slice::from_ref(item), &identity), Some(item), "{}", kind.field);
+                for field in kind.required {
+                    assert!(item.get(field).is_some(), "{} item lacks {field}", kind.field);
+                }
             }
         }
     }

@@ -21,7 +21,9 @@ use proptest::test_runner::RngSeed;
 use serde_json::{Map, Value, json};
 use sidecar_injector_engine::injection::compare::first_difference;
 use sidecar_injector_engine::injection::pod_resources;
-use sidecar_injector_engine::kinds::{POD_LIST_COUNT, POD_LISTS, VOLUMES};
+use sidecar_injector_engine::kinds::{
+    APP_LIST_COUNT, APP_LISTS, MAPS, POD_LIST_COUNT, POD_LISTS, VOLUME_MOUNTS, VOLUMES,
+};
 use sidecar_injector_engine::templates::template::InProcess;
 use sidecar_injector_engine::{
     ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, manifest,
@@ -63,7 +65,6 @@ fn config() -> ProptestConfig {
 
 const NAMES: [&str; 5] = ["a", "b", "app", "logs", "proxy"];
 const KEYS: [&str; 4] = ["team", "tier", "example.com/x", "sidecar-injector.io/extra"];
-const PATHS: [&str; 3] = ["/var/log", "/etc/conf", "/data"];
 
 fn names() -> impl Strategy<Value = Vec<&'static str>> {
     proptest::sample::subsequence(NAMES.to_vec(), 0..=NAMES.len())
@@ -86,7 +87,8 @@ fn pod() -> impl Strategy<Value = Value> {
         proptest::sample::subsequence(NAMES.to_vec(), 1..=3),
         proptest::option::of(names()),
         proptest::collection::vec(proptest::option::of((names(), any::<bool>())), POD_LIST_COUNT),
-        proptest::collection::vec((names(), proptest::sample::subsequence(PATHS.to_vec(), 0..=2)), 3),
+        // Per container (up to 3): per kind of app list, items of the templates' identities.
+        proptest::collection::vec(proptest::collection::vec((names(), any::<bool>()), APP_LIST_COUNT), 3),
         proptest::option::of((1..4u32, any::<bool>())),
     )
         .prop_map(|(labels, annotations, containers, init, pod_lists, per_container, pod_level)| {
@@ -99,12 +101,13 @@ fn pod() -> impl Strategy<Value = Value> {
                 metadata.insert("annotations".into(), Value::Object(annotations));
             }
             let mut containers = named(&containers, "c-");
-            for (container, (env, paths)) in containers.as_array_mut().unwrap().iter_mut().zip(per_container) {
-                container["env"] =
-                    Value::Array(env.iter().map(|n| json!({"name": n.to_uppercase(), "value": "pod"})).collect());
-                container["volumeMounts"] = Value::Array(
-                    paths.iter().enumerate().map(|(i, p)| json!({"name": format!("m{i}"), "mountPath": p})).collect(),
-                );
+            // Every kind of app-container list, as its description makes items: the same as the
+            // templates' (`sample`), or the author's own definition (`authored`).
+            for (container, lists) in containers.as_array_mut().unwrap().iter_mut().zip(per_container) {
+                for (kind, (identities, authored)) in APP_LISTS.iter().zip(lists) {
+                    let item = if authored { kind.authored } else { kind.sample };
+                    container[kind.field] = identities.iter().map(|id| item(id)).collect();
+                }
                 container["x-unknown"] = json!({"kept": true});
             }
             let mut spec = Map::new();
@@ -144,18 +147,21 @@ fn template() -> impl Strategy<Value = String> {
         names(),
         names(),
         proptest::collection::vec(names(), POD_LIST_COUNT),
-        names(),
-        (proptest::sample::subsequence(PATHS.to_vec(), 0..=2), any::<proptest::sample::Index>(), any::<bool>()),
+        proptest::collection::vec(names(), APP_LIST_COUNT),
+        (any::<proptest::sample::Index>(), any::<bool>()),
         proptest::sample::select(vec!["native", "container", "auto"]),
         "[a-z]{1,4}",
     )
-        .prop_map(|(labels, annotations, init, sidecars, pod_lists, env, (mounts, volume, sidecars_mount), mode, value)| {
+        .prop_map(|(labels, annotations, init, sidecars, pod_lists, mut app_lists, (volume, sidecars_mount), mode, value)| {
             let volumes = &pod_lists[VOLUMES.index];
             // Mounts name one of the template's own volumes (none without volumes).
-            let (mounts, sidecars_mount, volume) = match volumes.is_empty() {
-                true => (Vec::new(), false, ""),
-                false => (mounts, sidecars_mount, *volume.get(volumes)),
+            let (sidecars_mount, volume) = match volumes.is_empty() {
+                true => (false, ""),
+                false => (sidecars_mount, *volume.get(volumes)),
             };
+            if volume.is_empty() {
+                app_lists[VOLUME_MOUNTS.index].clear();
+            }
             let mut doc = json!({
                 "default": true,
                 "sidecarMode": mode,
@@ -171,12 +177,20 @@ fn template() -> impl Strategy<Value = String> {
                         "volumeMounts": if sidecars_mount { json!([{"name": volume, "mountPath": "/shared"}]) } else { json!([]) },
                         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}},
                     })).collect()),
-                    "appContainers": {
-                        "env": Value::Array(env.iter().map(|n| json!({"name": n.to_uppercase(), "value": "{{ values.v }}"})).collect()),
-                        "volumeMounts": Value::Array(mounts.iter().map(|p| json!({"name": volume, "mountPath": p})).collect()),
-                    },
+                    "appContainers": {},
                 },
             });
+            // Every kind of app-container list, as its description samples it; a mount names the
+            // template's volume.
+            for (kind, identities) in APP_LISTS.iter().zip(&app_lists) {
+                let items = identities.iter().map(|id| (kind.sample)(id)).map(|mut item| {
+                    if kind.index == VOLUME_MOUNTS.index {
+                        item["name"] = json!(volume);
+                    }
+                    item
+                });
+                doc["inject"]["appContainers"][kind.field] = items.collect();
+            }
             // Every kind of spec list, as its description samples it (volumes are emptyDirs).
             for (kind, identities) in POD_LISTS.iter().zip(&pod_lists) {
                 doc["inject"][kind.field] = identities.iter().map(|id| (kind.sample)(id)).collect();
@@ -202,11 +216,11 @@ fn edited(old: &Engine, new: &[String]) -> Engine {
     Engine::new(set, Vec::new())
 }
 
-/// `after` is `before` with at most env vars and volume mounts appended (what injection adds to an
-/// app container, or the API-token mount to an injected one).
+/// `after` is `before` with at most items of app-container lists appended (what injection adds to
+/// an app container, or the API-token mount to an injected one).
 fn unchanged_but_for_additions(before: &Value, after: &Value) -> bool {
     let (Some(b), Some(a)) = (before.as_object(), after.as_object()) else { return before == after };
-    let lists = ["env", "volumeMounts"];
+    let lists: Vec<&str> = APP_LISTS.iter().map(|kind| kind.field).collect();
     b.iter().all(|(k, v)| match (lists.contains(&k.as_str()), v, a.get(k)) {
         (true, Value::Array(items), Some(Value::Array(now))) => items.iter().all(|i| now.contains(i)),
         (_, v, now) => now == Some(v),
@@ -215,24 +229,36 @@ fn unchanged_but_for_additions(before: &Value, after: &Value) -> bool {
 
 /// A status annotation as a pod might carry it: names drawn from the pod's own items and the
 /// templates', hashes current or made up.
-/// Claimed sidecars, init containers, identities of each kind of spec list, env vars, whether the
-/// hashes are current, and keys. And whether it claims a padding of the pod-level resources.
-type Claim =
-    (Vec<&'static str>, Vec<&'static str>, Vec<Vec<&'static str>>, Vec<&'static str>, bool, Vec<&'static str>, bool);
+/// Claimed sidecars, init containers, identities of each kind of spec list, of each kind of
+/// app-container list, whether the hashes are current, and keys. And whether it claims a padding
+/// of the pod-level resources.
+type Claim = (
+    Vec<&'static str>,
+    Vec<&'static str>,
+    Vec<Vec<&'static str>>,
+    Vec<Vec<&'static str>>,
+    bool,
+    Vec<&'static str>,
+    bool,
+);
 
 fn claim() -> impl Strategy<Value = Claim> {
     (
         names(),
         names(),
         proptest::collection::vec(names(), POD_LIST_COUNT),
-        names(),
+        proptest::collection::vec(names(), APP_LIST_COUNT),
         any::<bool>(),
         proptest::sample::subsequence(KEYS.to_vec(), 0..=2),
         any::<bool>(),
     )
 }
 
-fn with_claim(pod: &Value, engine: &Engine, (containers, init, pod_lists, env, current, keys, padded): Claim) -> Value {
+fn with_claim(
+    pod: &Value,
+    engine: &Engine,
+    (containers, init, pod_lists, app_lists, current, keys, padded): Claim,
+) -> Value {
     let templates: Vec<Value> = engine
         .templates
         .iter()
@@ -240,16 +266,20 @@ fn with_claim(pod: &Value, engine: &Engine, (containers, init, pod_lists, env, c
             |t| json!({"name": &*t.name, "hash": if current { t.hash.clone() } else { "0000000000000000".to_owned() }}),
         )
         .collect();
+    // Each kind of app-container list claims the identities its sample items have.
+    let additions: Map<String, Value> = APP_LISTS
+        .iter()
+        .zip(&app_lists)
+        .map(|(kind, ids)| {
+            let identities = ids.iter().filter_map(|id| kind.identity(&(kind.sample)(id)).map(|i| i.into_owned()));
+            (kind.field.to_owned(), identities.collect())
+        })
+        .collect();
     let app: Map<String, Value> = pod["spec"]["containers"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| {
-            (
-                c["name"].as_str().unwrap().to_owned(),
-                json!({"env": env.iter().map(|n| n.to_uppercase()).collect::<Vec<_>>()}),
-            )
-        })
+        .map(|c| (c["name"].as_str().unwrap().to_owned(), Value::Object(additions.clone())))
         .collect();
     let mut status = json!({
         "templates": templates,
@@ -449,17 +479,20 @@ proptest! {
             let name = container["name"].as_str().unwrap();
             let Some(after) = out["spec"]["containers"].as_array().unwrap().iter().find(|c| c["name"] == name) else { continue };
             let gone = removed.app_containers.get(name);
-            for env in container["env"].as_array().into_iter().flatten() {
-                let env_name = env["name"].as_str().unwrap();
-                if gone.is_some_and(|g| g.env.iter().any(|e| e == env_name)) { continue; }
-                prop_assert!(after["env"].as_array().is_some_and(|l| l.contains(env)), "env {} of {} was removed or changed", env_name, name);
+            for kind in &APP_LISTS {
+                for item in container[kind.field].as_array().into_iter().flatten() {
+                    let identity = kind.identity(item).unwrap().into_owned();
+                    if gone.is_some_and(|g| (kind.claimed)(g).contains(&identity)) { continue; }
+                    prop_assert!(after[kind.field].as_array().is_some_and(|l| l.contains(item)),
+                        "{} {} of {} was removed or changed", kind.field, identity, name);
+                }
             }
         }
-        for section in ["labels", "annotations"] {
-            let gone = if section == "labels" { &removed.labels } else { &removed.annotations };
-            for (key, value) in claimed["metadata"][section].as_object().into_iter().flatten() {
-                if key == "sidecar-injector.io/status" || key == "sidecar-injector.io/injected" || gone.contains(key) { continue; }
-                prop_assert_eq!(&out["metadata"][section][key], value, "{} {} was changed or removed", section, key);
+        for kind in &MAPS {
+            let gone = (kind.claimed)(removed);
+            for (key, value) in claimed["metadata"][kind.field].as_object().into_iter().flatten() {
+                if MAPS.iter().any(|k| k.own_key == key) || gone.contains(key) { continue; }
+                prop_assert_eq!(&out["metadata"][kind.field][key], value, "{} {} was changed or removed", kind.field, key);
             }
         }
         // Pod-level resources never go below what the author wrote, whatever padding is claimed.
@@ -474,7 +507,9 @@ proptest! {
         // And what was removed is only ever something the injection had really added to `base`.
         if !injected_first {
             prop_assert!(removed.containers.is_empty() && removed.init_containers.is_empty()
-                && POD_LISTS.iter().all(|kind| (kind.claimed)(removed).is_empty()),
+                && POD_LISTS.iter().all(|kind| (kind.claimed)(removed).is_empty())
+                && MAPS.iter().all(|kind| (kind.claimed)(removed).is_empty())
+                && removed.app_containers.is_empty(),
                 "a forged claim on a pod never injected removed {:?}", removed);
         }
     }
