@@ -98,38 +98,13 @@ pub fn plan(
         Earlier::Replace(previous) => (previous, &empty),
         Earlier::Keep(kept) => (&empty, kept),
     };
-    if !matches!(pod.get("metadata"), None | Some(Value::Null | Value::Object(_))) {
-        return Err(shape_error("metadata", "must be an object"));
-    }
-    if !matches!(pod.get("spec"), Some(Value::Object(_))) {
-        return Err(shape_error("spec", "must be an object"));
-    }
-    let mut pod_maps = PerMap::<BTreeMap<String, String>>::default();
-    for (kind, map) in MAPS.iter().zip(&mut pod_maps) {
-        *map = pod::string_map(pod, kind.field)?;
-    }
-    let containers = pod::list(pod, "containers")?.ok_or_else(|| shape_error("spec.containers", "is missing"))?;
-    let init_containers = pod::list(pod, "initContainers")?;
-    let container_names = pod::names(Some(containers), || "spec.containers".into())?;
-    let init_names = pod::names(init_containers, || "spec.initContainers".into())?;
-
-    // What the previous injection added, and so goes away first.
-    let removed_containers = indexes_named(&container_names, &previous.containers);
-    let removed_init = indexes_named(&init_names, &previous.init_containers);
-    // Every kind of spec list (`kinds::POD_LISTS`), as the pod has it.
-    let pod_lists = PodList::all_of(pod, previous)?;
-    let volumes = pod_lists[VOLUMES.index].items;
-    // Per kind: identities in use and who holds them; what the templates add, and what is theirs.
-    let mut taken_in_lists: PerPodList<Taken> = pod_lists.each_ref().map(|list| list.taken(kept));
-    let mut new_in_lists: PerPodList<Vec<Pick>> = Default::default();
-    let mut claimed_in_lists: PerPodList<Vec<String>> = Default::default();
-
-    let mut builder = Builder::default();
+    let found = PodFound::read(pod, previous)?;
+    let container_keys = ContainerKeys::of(found.containers);
     let value_sources = templates
         .iter()
         .flat_map(|t| t.rendered.value_sources.iter().map(|source| format!("{}.{source}", t.rendered.name)))
         .collect();
-    let mut status = InjectionStatus {
+    let status = InjectionStatus {
         templates: templates
             .iter()
             .map(|t| TemplateRef { name: t.rendered.name.clone(), hash: t.rendered.hash.clone() })
@@ -137,233 +112,418 @@ pub fn plan(
         reason: templates.is_empty().then_some(reason_if_none).flatten(),
         ..InjectionStatus::default()
     };
-
-    // Names already taken, by whom ("pod" or "template:<name>").
-    let mut taken_containers: Taken = container_names
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !removed_containers.contains(i))
-        .map(|(_, n)| *n)
-        .chain(init_names.iter().enumerate().filter(|(i, _)| !removed_init.contains(i)).map(|(_, n)| *n))
-        .collect();
-    taken_containers.keep(kept.containers.iter().chain(&kept.init_containers));
-    // Per map: keys in use (the pod's own, and the injector's own key) and who holds them; keys
-    // that stay as injected (no operation, but in the status).
-    let mut taken_in_maps: PerMap<Taken> = MAPS.each_ref().map(|kind| {
-        let earlier = (kind.claimed)(previous);
-        let authors = pod_maps[kind.index].keys().filter(|k| !earlier.contains(k) && *k != kind.own_key);
-        let mut taken: Taken = authors.map(String::as_str).chain([kind.own_key]).collect();
-        taken.keep((kind.claimed)(kept));
-        taken
-    });
-    let mut kept_map_keys: PerMap<Vec<String>> = Default::default();
-
-    // App containers that stay, with their index once the previous sidecars are gone.
-    let container_keys = ContainerKeys::of(containers);
-    let mut app_containers =
-        app_containers(containers, &container_names, &removed_containers, previous, kept, &container_keys)?;
-    let mut merges = MergeNotes::default();
     // The templates' whole items, out of the templates: the claims below borrow their names, and
     // once claiming is over the items the injection adds are moved from here into the patch.
     let mut whole_items: Vec<WholeItems> = templates.iter_mut().map(|t| WholeItems::out_of(&mut t.rendered)).collect();
-    // The identities of the templates' app-list items that are derived rather than a field (an
-    // `envFrom` source's), computed once and borrowed by the lists while claiming.
-    let template_derived_keys: Vec<PerAppList<Vec<String>>> =
-        templates.iter().map(|t| derived_identities(&t.rendered)).collect();
-    // The entry each env var that says `merge:` adds when the app container has the variable, and
-    // its status key; borrowed likewise.
-    let template_merged_env: Vec<Vec<Option<MergedEnvEntry>>> = templates
-        .iter()
-        .map(|t| {
-            let r = &t.rendered;
-            r.app_list(ENV)
-                .iter()
-                .map(|e| {
-                    let name = rendered_name(e);
-                    let merge = r.env_merges.get(name)?;
-                    let entry = merge.entry(name, e.get("value").and_then(Value::as_str).unwrap_or_default());
-                    Some((env_merge::key(&entry)?, entry))
-                })
-                .collect()
-        })
-        .collect();
+    let template_keys: Vec<TemplateKeys> = templates.iter().map(|t| TemplateKeys::of(&t.rendered)).collect();
 
     // Decide what each template adds.
-    let mut added_to_maps: PerMap<BTreeMap<String, String>> = Default::default();
-    let mut new_init = Vec::new();
-    let mut new_containers = Vec::new();
-    for (template_index, (planned, items)) in templates.iter().zip(&whole_items).enumerate() {
+    let mut claims = Claims::new(&found, previous, kept, &container_keys, status)?;
+    for (template_index, keys) in template_keys.iter().enumerate() {
+        claims.claim_template(template_index, &templates, &whole_items, keys, found.lists[VOLUMES.index].items);
+    }
+    let Decisions { mut status, picks, added_to_maps, app_containers, merges } = claims.decide();
+
+    // Claiming is over: the added items leave the templates.
+    let mut take = |picks: Vec<Pick>| -> Vec<Value> {
+        picks.into_iter().map(|pick| whole_items[pick.template].take(pick.kind, pick.index)).collect()
+    };
+    let mut additions = Additions {
+        init: take(picks.init),
+        containers: take(picks.containers),
+        lists: picks.lists.map(&mut take),
+        maps: added_to_maps,
+        pod_level: Vec::new(),
+    };
+    found.give_token_mount(pod, &mut additions);
+    let invalid = match found.resize_pod_level(pod, previous, kept, &additions) {
+        None => Vec::new(),
+        Some(Ok(resized)) => {
+            additions.pod_level = resized.operations();
+            status.pod_resources = (!resized.padding.is_empty()).then_some(resized.padding);
+            Vec::new()
+        }
+        Some(Err(violations)) => violations,
+    };
+    record_app_additions(&mut status, &app_containers);
+
+    let (patch, map_removals) = write_patch(pod, &found, previous, &status, additions, &app_containers);
+    let removed = removed_items(previous, &found, &map_removals, &app_containers);
+    Ok(Injection {
+        patch,
+        status,
+        removed: Box::new(removed),
+        merge_notes: merges.notes,
+        merge_warnings: merges.warnings,
+        value_sources,
+        invalid,
+    })
+}
+
+/// The pod as `plan` reads it: its maps and lists, and the items an earlier injection provably
+/// added there (and so go away first).
+struct PodFound<'p> {
+    maps: PerMap<BTreeMap<String, String>>,
+    containers: &'p Vec<Value>,
+    init_containers: Option<&'p Vec<Value>>,
+    container_names: Vec<&'p str>,
+    init_names: Vec<&'p str>,
+    /// Indexes (ascending) of the containers and init containers the earlier injection added.
+    removed_containers: Vec<usize>,
+    removed_init: Vec<usize>,
+    /// Every kind of spec list (`kinds::POD_LISTS`), as the pod has it.
+    lists: PerPodList<PodList<'p>>,
+}
+
+impl<'p> PodFound<'p> {
+    fn read(pod: &'p Value, previous: &InjectionStatus) -> Result<Self, PodShapeError> {
+        if !matches!(pod.get("metadata"), None | Some(Value::Null | Value::Object(_))) {
+            return Err(shape_error("metadata", "must be an object"));
+        }
+        if !matches!(pod.get("spec"), Some(Value::Object(_))) {
+            return Err(shape_error("spec", "must be an object"));
+        }
+        let mut maps = PerMap::<BTreeMap<String, String>>::default();
+        for (kind, map) in MAPS.iter().zip(&mut maps) {
+            *map = pod::string_map(pod, kind.field)?;
+        }
+        let containers = pod::list(pod, "containers")?.ok_or_else(|| shape_error("spec.containers", "is missing"))?;
+        let init_containers = pod::list(pod, "initContainers")?;
+        let container_names = pod::names(Some(containers), || "spec.containers".into())?;
+        let init_names = pod::names(init_containers, || "spec.initContainers".into())?;
+        Ok(PodFound {
+            maps,
+            containers,
+            init_containers,
+            removed_containers: indexes_named(&container_names, &previous.containers),
+            removed_init: indexes_named(&init_names, &previous.init_containers),
+            container_names,
+            init_names,
+            lists: PodList::all_of(pod, previous)?,
+        })
+    }
+
+    /// The containers and init containers that stay, by name.
+    fn staying_names(&self) -> impl Iterator<Item = &'p str> + '_ {
+        let containers = self.container_names.iter().enumerate().filter(|(i, _)| !self.removed_containers.contains(i));
+        let init = self.init_names.iter().enumerate().filter(|(i, _)| !self.removed_init.contains(i));
+        containers.chain(init).map(|(_, n)| *n)
+    }
+
+    /// Gives the injected containers the service-account token mount (see
+    /// `service_account_token_mount`).
+    fn give_token_mount(&self, pod: &Value, additions: &mut Additions) {
+        if additions.init.is_empty() && additions.containers.is_empty() {
+            return;
+        }
+        let kept_containers = self.containers.iter().enumerate().filter(|(i, _)| !self.removed_containers.contains(i));
+        let kept_init =
+            self.init_containers.into_iter().flatten().enumerate().filter(|(i, _)| !self.removed_init.contains(i));
+        let kept = kept_containers.chain(kept_init).map(|(_, c)| c);
+        if let Some(mount) = service_account_token_mount(pod, self.lists[VOLUMES.index].items, kept) {
+            for container in additions.init.iter_mut().chain(&mut additions.containers) {
+                mount_unless_path_taken(container, &mount);
+            }
+        }
+    }
+
+    /// Pod-level resources the pod sets, grown by what the injected containers add to them (most
+    /// pods set none: nothing is computed for them); or what the API server would refuse in the
+    /// resized pod.
+    fn resize_pod_level(
+        &self,
+        pod: &Value,
+        previous: &InjectionStatus,
+        kept: &InjectionStatus,
+        additions: &Additions,
+    ) -> Option<Result<Resized, Vec<String>>> {
+        let now = pod_resources::PodLevel::of(pod)?;
+        let author: pod_resources::Containers = (
+            staying(self.init_containers, &self.removed_init, &kept.init_containers, true),
+            staying(Some(self.containers), &self.removed_containers, &kept.containers, true),
+        );
+        let mut after: pod_resources::Containers = (
+            additions.init.iter().chain(staying(self.init_containers, &self.removed_init, &[], false)).collect(),
+            staying(Some(self.containers), &self.removed_containers, &[], false),
+        );
+        after.1.extend(additions.containers.iter());
+        resize_pod_level(now, previous.pod_resources.as_ref().or(kept.pod_resources.as_ref()), &author, &after)
+    }
+}
+
+/// What a template's rendering yields for claiming beyond its items, computed once and borrowed
+/// by the claims: the identities of its app-list items that are derived rather than a field (an
+/// `envFrom` source's), and for each env var that says `merge:` the entry it adds when the app
+/// container has the variable, with its status key.
+struct TemplateKeys {
+    derived: PerAppList<Vec<String>>,
+    merged_env: Vec<Option<MergedEnvEntry>>,
+}
+
+impl TemplateKeys {
+    fn of(rendered: &RenderedTemplate) -> Self {
+        let merged_env = rendered
+            .app_list(ENV)
+            .iter()
+            .map(|e| {
+                let name = rendered_name(e);
+                let merge = rendered.env_merges.get(name)?;
+                let entry = merge.entry(name, e.get("value").and_then(Value::as_str).unwrap_or_default());
+                Some((env_merge::key(&entry)?, entry))
+            })
+            .collect();
+        TemplateKeys { derived: derived_identities(rendered), merged_env }
+    }
+}
+
+/// Who holds each identity while the templates claim theirs, in order, and what each adds.
+/// `'p`: the pod and the templates' renderings; `'w`: the items taken out of them
+/// ([`WholeItems`]), which the patch takes once claiming is over.
+struct Claims<'p, 'w> {
+    status: InjectionStatus,
+    /// Container names (containers and init containers share them) in use, by whom.
+    containers: Taken<'w>,
+    /// Per kind of spec list: identities in use, by whom.
+    lists: PerPodList<Taken<'w>>,
+    /// Per map: keys in use (the pod's own, and the injector's own key), by whom.
+    maps: PerMap<Taken<'p>>,
+    /// Per kind of spec list: the identities the templates hold (for the status).
+    claimed_in_lists: PerPodList<Vec<String>>,
+    /// Per map: keys that stay as injected (no operation, but in the status).
+    kept_map_keys: PerMap<Vec<String>>,
+    added_to_maps: PerMap<BTreeMap<String, String>>,
+    picks: Picks,
+    /// App containers that stay, with their index once the previous sidecars are gone.
+    app_containers: Vec<AppContainer<'p>>,
+    merges: MergeNotes,
+}
+
+/// The items the templates add, by where they go in the pod.
+#[derive(Default)]
+struct Picks {
+    init: Vec<Pick>,
+    containers: Vec<Pick>,
+    lists: PerPodList<Vec<Pick>>,
+}
+
+/// What claiming decided, once the claims on the templates' items are let go.
+struct Decisions<'p> {
+    status: InjectionStatus,
+    picks: Picks,
+    added_to_maps: PerMap<BTreeMap<String, String>>,
+    app_containers: Vec<AppContainer<'p>>,
+    merges: MergeNotes,
+}
+
+impl<'p: 'w, 'w> Claims<'p, 'w> {
+    fn new(
+        found: &'p PodFound<'p>,
+        previous: &InjectionStatus,
+        kept: &'p InjectionStatus,
+        container_keys: &'p ContainerKeys,
+        status: InjectionStatus,
+    ) -> Result<Self, PodShapeError> {
+        let mut containers: Taken = found.staying_names().collect();
+        containers.keep(kept.containers.iter().chain(&kept.init_containers));
+        let maps = MAPS.each_ref().map(|kind| {
+            let earlier = (kind.claimed)(previous);
+            let authors = found.maps[kind.index].keys().filter(|k| !earlier.contains(k) && *k != kind.own_key);
+            let mut taken: Taken = authors.map(String::as_str).chain([kind.own_key]).collect();
+            taken.keep((kind.claimed)(kept));
+            taken
+        });
+        Ok(Claims {
+            status,
+            containers,
+            lists: found.lists.each_ref().map(|list| list.taken(kept)),
+            maps,
+            claimed_in_lists: Default::default(),
+            kept_map_keys: Default::default(),
+            added_to_maps: Default::default(),
+            picks: Picks::default(),
+            app_containers: app_containers(found, previous, kept, container_keys)?,
+            merges: MergeNotes::default(),
+        })
+    }
+
+    /// Claims the items of the template at `template_index`: what the pod (or an earlier
+    /// template) holds is skipped, naming the holder.
+    fn claim_template(
+        &mut self,
+        template_index: usize,
+        templates: &'p [PlannedTemplate],
+        whole_items: &'w [WholeItems],
+        keys: &'p TemplateKeys,
+        pod_volumes: Option<&'w Vec<Value>>,
+    ) {
+        let planned = &templates[template_index];
         let t = &planned.rendered;
+        let items = &whole_items[template_index];
         let owner = Owner::Template(&t.name);
-        let pick = |kind, index| Pick { kind, template: template_index, index };
-        let mut skip = |kind: ItemKind, name: &str, container: Option<&str>, by: Owner| {
-            status.skipped.push(Skipped {
-                template: t.name.clone(),
-                kind,
-                name: name.to_owned(),
-                container: container.map(str::to_owned),
-                owner: by.to_string(),
-            });
-        };
         for kind in &MAPS {
             for (key, value) in t.map(kind) {
-                match taken_in_maps[kind.index].claim(key, owner) {
+                match self.maps[kind.index].claim(key, owner) {
                     Ok(Claimed::New) => {
-                        added_to_maps[kind.index].insert(key.clone(), value.clone());
+                        self.added_to_maps[kind.index].insert(key.clone(), value.clone());
                     }
-                    Ok(Claimed::Kept) => kept_map_keys[kind.index].push(key.clone()),
-                    Err(by) => skip(kind.kind, key, None, by),
+                    Ok(Claimed::Kept) => self.kept_map_keys[kind.index].push(key.clone()),
+                    Err(by) => skip(&mut self.status, t, kind.kind, key, None, by),
                 }
             }
         }
-        // A name is an identity only within its kind: when the pod (or an earlier template) holds
-        // a volume of this template's name with another definition, whatever of this template
-        // mounts it would bind to that volume instead (the author's hostPath where the template
-        // meant an emptyDir). Those mounts and containers are skipped too, naming the volume.
-        let displaced: Vec<&str> = items.pod_lists[VOLUMES.index]
-            .iter()
-            .filter(|volume| {
-                let name = rendered_name(volume);
-                let held: Vec<&Value> = match taken_in_lists[VOLUMES.index].holder(name) {
-                    None | Some(Owner::Kept) => return false,
-                    Some(Owner::Template(other)) => whole_items[..template_index]
-                        .iter()
-                        .zip(templates.iter())
-                        .filter(|(_, t)| t.rendered.name == other)
-                        .flat_map(|(items, _)| &items.pod_lists[VOLUMES.index])
-                        .collect(),
-                    Some(Owner::Pod | Owner::Volume(_)) => volumes.into_iter().flatten().collect(),
-                };
-                !held.iter().any(|held| rendered_name(held) == name && held == volume)
-            })
-            .map(rendered_name)
-            .collect();
-        // Whether `name` is held by the pod or an earlier template (their claim is the reason a
-        // same-named item is skipped, before any displaced volume).
-        let held = |taken: &Taken, name: &str| !matches!(taken.holder(name), None | Some(Owner::Kept));
-        for (index, container) in items.init_containers.iter().enumerate() {
-            let name = rendered_name(container);
-            if let Some(volume) = mounts_any(container, &displaced).filter(|_| !held(&taken_containers, name)) {
-                skip(ItemKind::InitContainer, name, None, Owner::Volume(volume));
-                // Still this template's name: a later template's item of it must not stand in.
-                taken_containers.hold(name, owner);
-                continue;
-            }
-            match taken_containers.claim(name, owner) {
-                Ok(claimed) => {
-                    status.init_containers.push(name.to_owned());
-                    if claimed == Claimed::New {
-                        new_init.push(pick(WholeKind::InitContainer, index));
-                    }
-                }
-                Err(by) => skip(ItemKind::InitContainer, name, None, by),
-            }
-        }
-        for (index, sidecar) in items.sidecars.iter().enumerate() {
-            let name = rendered_name(sidecar);
-            if let Some(volume) = mounts_any(sidecar, &displaced).filter(|_| !held(&taken_containers, name)) {
-                skip(ItemKind::Sidecar, name, None, Owner::Volume(volume));
-                // Still this template's name: a later template's item of it must not stand in.
-                taken_containers.hold(name, owner);
-                continue;
-            }
-            let claimed = match taken_containers.claim(name, owner) {
-                Ok(claimed) => claimed,
-                Err(by) => {
-                    skip(ItemKind::Sidecar, name, None, by);
-                    continue;
-                }
-            };
-            if planned.native_sidecars {
-                status.init_containers.push(name.to_owned());
-                status.native_sidecars.push(name.to_owned());
-                if claimed == Claimed::New {
-                    new_init.push(pick(WholeKind::NativeSidecar, index));
-                }
-            } else {
-                status.containers.push(name.to_owned());
-                if claimed == Claimed::New {
-                    new_containers.push(pick(WholeKind::Sidecar, index));
-                }
-            }
-        }
+        let displaced =
+            displaced_volumes(template_index, templates, whole_items, &self.lists[VOLUMES.index], pod_volumes);
+        self.claim_containers(template_index, planned, items, &displaced);
         for (kind, rendered) in POD_LISTS.iter().zip(&items.pod_lists) {
             for (index, item) in rendered.iter().enumerate() {
                 // Rendered items were checked to carry their identity (load::check_rendered).
                 let identity = kind.identity(item).unwrap_or_default();
-                match taken_in_lists[kind.index].claim(identity, owner) {
+                match self.lists[kind.index].claim(identity, owner) {
                     Ok(claimed) => {
-                        claimed_in_lists[kind.index].push(identity.to_owned());
+                        self.claimed_in_lists[kind.index].push(identity.to_owned());
                         if claimed == Claimed::New {
-                            new_in_lists[kind.index].push(pick(WholeKind::PodList(kind.index), index));
+                            let pick = Pick { kind: WholeKind::PodList(kind.index), template: template_index, index };
+                            self.picks.lists[kind.index].push(pick);
                         }
                     }
-                    Err(by) if kind.when_held == WhenHeld::Skip => skip(kind.kind, identity, None, by),
+                    Err(by) if kind.when_held == WhenHeld::Skip => {
+                        skip(&mut self.status, t, kind.kind, identity, None, by)
+                    }
                     Err(_) => {}
                 }
             }
         }
         claim_app_items(
             t,
-            (&template_derived_keys[template_index], &template_merged_env[template_index]),
-            &mut app_containers,
+            (&keys.derived, &keys.merged_env),
+            &mut self.app_containers,
             &displaced,
-            &mut status.skipped,
-            &mut merges,
+            &mut self.status.skipped,
+            &mut self.merges,
         );
     }
-    // Claiming is over: the added items leave the templates.
-    drop(taken_in_lists);
-    for (kind, claimed) in POD_LISTS.iter().zip(claimed_in_lists) {
-        *(kind.claimed_mut)(&mut status) = claimed;
-    }
-    let mut take = |picks: Vec<Pick>| -> Vec<Value> {
-        picks.into_iter().map(|pick| whole_items[pick.template].take(pick.kind, pick.index)).collect()
-    };
-    let (mut new_init, mut new_containers) = (take(new_init), take(new_containers));
-    let new_in_lists: PerPodList<Vec<Value>> = new_in_lists.map(&mut take);
-    if !new_init.is_empty() || !new_containers.is_empty() {
-        let kept_containers = containers.iter().enumerate().filter(|(i, _)| !removed_containers.contains(i));
-        let kept_init = init_containers.into_iter().flatten().enumerate().filter(|(i, _)| !removed_init.contains(i));
-        let kept = kept_containers.chain(kept_init).map(|(_, c)| c);
-        if let Some(mount) = service_account_token_mount(pod, volumes, kept) {
-            for container in new_init.iter_mut().chain(&mut new_containers) {
-                mount_unless_path_taken(container, &mount);
+
+    /// Claims a template's init containers and sidecars (in one name space); the sidecars go
+    /// where the sidecar mode puts them. A container that mounts a `displaced` volume is skipped
+    /// naming it.
+    fn claim_containers(
+        &mut self,
+        template_index: usize,
+        planned: &'p PlannedTemplate,
+        items: &'w WholeItems,
+        displaced: &[&str],
+    ) {
+        let t = &planned.rendered;
+        let owner = Owner::Template(&t.name);
+        let sidecar = match planned.native_sidecars {
+            true => Placement::NativeSidecar,
+            false => Placement::Sidecar,
+        };
+        let init = items.init_containers.iter().enumerate().map(|(index, c)| (Placement::Init, index, c));
+        let sidecars = items.sidecars.iter().enumerate().map(|(index, c)| (sidecar, index, c));
+        for (placement, index, container) in init.chain(sidecars) {
+            let name = rendered_name(container);
+            let item_kind = placement.item_kind();
+            if let Some(volume) = mounts_any(container, displaced).filter(|_| !held(&self.containers, name)) {
+                skip(&mut self.status, t, item_kind, name, None, Owner::Volume(volume));
+                // Still this template's name: a later template's item of it must not stand in.
+                self.containers.hold(name, owner);
+                continue;
+            }
+            match self.containers.claim(name, owner) {
+                Ok(claimed) => {
+                    placement.record(&mut self.status, name);
+                    if claimed == Claimed::New {
+                        let list = match placement {
+                            Placement::Sidecar => &mut self.picks.containers,
+                            Placement::Init | Placement::NativeSidecar => &mut self.picks.init,
+                        };
+                        list.push(Pick { kind: WholeKind::Container(placement), template: template_index, index });
+                    }
+                }
+                Err(by) => skip(&mut self.status, t, item_kind, name, None, by),
             }
         }
     }
-    // Pod-level resources the pod sets grow by what the injected containers add to them (most
-    // pods set none: nothing is computed for them).
-    let pod_level = pod_resources::PodLevel::of(pod).and_then(|now| {
-        let author: pod_resources::Containers = (
-            staying(init_containers, &removed_init, &kept.init_containers, true),
-            staying(Some(containers), &removed_containers, &kept.containers, true),
-        );
-        let mut after: pod_resources::Containers = (
-            new_init.iter().chain(staying(init_containers, &removed_init, &[], false)).collect(),
-            staying(Some(containers), &removed_containers, &[], false),
-        );
-        after.1.extend(new_containers.iter());
-        resize_pod_level(now, previous.pod_resources.as_ref().or(kept.pod_resources.as_ref()), &author, &after)
+
+    /// Lets go of the claims (and so of the templates' items) and fills the status with what the
+    /// templates hold.
+    fn decide(self) -> Decisions<'p> {
+        let mut status = self.status;
+        for (kind, claimed) in POD_LISTS.iter().zip(self.claimed_in_lists) {
+            *(kind.claimed_mut)(&mut status) = claimed;
+        }
+        for ((kind, kept_keys), added) in MAPS.iter().zip(self.kept_map_keys).zip(&self.added_to_maps) {
+            let keys: std::collections::BTreeSet<String> = added.keys().cloned().chain(kept_keys).collect();
+            *(kind.claimed_mut)(&mut status) = keys.into_iter().collect();
+        }
+        Decisions {
+            status,
+            picks: self.picks,
+            added_to_maps: self.added_to_maps,
+            app_containers: self.app_containers,
+            merges: self.merges,
+        }
+    }
+}
+
+/// Records that template `t` skipped an item `by` another holder.
+fn skip(
+    status: &mut InjectionStatus,
+    t: &RenderedTemplate,
+    kind: ItemKind,
+    name: &str,
+    container: Option<&str>,
+    by: Owner,
+) {
+    status.skipped.push(Skipped {
+        template: t.name.clone(),
+        kind,
+        name: name.to_owned(),
+        container: container.map(str::to_owned),
+        owner: by.to_string(),
     });
-    let mut pod_level_ops = Vec::new();
-    let mut invalid = Vec::new();
-    match pod_level {
-        None => {}
-        Some(Ok((now, padded, padding))) => {
-            for (field, resource, text) in pod_resources::changes(&now, &padded) {
-                pod_level_ops.push((pod_resources::path(field, resource), Value::String(text.to_owned())));
-            }
-            status.pod_resources = (!padding.is_empty()).then_some(padding);
-        }
-        Some(Err(violations)) => invalid = violations,
-    }
-    let sorted = |added: &BTreeMap<String, String>, kept: Vec<String>| -> Vec<String> {
-        added.keys().cloned().chain(kept).collect::<std::collections::BTreeSet<_>>().into_iter().collect()
-    };
-    for (kind, kept_keys) in MAPS.iter().zip(kept_map_keys) {
-        *(kind.claimed_mut)(&mut status) = sorted(&added_to_maps[kind.index], kept_keys);
-    }
+}
+
+/// Whether `name` is held by the pod or an earlier template (their claim is the reason a
+/// same-named item is skipped, before any displaced volume).
+fn held(taken: &Taken, name: &str) -> bool {
+    !matches!(taken.holder(name), None | Some(Owner::Kept))
+}
+
+/// The template's volumes that the pod (or an earlier template) holds under the same name with
+/// another definition. A name is an identity only within its kind: whatever of this template
+/// mounts such a volume would bind to the holder's instead (the author's hostPath where the
+/// template meant an emptyDir), so those mounts and containers are skipped too, naming the volume.
+fn displaced_volumes<'w>(
+    template_index: usize,
+    templates: &[PlannedTemplate],
+    whole_items: &'w [WholeItems],
+    taken: &Taken,
+    pod_volumes: Option<&Vec<Value>>,
+) -> Vec<&'w str> {
+    whole_items[template_index].pod_lists[VOLUMES.index]
+        .iter()
+        .filter(|volume| {
+            let name = rendered_name(volume);
+            let held: Vec<&Value> = match taken.holder(name) {
+                None | Some(Owner::Kept) => return false,
+                Some(Owner::Template(other)) => whole_items[..template_index]
+                    .iter()
+                    .zip(templates)
+                    .filter(|(_, t)| t.rendered.name == other)
+                    .flat_map(|(items, _)| &items.pod_lists[VOLUMES.index])
+                    .collect(),
+                Some(Owner::Pod | Owner::Volume(_)) => pod_volumes.into_iter().flatten().collect(),
+            };
+            !held.iter().any(|held| rendered_name(held) == name && held == volume)
+        })
+        .map(rendered_name)
+        .collect()
+}
+
+/// Records in the status what the templates add to each app container.
+fn record_app_additions(status: &mut InjectionStatus, app_containers: &[AppContainer<'_>]) {
     for app in app_containers.iter().filter(|a| a.lists.iter().any(|l| !l.added.is_empty())) {
         let mut additions = AppContainerAdditions::default();
         for (kind, list) in APP_LISTS.iter().zip(&app.lists) {
@@ -374,19 +534,40 @@ pub fn plan(
         additions.env_merges = env.added.iter().filter(|e| e.merges).filter_map(|e| env_merge::key(e.item)).collect();
         status.app_containers.insert(app.name.to_owned(), additions);
     }
+}
 
-    // Write the operations: metadata, then init containers, containers (with their env and mounts),
-    // volumes. Removals go from the highest index down so earlier indexes stay valid.
+/// What the patch adds, once claiming is over.
+struct Additions {
+    init: Vec<Value>,
+    containers: Vec<Value>,
+    lists: PerPodList<Vec<Value>>,
+    maps: PerMap<BTreeMap<String, String>>,
+    /// Pod-level resources: each changed value's path and new value.
+    pod_level: Vec<(String, Value)>,
+}
+
+/// Writes the operations: metadata, then init containers, containers (with their env and
+/// mounts), spec lists, pod-level resources. Removals go from the highest index down so earlier
+/// indexes stay valid. Returns the operations and the keys each map loses.
+fn write_patch<'a>(
+    pod: &Value,
+    found: &'a PodFound<'_>,
+    previous: &'a InjectionStatus,
+    status: &InjectionStatus,
+    additions: Additions,
+    app_containers: &[AppContainer<'_>],
+) -> (Vec<PatchOperation>, PerMap<Vec<&'a str>>) {
+    let mut builder = Builder::default();
     if !matches!(pod.get("metadata"), Some(Value::Object(_))) {
         builder.add(&["metadata"], Value::Object(Default::default()));
     }
     // Each map: the keys an earlier injection added go, the templates' come, and the injector's
     // own key says what this injection did.
     let mut map_removals: PerMap<Vec<&str>> = Default::default();
-    for ((kind, mut added), removals) in MAPS.iter().zip(added_to_maps).zip(&mut map_removals) {
-        let map = &pod_maps[kind.index];
+    for ((kind, mut added), removals) in MAPS.iter().zip(additions.maps).zip(&mut map_removals) {
+        let map = &found.maps[kind.index];
         removals.extend((kind.claimed)(previous).iter().map(String::as_str).filter(|k| map.contains_key(*k)));
-        match (kind.own_value)(&status) {
+        match (kind.own_value)(status) {
             Some(value) => {
                 added.insert(kind.own_key.to_owned(), value);
             }
@@ -398,12 +579,14 @@ pub fn plan(
         builder.string_map(kind.field, existing, removals, added, empties);
     }
 
-    let init_left = builder.removals(&["spec", "initContainers"], &removed_init, init_names.len(), new_init.is_empty());
-    builder.insert_front(&["spec", "initContainers"], init_left, new_init);
+    let init_path = ["spec", "initContainers"];
+    let init_left =
+        builder.removals(&init_path, &found.removed_init, found.init_names.len(), additions.init.is_empty());
+    builder.insert_front(&init_path, init_left, additions.init);
 
     // The app containers stay, so the list is never removed whole.
-    builder.removals(&["spec", "containers"], &removed_containers, usize::MAX, false);
-    for app in &app_containers {
+    builder.removals(&["spec", "containers"], &found.removed_containers, usize::MAX, false);
+    for app in app_containers {
         let index = app.new_index.to_string();
         for list in &app.lists {
             let path = ["spec", "containers", &index, list.field];
@@ -412,33 +595,18 @@ pub fn plan(
             builder.append(&path, left, list.added.iter().filter(|a| !a.kept).map(|a| a.item.clone()).collect());
         }
     }
-    builder.append(&["spec", "containers"], true, new_containers);
+    builder.append(&["spec", "containers"], true, additions.containers);
 
-    for (list, new) in pod_lists.iter().zip(new_in_lists) {
+    for (list, new) in found.lists.iter().zip(additions.lists) {
         let path = ["spec", list.kind.field];
         let left = builder.removals(&path, &list.removed, list.identities.len(), new.is_empty());
         builder.append(&path, left, new);
     }
-    for (path, value) in pod_level_ops {
+    for (path, value) in additions.pod_level {
         let path = PointerBuf::parse(&path).expect("pod_resources::path writes a pointer");
         builder.ops.push(PatchOperation::Add(AddOperation { path, value }));
     }
-
-    let removed = removed_items(
-        previous,
-        PodItems { containers: &container_names, init: &init_names, lists: &pod_lists },
-        &map_removals,
-        &app_containers,
-    );
-    Ok(Injection {
-        patch: builder.ops,
-        status,
-        removed: Box::new(removed),
-        merge_notes: merges.notes,
-        merge_warnings: merges.warnings,
-        value_sources,
-        invalid,
-    })
+    (builder.ops, map_removals)
 }
 
 /// A merging env var's status key and the entry it adds where the app container has the variable.
@@ -582,15 +750,14 @@ impl ContainerKeys {
 /// The pod's app containers (not the sidecars of an earlier injection, whether they go or stay),
 /// with their index once the removed sidecars are gone and their keyed lists.
 fn app_containers<'p>(
-    containers: &'p [Value],
-    names: &[&'p str],
-    removed: &[usize],
+    found: &PodFound<'p>,
     previous: &InjectionStatus,
     kept: &'p InjectionStatus,
     keys: &'p ContainerKeys,
 ) -> Result<Vec<AppContainer<'p>>, PodShapeError> {
+    let (names, removed) = (&found.container_names, &found.removed_containers);
     let mut app_containers = Vec::new();
-    for (index, container) in containers.iter().enumerate() {
+    for (index, container) in found.containers.iter().enumerate() {
         if removed.contains(&index) || kept.containers.iter().any(|k| k == names[index]) {
             continue;
         }
@@ -647,6 +814,24 @@ fn staying<'p>(
         .collect()
 }
 
+/// A pod's pod-level resources as it sets them, padded for the injected containers, and the
+/// padding between them.
+struct Resized {
+    now: pod_resources::PodLevel,
+    padded: pod_resources::PodLevel,
+    padding: pod_resources::Padding,
+}
+
+impl Resized {
+    /// The patch's operations: each value that changes, at its path.
+    fn operations(&self) -> Vec<(String, Value)> {
+        pod_resources::changes(&self.now, &self.padded)
+            .into_iter()
+            .map(|(field, resource, text)| (pod_resources::path(field, resource), Value::String(text.to_owned())))
+            .collect()
+    }
+}
+
 /// For a pod that sets pod-level resources (`now`): its values now, the values padded for the
 /// injected containers, and the padding; or what the API server would refuse in the padded pod.
 /// `earlier`: the padding of an earlier injection (proven by `ownership`), taken back first;
@@ -656,7 +841,7 @@ fn resize_pod_level(
     earlier: Option<&pod_resources::Padding>,
     author: &pod_resources::Containers<'_>,
     after: &pod_resources::Containers<'_>,
-) -> Option<Result<(pod_resources::PodLevel, pod_resources::PodLevel, pod_resources::Padding), Vec<String>>> {
+) -> Option<Result<Resized, Vec<String>>> {
     let authors = match earlier {
         Some(padding) => now.with(padding, -1)?,
         None => now.clone(),
@@ -665,7 +850,7 @@ fn resize_pod_level(
     let padded = authors.with(&padding, 1)?;
     let violations = pod_resources::violations(&padded, after);
     Some(match violations.is_empty() {
-        true => Ok((now, padded, padding)),
+        true => Ok(Resized { now, padded, padding }),
         false => Err(violations),
     })
 }
@@ -683,12 +868,43 @@ struct WholeItems {
 /// Which list of [`WholeItems`] an added item comes from, and how it goes into the pod.
 #[derive(Clone, Copy)]
 enum WholeKind {
-    InitContainer,
-    /// A sidecar that runs as a native sidecar: an init container with `restartPolicy: Always`.
-    NativeSidecar,
-    Sidecar,
+    Container(Placement),
     /// An item of the spec list of this index in `kinds::POD_LISTS`.
     PodList(usize),
+}
+
+/// Where a template's container goes in the pod: its init containers come first, its sidecars
+/// where the sidecar mode puts them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// An init container, before the pod's own.
+    Init,
+    /// A sidecar that runs as a native sidecar: an init container with `restartPolicy: Always`.
+    NativeSidecar,
+    /// A sidecar after the pod's containers.
+    Sidecar,
+}
+
+impl Placement {
+    /// The kind, as the status's skips name it.
+    fn item_kind(self) -> ItemKind {
+        match self {
+            Placement::Init => ItemKind::InitContainer,
+            Placement::NativeSidecar | Placement::Sidecar => ItemKind::Sidecar,
+        }
+    }
+
+    /// Records a container the template holds in the status's lists.
+    fn record(self, status: &mut InjectionStatus, name: &str) {
+        match self {
+            Placement::Init => status.init_containers.push(name.to_owned()),
+            Placement::NativeSidecar => {
+                status.init_containers.push(name.to_owned());
+                status.native_sidecars.push(name.to_owned());
+            }
+            Placement::Sidecar => status.containers.push(name.to_owned()),
+        }
+    }
 }
 
 /// An item `plan` adds: its list, its template's position in the plan and its own in the list.
@@ -711,23 +927,16 @@ impl WholeItems {
     /// Moves one item out (each is added at most once: its name is claimed once).
     fn take(&mut self, kind: WholeKind, index: usize) -> Value {
         let list = match kind {
-            WholeKind::InitContainer => &mut self.init_containers,
-            WholeKind::NativeSidecar | WholeKind::Sidecar => &mut self.sidecars,
+            WholeKind::Container(Placement::Init) => &mut self.init_containers,
+            WholeKind::Container(_) => &mut self.sidecars,
             WholeKind::PodList(index) => &mut self.pod_lists[index],
         };
         let mut item = std::mem::take(&mut list[index]);
-        if matches!(kind, WholeKind::NativeSidecar) {
+        if matches!(kind, WholeKind::Container(Placement::NativeSidecar)) {
             crate::injection::native::make_native(&mut item);
         }
         item
     }
-}
-
-/// The names of the pod's items by list, as `plan` found them.
-struct PodItems<'a> {
-    containers: &'a [&'a str],
-    init: &'a [&'a str],
-    lists: &'a [PodList<'a>],
 }
 
 /// One kind of spec list of the pod (`kinds::POD_LISTS`) and what the injection does to it.
@@ -783,7 +992,7 @@ impl<'p> PodList<'p> {
 /// The items `plan` removes, in the status layout (for `explain` and the warnings of `inject`).
 fn removed_items(
     previous: &InjectionStatus,
-    pod: PodItems<'_>,
+    pod: &PodFound<'_>,
     map_removals: &PerMap<Vec<&str>>,
     app_containers: &[AppContainer<'_>],
 ) -> InjectionStatus {
@@ -792,9 +1001,9 @@ fn removed_items(
     };
     let mut removed = InjectionStatus {
         templates: previous.templates.clone(),
-        containers: present(&previous.containers, pod.containers),
-        init_containers: present(&previous.init_containers, pod.init),
-        native_sidecars: present(&previous.native_sidecars, pod.init),
+        containers: present(&previous.containers, &pod.container_names),
+        init_containers: present(&previous.init_containers, &pod.init_names),
+        native_sidecars: present(&previous.native_sidecars, &pod.init_names),
         app_containers: app_containers
             .iter()
             .filter_map(|app| {
@@ -805,7 +1014,7 @@ fn removed_items(
             .collect(),
         ..InjectionStatus::default()
     };
-    for list in pod.lists {
+    for list in &pod.lists {
         *(list.kind.claimed_mut)(&mut removed) = present((list.kind.claimed)(previous), &list.identities);
     }
     for (kind, removals) in MAPS.iter().zip(map_removals) {
