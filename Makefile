@@ -65,9 +65,9 @@ scale: release
 hostile-load: release
 	SIDECAR_INJECTOR_BIN=$(TARGET_DIR)/release/sidecar-injector cargo test --locked --test hostile_load -- --nocapture
 
-# Regenerate the golden files after an intended change, then review `git diff tests/golden`.
+# Regenerate the golden files after an intended change, then review `git diff crates/engine/tests/golden`.
 golden:
-	UPDATE_GOLDEN=1 cargo test --locked --test golden
+	UPDATE_GOLDEN=1 cargo test --locked -p sidecar-injector-engine --test golden
 
 bench:
 	cargo bench --locked -p sidecar-injector-engine --bench engine

@@ -184,7 +184,7 @@ fn generated() -> String {
 fn corpus() -> Vec<(String, String)> {
     let mut files = vec![("generated".to_owned(), generated())];
     let mut paths: Vec<PathBuf> = Vec::new();
-    for dir in ["examples", "tests/golden/cases", "deploy"] {
+    for dir in ["examples", "crates/engine/tests/golden/cases", "deploy"] {
         let mut stack = vec![PathBuf::from(dir)];
         while let Some(path) = stack.pop() {
             if path.is_dir() {
@@ -285,8 +285,8 @@ fn manifests_read_and_write_exactly_as_kubectl_reads_them() {
             let namespace = workload::namespace_of(document).unwrap_or("shop").to_owned();
             let request = PodRequest {
                 pod: Arc::new(pod.clone()),
-                namespace: args.namespace_facts(&namespace),
-                cluster: args.cluster(),
+                namespace: args.facts().namespace_facts(&namespace),
+                cluster: args.facts().cluster,
                 workload: workload::Workload::of_document(document),
             };
             if let Outcome::Inject(injection) = engine.evaluate(&request).outcome {

@@ -138,7 +138,7 @@ pub struct ClusterExplanation {
     first_failing_rule: Option<Check>,
     checks: Vec<Check>,
     /// The engine's decision for a new pod like the target (what the webhook would do).
-    decision: super::explain::Explanation,
+    decision: crate::engine::offline::explain::Explanation,
     /// For an existing pod: how it was injected and whether that is current.
     #[serde(skip_serializing_if = "Option::is_none")]
     existing_pod: Option<ExistingPod>,
@@ -200,7 +200,7 @@ pub async fn explain(
         Err(_) => cluster,
     };
     let request = PodRequest { pod: Arc::new(fresh), namespace: facts.clone(), cluster, workload: None };
-    let found = super::inject::PodDecision {
+    let found = crate::engine::offline::PodDecision {
         cluster,
         label: label.clone(),
         namespace: namespace.to_owned(),
@@ -213,7 +213,7 @@ pub async fn explain(
         (!engine_injects).then(|| Check {
             rule: "templates",
             passed: false,
-            detail: super::explain::one(found.clone(), true).message,
+            detail: crate::engine::offline::explain::one(found.clone(), true).message,
         })
     });
     let existing_pod = existing.map(|pod| {
@@ -231,7 +231,7 @@ pub async fn explain(
         would_inject: first_failing_rule.is_none(),
         first_failing_rule,
         checks,
-        decision: super::explain::one(found, true),
+        decision: crate::engine::offline::explain::one(found, true),
         existing_pod,
         template_errors,
     };

@@ -3,8 +3,6 @@
 
 mod check;
 pub mod cluster;
-mod explain;
-mod inject;
 mod policies;
 pub mod serve;
 
@@ -16,16 +14,13 @@ use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use serde_json::Value;
-
-use crate::engine::injection::nodes::{NodeFacts, NodePool};
+use crate::engine::injection::nodes::NodePool;
+use crate::engine::offline::{self, Manifests, OfflineFacts, explain::Format, parse_key_values};
 use crate::engine::templates::template::PreCheck;
 use crate::engine::templates::template::embedded_sources;
-use crate::engine::{ClusterFacts, NamespaceFacts, TemplateError, TemplateSet, TemplateSource};
+use crate::engine::{ClusterFacts, TemplateError, TemplateSet, TemplateSource};
 
 pub use check::check_templates;
-pub use explain::explain;
-pub use inject::inject;
 pub use policies::compile_policies;
 
 /// sidecar-injector: injects sidecars into Kubernetes pods from templates.
@@ -136,77 +131,44 @@ pub struct OfflineArgs {
 /// Reads a file of Node objects (a `List` or one document per node) into a pool.
 fn read_nodes(path: &str) -> Result<Arc<NodePool>, String> {
     let text = read_input(path).map_err(|e| e.to_string())?;
-    let documents = crate::engine::manifest::read(&text).map_err(|e| format!("{path}: {e}"))?;
-    let nodes: Vec<&Value> = documents
-        .iter()
-        .flat_map(|d| match d.get("items").and_then(Value::as_array) {
-            Some(items) => items.iter().collect(),
-            None => vec![d],
-        })
-        .filter(|d| d.get("kind").and_then(Value::as_str).is_none_or(|k| k == "Node"))
-        .collect();
-    if nodes.is_empty() {
-        return Err(format!("{path}: no Node objects"));
-    }
-    let nodes = nodes
-        .into_iter()
-        .map(|node| serde_json::from_value::<k8s_openapi::api::core::v1::Node>(node.clone()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{path}: not a Node: {e}"))?;
-    Ok(Arc::new(NodePool::new(nodes.iter().map(NodeFacts::of))))
+    offline::node_pool(path, &text).map(Arc::new)
 }
 
 impl OfflineArgs {
-    /// Namespace facts for a namespace named `name`.
-    pub fn namespace_facts(&self, name: &str) -> NamespaceFacts {
-        let annotations = self.namespace_annotations.clone().unwrap_or_default();
-        match &self.namespace_labels {
-            Some(labels) => NamespaceFacts::known(name, labels.clone(), annotations),
-            None => NamespaceFacts { annotations, ..NamespaceFacts::unknown(name) },
+    /// What the flags say about the cluster.
+    pub fn facts(&self) -> OfflineFacts {
+        OfflineFacts {
+            namespace: self.namespace.clone(),
+            namespace_labels: self.namespace_labels.clone(),
+            namespace_annotations: self.namespace_annotations.clone(),
+            cluster: self.kube_version.unwrap_or_default(),
+            nodes: self.nodes.clone(),
         }
     }
 
-    /// The cluster facts for `pod`: by `--nodes` where given, else by `--kube-version`, else a
-    /// recent cluster.
-    pub fn cluster_for(&self, pod: &Value) -> ClusterFacts {
-        let api_server = self.cluster();
-        self.nodes.as_ref().map_or(api_server, |nodes| nodes.facts_for(pod, api_server))
-    }
-
-    /// The cluster facts from `--kube-version`, or a recent cluster.
-    pub fn cluster(&self) -> ClusterFacts {
-        self.kube_version.unwrap_or_default()
+    /// The templates (`--templates` or the embedded ones) and the manifests' text (`-f`).
+    fn read(&self) -> Result<(TemplateSet, String, &str), CliError> {
+        let file =
+            self.file.as_deref().ok_or_else(|| CliError::one("-f FILE|- is required (the manifests to read)"))?;
+        let text = read_input(file)?;
+        Ok((load_templates(self.templates.as_deref())?, text, display_path(file)))
     }
 }
 
-/// Parses `k=v,k2=v2`. A value may contain commas when the next item has no `=`
-/// (`sidecar-injector.io/templates=a,b`).
-pub fn parse_key_values(text: &str) -> Result<BTreeMap<String, String>, String> {
-    let mut map = BTreeMap::new();
-    if text.is_empty() {
-        return Ok(map);
-    }
-    let mut last: Option<String> = None;
-    for part in text.split(',') {
-        if part.trim().is_empty() {
-            return Err(format!("{text:?} has an empty item (two commas in a row, or a comma at an end)"));
-        }
-        match part.split_once('=') {
-            Some((key, value)) if !key.trim().is_empty() => {
-                let key = key.trim().to_owned();
-                map.insert(key.clone(), value.to_owned());
-                last = Some(key);
-            }
-            _ => match last.as_ref().and_then(|k| map.get_mut(k)) {
-                Some(value) => {
-                    value.push(',');
-                    value.push_str(part);
-                }
-                None => return Err(format!("{part:?} is not key=value")),
-            },
-        }
-    }
-    Ok(map)
+/// Runs `inject`: returns the injected manifests as YAML and the warnings, or every error.
+pub fn inject(args: &OfflineArgs) -> Result<(String, Vec<String>), CliError> {
+    let (templates, text, file) = args.read()?;
+    offline::inject(templates, Manifests { file, text: &text }, &args.facts()).map_err(CliError)
+}
+
+/// Runs `explain` and returns what to print.
+pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliError> {
+    let (templates, text, file) = args.read()?;
+    let format = match format {
+        OutputFormat::Text => Format::Text,
+        OutputFormat::Json => Format::Json,
+    };
+    offline::explain(templates, Manifests { file, text: &text }, &args.facts(), format).map_err(CliError::one)
 }
 
 fn parse_kube_version(text: &str) -> Result<ClusterFacts, String> {
@@ -290,22 +252,4 @@ pub fn load_templates_checked(dir: Option<&Path>, precheck: &dyn PreCheck) -> Re
     };
     let (set, errors) = TemplateSet::default().update(sources, precheck);
     if errors.is_empty() { Ok(set) } else { Err(errors.into()) }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn key_values_parse_with_commas_inside_values() {
-        let parsed = parse_key_values("team=shop,sidecar-injector.io/templates=a,b,c,env=prod").unwrap();
-        assert_eq!(parsed["team"], "shop");
-        assert_eq!(parsed["sidecar-injector.io/templates"], "a,b,c");
-        assert_eq!(parsed["env"], "prod");
-        assert_eq!(parse_key_values("x").unwrap_err(), "\"x\" is not key=value");
-        assert!(parse_key_values("").unwrap().is_empty());
-        for empty in ["a=1,,b=2", "a=1,", ",a=1"] {
-            assert!(parse_key_values(empty).unwrap_err().contains("empty item"), "{empty}");
-        }
-    }
 }

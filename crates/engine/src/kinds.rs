@@ -163,6 +163,8 @@ pub struct AppListKind {
     /// What the load check says of a rendered item without an identity, for a kind whose
     /// identity is not a required field.
     pub unidentified: &'static str,
+    /// What `explain` calls the items added to a container (`env`, `mounts`).
+    pub plural: &'static str,
     /// A well-formed item of this identity as a template adds it, for the properties (a mount
     /// names the volume `injected`, which the properties point at a volume of the template).
     pub sample: fn(&str) -> Value,
@@ -196,6 +198,7 @@ pub const APP_LISTS: PerAppList<AppListKind> = [
         claimed_mut: |a| &mut a.env,
         conforms: crate::templates::conformance::env_var,
         unidentified: ".name must render to a non-empty string",
+        plural: "env",
         sample: |name| json!({"name": name, "value": "injected"}),
         authored: |name| json!({"name": name, "value": "the author's"}),
     },
@@ -209,6 +212,7 @@ pub const APP_LISTS: PerAppList<AppListKind> = [
         claimed_mut: |a| &mut a.env_from,
         conforms: crate::templates::conformance::env_from_source,
         unidentified: " needs exactly one of configMapRef or secretRef, with a non-empty name",
+        plural: "envFrom",
         sample: |name| json!({"configMapRef": {"name": name}}),
         authored: |name| json!({"configMapRef": {"name": name, "optional": true}}),
     },
@@ -222,6 +226,7 @@ pub const APP_LISTS: PerAppList<AppListKind> = [
         claimed_mut: |a| &mut a.volume_mounts,
         conforms: crate::templates::conformance::volume_mount,
         unidentified: ".name must render to a non-empty string",
+        plural: "mounts",
         sample: |path| json!({"name": "injected", "mountPath": format!("/{path}")}),
         authored: |path| json!({"name": "own", "mountPath": format!("/{path}"), "readOnly": true}),
     },

@@ -23,6 +23,7 @@ pub mod injection;
 pub mod kinds;
 pub mod manifest;
 pub mod names;
+pub mod offline;
 pub mod pod;
 pub mod templates;
 pub mod workload;

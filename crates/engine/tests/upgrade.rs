@@ -10,7 +10,8 @@
 //! - let `/validate` allow it;
 //! - strip exactly the injection, and injecting the stripped pod again must give the stored pod.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::fs;
 use std::path::Path;
 use std::sync::Arc;
@@ -18,67 +19,12 @@ use std::sync::Arc;
 use serde_json::Value;
 use sidecar_injector_engine::checks::validate::{Verdict, strip_injection, validate_pod};
 use sidecar_injector_engine::claims::status::InjectionStatus;
-use sidecar_injector_engine::{
-    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, manifest, names, workload,
-};
+use sidecar_injector_engine::{Engine, Outcome, PodRequest, TemplateSet, manifest, names, workload};
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/upgrade");
 
-/// The CLI flags a case was recorded with (`args`, one per line).
-#[derive(Default)]
-struct Args {
-    templates: String,
-    namespace: Option<String>,
-    namespace_labels: Option<BTreeMap<String, String>>,
-    namespace_annotations: BTreeMap<String, String>,
-    kube_version: Option<String>,
-}
-
-/// `k=v,k2=v2`, where an item without `=` continues the previous value (as the CLI reads it).
-fn key_values(text: &str) -> BTreeMap<String, String> {
-    let mut map = BTreeMap::new();
-    let mut last = String::new();
-    for part in text.split(',') {
-        match part.split_once('=') {
-            Some((key, value)) => {
-                map.insert(key.to_owned(), value.to_owned());
-                last = key.to_owned();
-            }
-            None => map.get_mut(&last).expect("an item continues a value").push_str(&format!(",{part}")),
-        }
-    }
-    map
-}
-
-fn args_of(case: &Path) -> Args {
-    let mut args = Args::default();
-    for line in fs::read_to_string(case.join("args")).unwrap().lines().filter(|l| !l.trim().is_empty()) {
-        let (flag, value) = line.split_once('=').unwrap_or_else(|| panic!("{line}: not --flag=value"));
-        match flag {
-            "--templates" => args.templates = value.to_owned(),
-            "--namespace" => args.namespace = Some(value.to_owned()),
-            "--namespace-labels" => args.namespace_labels = Some(key_values(value)),
-            "--namespace-annotations" => args.namespace_annotations = key_values(value),
-            "--kube-version" => args.kube_version = Some(value.to_owned()),
-            other => panic!("{}: flag {other} is not read by this test", case.display()),
-        }
-    }
-    args
-}
-
 fn templates(dir: &str) -> TemplateSet {
-    let mut sources: Vec<TemplateSource> = fs::read_dir(Path::new(ROOT).join("templates").join(dir))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .map(|path| TemplateSource {
-            name: path.file_stem().unwrap().to_string_lossy().into_owned(),
-            text: fs::read_to_string(&path).unwrap(),
-        })
-        .collect();
-    sources.sort_by(|a, b| a.name.cmp(&b.name));
-    let (set, errors) = TemplateSet::load(sources);
-    assert!(errors.is_empty(), "{dir}: {errors:?}");
-    set
+    common::load_templates(&Path::new(ROOT).join("templates").join(dir))
 }
 
 #[test]
@@ -110,12 +56,8 @@ fn pods_injected_by_the_previous_release_are_up_to_date_validate_and_reinject_th
     let mut failures = Vec::new();
     let mut pods = 0;
     for case in &cases {
-        let args = args_of(case);
+        let args = common::case_args(case);
         let engine = Engine::new(templates(&args.templates), vec![names::INJECTOR_NAMESPACE.to_owned()]);
-        let cluster = args
-            .kube_version
-            .as_deref()
-            .map_or_else(ClusterFacts::default, |v| ClusterFacts::from_version_string(v).unwrap());
         let text = fs::read_to_string(case.join("injected.yaml")).unwrap();
         for (index, document) in manifest::read(&text).unwrap().iter().enumerate() {
             let Some(pod) = workload::pod_of(document) else { continue };
@@ -125,15 +67,9 @@ fn pods_injected_by_the_previous_release_are_up_to_date_validate_and_reinject_th
                 continue;
             };
             let at = format!("{} document {}", case.file_name().unwrap().to_string_lossy(), index + 1);
-            let namespace =
-                workload::namespace_of(document).or(args.namespace.as_deref()).unwrap_or("default").to_owned();
-            let facts = match &args.namespace_labels {
-                Some(labels) => NamespaceFacts::known(&namespace, labels.clone(), args.namespace_annotations.clone()),
-                None => NamespaceFacts {
-                    annotations: args.namespace_annotations.clone(),
-                    ..NamespaceFacts::unknown(&namespace)
-                },
-            };
+            let namespace = workload::namespace_of(document).unwrap_or(&args.facts.namespace);
+            let facts = args.facts.namespace_facts(namespace);
+            let cluster = args.facts.cluster_for(&pod);
             let request = |pod: Value| PodRequest {
                 pod: Arc::new(pod),
                 namespace: facts.clone(),

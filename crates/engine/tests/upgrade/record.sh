@@ -15,7 +15,7 @@ record() { # case, golden input, templates dir (under templates/), extra args...
   "$BIN" inject -f "$U/cases/$case/input.yaml" --templates="$U/templates/$templates" "$@" > "$U/cases/$case/injected.yaml"
   "$BIN" check-templates "$U/templates/$templates" | sed -n 's/^ok  \([^ ]*\) .*hash \([0-9a-f]*\))$/\1 \2/p' > "$U/templates/$templates.hashes"
 }
-G=tests/golden/cases
+G=crates/engine/tests/golden/cases
 record shipped-native "$U/shipped-pods.yaml" shipped --namespace=shop --namespace-labels=sidecar-injector.io/inject=enabled
 record shipped-classic "$U/shipped-pods.yaml" shipped --namespace=shop --namespace-labels=sidecar-injector.io/inject=enabled --kube-version=1.28
 record conflicts $G/conflicts/input.yaml golden-templates

@@ -1,13 +1,22 @@
-//! `sidecar-injector explain`: for each pod, whether it would be injected and why, in words or JSON.
+//! `explain`: for each pod, whether it would be injected and why, in words or JSON. The offline
+//! command's report, and the decision part of `explain --cluster`'s.
 
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::inject::{PodDecision, decide_all};
-use super::{CliError, OfflineArgs, OutputFormat};
-use crate::engine::claims::status::InjectionStatus;
-use crate::engine::kinds::POD_LISTS;
-use crate::engine::{Choice, Outcome, emit::policy, names};
+use super::{Manifests, OfflineFacts, PodDecision, decide_all};
+use crate::claims::status::InjectionStatus;
+use crate::kinds::{APP_LISTS, MAPS, POD_LISTS};
+use crate::{Choice, Outcome, TemplateSet, emit::policy, names};
+
+/// How `explain` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Human text.
+    Text,
+    /// JSON for machines.
+    Json,
+}
 
 /// The explanation of one pod, as printed by `-o json`.
 #[derive(Debug, Serialize)]
@@ -58,7 +67,9 @@ fn choice_json(choice: &Choice) -> Value {
 }
 
 /// The explanation of one pod decision.
-pub(crate) fn one(found: PodDecision, labels_known: bool) -> Explanation {
+/// `labels_known`: whether the namespace's labels were given (else it counts as opted in, with a
+/// warning).
+pub fn one(found: PodDecision, labels_known: bool) -> Explanation {
     let decision = &found.decision;
     let (merge_notes, value_sources) = match &decision.outcome {
         Outcome::Inject(injection) => (injection.merge_notes.clone(), injection.value_sources.clone()),
@@ -135,8 +146,7 @@ fn is_empty(items: &InjectionStatus) -> bool {
     items.containers.is_empty()
         && items.init_containers.is_empty()
         && POD_LISTS.iter().all(|kind| (kind.claimed)(items).is_empty())
-        && items.labels.is_empty()
-        && items.annotations.is_empty()
+        && MAPS.iter().all(|kind| (kind.claimed)(items).is_empty())
         && items.app_containers.is_empty()
 }
 
@@ -148,7 +158,7 @@ fn item_lines(out: &mut String, heading: &str, status: &InjectionStatus) {
         ("sidecar containers", &status.containers),
     ];
     let pod_lists = POD_LISTS.iter().map(|kind| (kind.plural, (kind.claimed)(status)));
-    let metadata = [("labels", &status.labels), ("annotations", &status.annotations)];
+    let metadata = MAPS.iter().map(|kind| (kind.field, (kind.claimed)(status)));
     out.push_str(heading);
     for (what, names) in containers.into_iter().chain(pod_lists).chain(metadata) {
         let names: Vec<&str> = names
@@ -161,16 +171,12 @@ fn item_lines(out: &mut String, heading: &str, status: &InjectionStatus) {
         }
     }
     for (container, additions) in &status.app_containers {
-        let mut parts = Vec::new();
-        if !additions.env.is_empty() {
-            parts.push(format!("env {}", additions.env.join(", ")));
-        }
-        if !additions.env_from.is_empty() {
-            parts.push(format!("envFrom {}", additions.env_from.join(", ")));
-        }
-        if !additions.volume_mounts.is_empty() {
-            parts.push(format!("mounts {}", additions.volume_mounts.join(", ")));
-        }
+        let mut parts: Vec<String> = APP_LISTS
+            .iter()
+            .map(|kind| (kind.plural, (kind.claimed)(additions)))
+            .filter(|(_, items)| !items.is_empty())
+            .map(|(plural, items)| format!("{plural} {}", items.join(", ")))
+            .collect();
         if !additions.env_merges.is_empty() {
             parts.push(format!("merged env {}", additions.env_merges.join(", ")));
         }
@@ -233,25 +239,30 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>], webhook_only
         out.push('\n');
     }
     if explanations.is_empty() {
-        let kinds = crate::engine::workload::supported_kinds().collect::<Vec<_>>().join(", ");
+        let kinds = crate::workload::supported_kinds().collect::<Vec<_>>().join(", ");
         out.push_str(&format!("no pods found (kinds with pods: {kinds})\n"));
     }
     out
 }
 
-/// Runs `explain` and returns what to print.
-pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliError> {
-    let native = args.cluster().native_sidecars;
-    let webhook_only: WebhookOnly = super::load_templates(args.templates.as_deref())?
+/// Runs `explain` and returns what to print, or why the file cannot be read.
+pub fn explain(
+    templates: TemplateSet,
+    input: Manifests<'_>,
+    facts: &OfflineFacts,
+    format: Format,
+) -> Result<String, String> {
+    let native = facts.cluster.native_sidecars;
+    let webhook_only: WebhookOnly = templates
         .iter()
         .filter_map(|t| policy::webhook_only_reason(t, native).map(|reason| (t.name.to_string(), reason)))
         .collect();
     let mut explanations = Vec::new();
     let mut choices = Vec::new();
-    let (_, notes) = decide_all(args, |_, decision| {
+    let (_, notes) = decide_all(templates, input, facts, |_, decision| {
         if let Some(found) = decision {
             choices.push(found.decision.choice.clone());
-            explanations.push(one(found, args.namespace_labels.is_some()));
+            explanations.push(one(found, facts.namespace_labels.is_some()));
         }
     })?;
     for (object, message) in notes {
@@ -280,7 +291,7 @@ pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliEr
         }
     }
     Ok(match format {
-        OutputFormat::Json => serde_json::to_string_pretty(&explanations).expect("explanations serialize") + "\n",
-        OutputFormat::Text => text(&explanations, &choices, &webhook_only),
+        Format::Json => serde_json::to_string_pretty(&explanations).expect("explanations serialize") + "\n",
+        Format::Text => text(&explanations, &choices, &webhook_only),
     })
 }

@@ -1,38 +1,40 @@
 //! Golden tests: every directory under `tests/golden/cases/` holds an `input.yaml` and the `args`
-//! (one flag per line) of the CLI; `inject` and `explain` run on it and their output must equal the
-//! checked-in `inject.yaml` / `inject.err` and `explain.txt`. Successful injections are injected
-//! once more and must not change (docs/cli.md's promise for `inject` on its own output).
+//! (one CLI flag per line) it is run with; `inject` and `explain` (`offline`, what the CLI prints)
+//! run on it and their output must equal the checked-in `inject.yaml` / `inject.err` and
+//! `explain.txt`. Successful injections are injected once more and must not change (docs/cli.md's
+//! promise for `inject` on its own output).
 //!
-//! After an intended change: `UPDATE_GOLDEN=1 cargo test --test golden`, then review `git diff`.
+//! After an intended change: `make golden` (`UPDATE_GOLDEN=1 cargo test -p sidecar-injector-engine
+//! --test golden`), then review `git diff`.
+
+mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use clap::Parser;
-use sidecar_injector::cli::{self, Cli, Command, OutputFormat};
+use sidecar_injector_engine::TemplateSet;
+use sidecar_injector_engine::offline::{self, Manifests, explain::Format};
+use sidecar_injector_engine::templates::template::embedded_sources;
 
+use common::{CaseArgs, case_args};
+
+/// Relative to the engine crate, where cargo runs the tests: messages name the input by this path.
 const CASES: &str = "tests/golden/cases";
 
 fn update() -> bool {
     std::env::var_os("UPDATE_GOLDEN").is_some()
 }
 
-fn args_of(case: &Path) -> Vec<String> {
-    fs::read_to_string(case.join("args"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
-fn parse(subcommand: &str, input: &Path, args: &[String], extra: &[&str]) -> Command {
-    let mut argv =
-        vec!["sidecar-injector".to_owned(), subcommand.to_owned(), "-f".to_owned(), input.display().to_string()];
-    argv.extend(args.iter().cloned());
-    argv.extend(extra.iter().map(|s| (*s).to_owned()));
-    Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}")).command
+/// The case's templates: `--templates DIR`, or the embedded ones as the CLI has them.
+fn templates(args: &CaseArgs) -> TemplateSet {
+    match args.templates.as_str() {
+        "" => {
+            let (set, errors) = TemplateSet::load(embedded_sources());
+            assert!(errors.is_empty(), "{errors:?}");
+            set
+        }
+        dir => common::load_templates(Path::new(dir)),
+    }
 }
 
 /// Compares with (or, when updating, writes) a golden file; returns a mismatch description.
@@ -59,11 +61,12 @@ fn golden_cases() {
     assert!(cases.len() >= 10, "golden cases are missing");
     let mut failures = Vec::new();
     for case in &cases {
-        let input = case.join("input.yaml");
-        let args = args_of(case);
+        let args = case_args(case);
+        let file = case.join("input.yaml").display().to_string();
+        let text = fs::read_to_string(&file).unwrap();
+        let input = Manifests { file: &file, text: &text };
 
-        let Command::Inject(inject_args) = parse("inject", &input, &args, &[]) else { unreachable!() };
-        match cli::inject(&inject_args) {
+        match offline::inject(templates(&args), input, &args.facts) {
             Ok((yaml, warnings)) => {
                 failures.extend(check(&case.join("inject.yaml"), &yaml));
                 let warnings: String = warnings.iter().map(|w| format!("warning: {w}\n")).collect();
@@ -73,30 +76,26 @@ fn golden_cases() {
                     failures.extend(check(&case.join("inject.err"), &warnings));
                 }
                 // Injecting the output again changes nothing.
-                let again =
-                    std::env::temp_dir().join(format!("golden-{}.yaml", case.file_name().unwrap().to_string_lossy()));
-                fs::write(&again, &yaml).unwrap();
-                let Command::Inject(again_args) = parse("inject", &again, &args, &[]) else { unreachable!() };
-                let (second, _) = cli::inject(&again_args).unwrap();
+                let again = Manifests { file: "the injected output", text: &yaml };
+                let (second, _) = offline::inject(templates(&args), again, &args.facts).unwrap();
                 if second != yaml {
                     failures.push(format!("{}: injecting the output again changed it", case.display()));
                 }
             }
             Err(errors) => {
                 remove_stale(&case.join("inject.yaml"));
-                failures.extend(check(&case.join("inject.err"), &format!("{errors}\n")));
+                failures.extend(check(&case.join("inject.err"), &format!("{}\n", errors.join("\n"))));
             }
         }
 
-        let Command::Explain { args: explain_args, .. } = parse("explain", &input, &args, &[]) else { unreachable!() };
-        match cli::explain(&explain_args, OutputFormat::Text) {
+        match offline::explain(templates(&args), input, &args.facts, Format::Text) {
             Ok(text) => failures.extend(check(&case.join("explain.txt"), &text)),
             Err(e) => failures.push(format!("{}: explain failed: {e}", case.display())),
         }
     }
     assert!(
         failures.is_empty(),
-        "{}\n\n(run UPDATE_GOLDEN=1 cargo test --test golden after an intended change)",
+        "{}\n\n(run `make golden` after an intended change, then review the diff)",
         failures.join("\n\n")
     );
 }
@@ -104,11 +103,11 @@ fn golden_cases() {
 #[test]
 fn explain_json_is_machine_readable() {
     let case = Path::new(CASES).join("selectors");
-    let Command::Explain { args, .. } = parse("explain", &case.join("input.yaml"), &args_of(&case), &["-o", "json"])
-    else {
-        unreachable!()
-    };
-    let json: serde_json::Value = serde_json::from_str(&cli::explain(&args, OutputFormat::Json).unwrap()).unwrap();
+    let args = case_args(&case);
+    let file = case.join("input.yaml").display().to_string();
+    let text = fs::read_to_string(&file).unwrap();
+    let json = offline::explain(templates(&args), Manifests { file: &file, text: &text }, &args.facts, Format::Json);
+    let json: serde_json::Value = serde_json::from_str(&json.unwrap()).unwrap();
     let pods = json.as_array().unwrap();
     assert_eq!(pods.len(), 3);
     assert_eq!(pods[0]["result"], "inject");
