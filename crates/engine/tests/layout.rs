@@ -11,7 +11,7 @@ const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
 const MAX_FUNCTION_LINES: usize = 120;
 /// Functions still over the limit, with their length now: they may only shrink (the engine issue's
 /// remaining split).
-const LONG_FUNCTIONS: [(&str, &str, usize); 2] = [("injection/plan.rs", "plan", 354), ("emit/policy.rs", "new", 339)];
+const LONG_FUNCTIONS: [(&str, &str, usize); 1] = [("injection/plan.rs", "plan", 354)];
 
 /// Each module's source without its tests and comments, by its path below the crate
 /// (`claims::ownership`; a folder's `mod.rs` is the folder's module).
