@@ -897,6 +897,7 @@ struct Program {
 }
 
 /// What holds a name at admission: the pod, or (by index into the flags) an earlier item.
+#[derive(Default)]
 struct Claims<'p> {
     /// (key, flag variable, template) of items added so far, per name space.
     earlier: BTreeMap<&'static str, Vec<(String, String, &'p str)>>,
@@ -977,229 +978,334 @@ fn targets_cel(targets: &AppTargets) -> String {
 }
 
 impl Program {
+    /// The policy's variables and its patch for the compiled `plans`, in the engine's order; a pod
+    /// that selects a template of `leave_to_webhook` (their selections, CEL) is the webhook's.
     fn new(plans: &[Plan], leave_to_webhook: &[String]) -> Program {
-        let mut vars: Vec<(String, String)> = vec![
-            ("podLabels".into(), "object.metadata.?labels.orValue({})".into()),
-            ("namespaceLabels".into(), "namespaceObject.metadata.?labels.orValue({})".into()),
-            ("namespaceAnnotations".into(), "namespaceObject.metadata.?annotations.orValue({})".into()),
-            ("containerNames".into(), "object.spec.containers.map(c, c.name)".into()),
-            ("allContainers".into(), "object.spec.containers + object.spec.?initContainers.orValue([])".into()),
-            ("volumeNames".into(), "object.spec.?volumes.orValue([]).map(v, v.name)".into()),
-            (
-                "pullSecretNames".into(),
-                "object.spec.?imagePullSecrets.orValue([]).map(s, s.?name.orValue(\"\"))".into(),
+        let mut program = ProgramBuilder::new(plans);
+        for i in 0..plans.len() {
+            program.add_metadata(i);
+            program.add_containers(i);
+            program.add_volumes(i);
+            program.add_pull_secrets(i);
+            program.add_app_items(i);
+        }
+        let any_skip = any(program.skip_any_by_plan.iter().flatten().cloned());
+        program.vars.push(("anySkip".into(), any_skip));
+        let handled = program.handled(leave_to_webhook);
+        program.vars.push(("handled".into(), handled));
+        let status = program.status();
+        program.vars.push(("status".into(), status));
+        let variables =
+            program.vars.iter().map(|(name, expression)| json!({"name": name, "expression": expression})).collect();
+        Program { variables, patch: program.patch() }
+    }
+}
+
+/// The variables every policy starts with: the pod's and namespace's maps and names that the
+/// items' conditions read, and the service-account token mount containers get.
+fn pod_variables() -> Vec<(String, String)> {
+    vec![
+        ("podLabels".into(), "object.metadata.?labels.orValue({})".into()),
+        ("namespaceLabels".into(), "namespaceObject.metadata.?labels.orValue({})".into()),
+        ("namespaceAnnotations".into(), "namespaceObject.metadata.?annotations.orValue({})".into()),
+        ("containerNames".into(), "object.spec.containers.map(c, c.name)".into()),
+        ("allContainers".into(), "object.spec.containers + object.spec.?initContainers.orValue([])".into()),
+        ("volumeNames".into(), "object.spec.?volumes.orValue([]).map(v, v.name)".into()),
+        ("pullSecretNames".into(), "object.spec.?imagePullSecrets.orValue([]).map(s, s.?name.orValue(\"\"))".into()),
+        ("tokenVolumes".into(), "variables.volumeNames.filter(n, n.startsWith(\"kube-api-access-\"))".into()),
+        // `plan::service_account_token_mount`: the mount the ServiceAccount plugin gave
+        // every container, when it gave it to all and is allowed to.
+        (
+            "tokenMounts".into(),
+            format!(
+                "(object.spec.?automountServiceAccountToken.orValue(true) && size(variables.tokenVolumes) > 0 \
+                 && variables.allContainers.all(c, c.?volumeMounts.orValue([]).exists(m, m.mountPath == {p})) \
+                 && variables.allContainers.exists(c, c.?volumeMounts.orValue([]).exists(m, m.name == variables.tokenVolumes[0] \
+                 && m.?readOnly.orValue(false) && m.mountPath == {p} && !has(m.subPath) && !has(m.subPathExpr) \
+                 && !has(m.mountPropagation) && !has(m.recursiveReadOnly)))) \
+                 ? [{{\"name\": dyn(variables.tokenVolumes[0]), \"readOnly\": dyn(true), \"mountPath\": dyn({p})}}] : []",
+                p = lit(SERVICE_ACCOUNT_TOKEN_PATH)
             ),
-            ("tokenVolumes".into(), "variables.volumeNames.filter(n, n.startsWith(\"kube-api-access-\"))".into()),
-            // `plan::service_account_token_mount`: the mount the ServiceAccount plugin gave
-            // every container, when it gave it to all and is allowed to.
-            (
-                "tokenMounts".into(),
-                format!(
-                    "(object.spec.?automountServiceAccountToken.orValue(true) && size(variables.tokenVolumes) > 0 \
-                     && variables.allContainers.all(c, c.?volumeMounts.orValue([]).exists(m, m.mountPath == {p})) \
-                     && variables.allContainers.exists(c, c.?volumeMounts.orValue([]).exists(m, m.name == variables.tokenVolumes[0] \
-                     && m.?readOnly.orValue(false) && m.mountPath == {p} && !has(m.subPath) && !has(m.subPathExpr) \
-                     && !has(m.mountPropagation) && !has(m.recursiveReadOnly)))) \
-                     ? [{{\"name\": dyn(variables.tokenVolumes[0]), \"readOnly\": dyn(true), \"mountPath\": dyn({p})}}] : []",
-                    p = lit(SERVICE_ACCOUNT_TOKEN_PATH)
-                ),
-            ),
-        ];
+        ),
+    ]
+}
+
+/// An item whose key is the same for every pod (a map entry, container, volume or pull secret),
+/// as `ProgramBuilder::static_item` flags it.
+struct StaticItem<'a> {
+    /// The name space its key is unique in (`containers`, `volumes`, a map's field, ...).
+    space: &'static str,
+    kind: ItemKind,
+    key: &'a str,
+    when: &'a Option<String>,
+    /// Whether the pod has an item with the key (CEL).
+    pod_has: String,
+    /// Whether a skip gets a status entry (a pull secret's does not).
+    report_skip: bool,
+}
+
+/// `Program::new`'s work in progress: the variables so far, and what the plans' items add to the
+/// patch and to the status, gathered plan by plan in the engine's order.
+#[derive(Default)]
+struct ProgramBuilder<'p> {
+    plans: &'p [Plan],
+    /// `variables.s<i>`: whether plan `i`'s template is selected.
+    selected: Vec<String>,
+    /// The policy's variables (name, CEL), in order.
+    vars: Vec<(String, String)>,
+    /// Flags of the items with static identities: added or not.
+    claims: Claims<'p>,
+    flag_count: usize,
+    /// Per metadata map (labels, annotations): the operations, and the keys added (for the
+    /// status) with the flags that add them.
+    metadata_ops: [Vec<String>; 2],
+    metadata_status: [BTreeMap<String, Vec<String>>; 2],
+    /// (flag, value) of the init containers (native sidecars among them).
+    init_ops: Vec<(String, String)>,
+    /// The operations adding classic sidecars.
+    container_ops: Vec<String>,
+    /// (flag, value) of the volumes and of the pull secrets.
+    volume_ops: Vec<(String, String)>,
+    secret_ops: Vec<(String, String)>,
+    /// (flag, name as JSON text) of each status list.
+    st_containers: Vec<(String, String)>,
+    st_init: Vec<(String, String)>,
+    st_native: Vec<(String, String)>,
+    st_volumes: Vec<(String, String)>,
+    st_secrets: Vec<(String, String)>,
+    /// Status entries of skipped items (CEL strings, empty when not skipped), in the engine's
+    /// order: per template, its own items, then its app-container items.
+    skips: Vec<String>,
+    /// Per plan, the conditions under which one of its items is skipped.
+    skip_any_by_plan: Vec<Vec<String>>,
+    /// The conditions under which a mounted volume is displaced (see `add_volumes`).
+    volume_skips: Vec<String>,
+    /// Per app-container list (`kinds::APP_LISTS`): the operations, and (added(c) CEL, key JSON).
+    app_ops: [Vec<String>; 3],
+    app_added: [Vec<(String, String)>; 3],
+}
+
+impl<'p> ProgramBuilder<'p> {
+    /// The common variables and each plan's selection (`s<i>`), nothing gathered yet.
+    fn new(plans: &'p [Plan]) -> Self {
+        let mut vars = pod_variables();
         let selected: Vec<String> = (0..plans.len()).map(|i| format!("variables.s{i}")).collect();
         for (i, plan) in plans.iter().enumerate() {
             vars.push((format!("s{i}"), plan.selected.clone()));
         }
+        ProgramBuilder { plans, selected, vars, skip_any_by_plan: vec![Vec::new(); plans.len()], ..Default::default() }
+    }
 
-        // Flags of the items with static identities: added or not.
-        let mut claims = Claims { earlier: BTreeMap::new() };
-        let mut flag_count = 0usize;
-        let mut flag = |vars: &mut Vec<(String, String)>, cel: String| {
-            let name = format!("a{flag_count}");
-            flag_count += 1;
-            vars.push((name.clone(), cel));
-            format!("variables.{name}")
-        };
-        // Per metadata map (labels, annotations): the operations, and the keys added (for the
-        // status) with the flags that add them.
-        let mut metadata_ops: [Vec<String>; 2] = Default::default();
-        let mut init_ops = Vec::new();
-        let mut container_ops = Vec::new();
-        let mut volume_ops = Vec::new();
-        let mut secret_ops = Vec::new();
-        let (mut st_containers, mut st_init, mut st_native, mut st_volumes, mut st_secrets) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut metadata_status: [BTreeMap<String, Vec<String>>; 2] = Default::default();
-        // Status entries of skipped items (CEL strings, empty when not skipped), in the engine's
-        // order: per template, its own items, then its app-container items.
-        let mut skips: Vec<String> = Vec::new();
-        let mut skip_any_by_plan: Vec<Vec<String>> = vec![Vec::new(); plans.len()];
-        let mut volume_skips: Vec<String> = Vec::new();
-        let mut app_ops: [Vec<String>; 3] = Default::default();
-        let mut app_added: [Vec<(String, String)>; 3] = Default::default(); // (added(c) CEL, key JSON)
+    /// A new flag variable (`a<n>`) with this CEL, as the expression that reads it.
+    fn flag(&mut self, cel: String) -> String {
+        let name = format!("a{}", self.flag_count);
+        self.flag_count += 1;
+        self.vars.push((name.clone(), cel));
+        format!("variables.{name}")
+    }
 
-        for (i, plan) in plans.iter().enumerate() {
-            let s = &selected[i];
-            let t = plan.name.as_str();
-            let mut static_item = |vars: &mut Vec<(String, String)>,
-                                   space: &'static str,
-                                   kind: ItemKind,
-                                   key: &str,
-                                   when: &Option<String>,
-                                   pod_has: String,
-                                   report_skip: bool|
-             -> String {
-                let earlier = claims.earlier(space, key);
-                let earlier: Vec<(String, &str)> = earlier.into_iter().map(|(f, t)| (f.to_owned(), t)).collect();
-                let taken = any(earlier.iter().map(|(f, _)| f.clone()));
-                let added = flag(vars, format!("{s}{} && !{pod_has} && !{taken}", when_and(when)));
-                claims.add(space, key, added.clone(), t);
-                if report_skip {
-                    let cond = format!("({s}{} && !{added})", when_and(when));
-                    skips.push(format!(
-                        "({cond} ? {} : \"\")",
-                        skip_json(t, kind, key, None, &owner_cel(&pod_has, &earlier))
-                    ));
-                    skip_any_by_plan[i].push(cond);
-                }
-                added
-            };
-            // Labels, then annotations, each in key order (the rendered maps are sorted); the
-            // injector's own key is always taken.
-            for (kind, pod_map) in MAPS.iter().zip(MAP_CEL_OF_POD) {
-                let (index, field, own_key) = (kind.index, kind.field, kind.own_key);
-                let mut entries = plan.maps[index].clone();
-                entries.sort_by(|a, b| a.0.cmp(&b.0));
-                for (key, value) in &entries {
-                    let pod_has = match key.as_str() {
-                        k if k == own_key => "true".to_owned(),
-                        _ => format!("({} in {pod_map})", lit(key)),
-                    };
-                    let added = static_item(&mut vars, field, kind.kind, key, &None, pod_has, true);
-                    metadata_ops[index].push(format!(
-                        "({added} ? [{}] : [])",
-                        patch_op(&lit(&format!("/metadata/{field}/{}", pointer(key))), &value.cel())
-                    ));
-                    metadata_status[index].entry(key.clone()).or_default().push(added);
-                }
-            }
-            let container_has = |key: &str| format!("({} in variables.allContainers.map(c, c.name))", lit(key));
-            // Init containers, then sidecars (native ones go among the init containers too).
-            let containers =
-                plan.init_containers.iter().map(|i| (i, false)).chain(plan.sidecars.iter().map(|i| (i, true)));
-            for (item, sidecar) in containers {
-                let pod_has = container_has(&item.key);
-                let added = static_item(&mut vars, "containers", item.kind, &item.key, &item.when, pod_has, true);
-                let name_json = json_text_lit(&item.key);
-                if sidecar && !plan.native {
-                    container_ops
-                        .push(format!("({added} ? [{}] : [])", patch_op("\"/spec/containers/-\"", &item.value)));
-                    st_containers.push((added, name_json));
-                    continue;
-                }
-                init_ops.push((added.clone(), item.value.clone()));
-                if sidecar {
-                    st_native.push((added.clone(), name_json.clone()));
-                }
-                st_init.push((added, name_json));
-            }
-            for item in &plan.volumes {
-                let pod_has = format!("({} in variables.volumeNames)", lit(&item.key));
-                let pod_has_volume = pod_has.clone();
-                let added = static_item(&mut vars, "volumes", item.kind, &item.key, &item.when, pod_has, true);
-                // A volume skipped for another of its name displaces what mounts it (`inject`): the
-                // webhook's to decide, when the pod has one, or an earlier template one that is
-                // not the same.
-                let selected = &selected;
-                let differing_earlier = plans[..i].iter().enumerate().flat_map(|(j, earlier)| {
-                    earlier
-                        .volumes
-                        .iter()
-                        .filter(|v| v.key == item.key && v.value != item.value)
-                        .map(move |v| format!("({}{})", selected[j], when_and(&v.when)))
-                });
-                let displaced = any(std::iter::once(pod_has_volume.clone()).chain(differing_earlier));
-                if plan.mounted.contains(&item.key) {
-                    volume_skips.push(format!("({s}{} && {displaced})", when_and(&item.when)));
-                }
-                volume_ops.push((added.clone(), item.value.clone()));
-                st_volumes.push((added, json_text_lit(&item.key)));
-            }
-            for item in &plan.pull_secrets {
-                let pod_has = format!("({} in variables.pullSecretNames)", lit(&item.key));
-                let added = static_item(&mut vars, "pullSecrets", item.kind, &item.key, &item.when, pod_has, false);
-                secret_ops.push((added.clone(), item.value.clone()));
-                st_secrets.push((added, json_text_lit(&item.key)));
-            }
-            // App containers: per container, so inline over `c`.
-            let includes = targets_cel(&plan.targets);
-            let mut this_plan_app_skips = Vec::new();
-            for (list, pod_key) in APP_LISTS.iter().zip(APP_LIST_CEL_IDENTITY) {
-                let (list_index, field, kind) = (list.index, list.field, &list.kind);
-                for item in &plan.app[list_index] {
-                    let pod_has = format!("c.?{field}.orValue([]).exists(x, {pod_key} == {})", lit(&item.key));
-                    let earlier_plans: Vec<(String, &str)> = app_claims(plans, i, list_index, &item.key)
-                        .into_iter()
-                        .map(|(j, when)| {
-                            (
-                                format!("({}{} && {})", selected[j], when_and(&when), targets_cel(&plans[j].targets)),
-                                plans[j].name.as_str(),
-                            )
-                        })
-                        .collect();
-                    let taken = any(earlier_plans.iter().map(|(c, _)| c.clone()));
-                    let here = format!("{s}{} && {includes}", when_and(&item.when));
-                    let added = format!("({here} && !{pod_has} && !{taken})");
-                    app_ops[list_index].push(format!(
-                        "object.spec.containers.filter(c, {added}).map(c, {})",
-                        patch_op(
-                            &format!("\"/spec/containers/\" + string(variables.containerNames.indexOf(c.name)) + \"/{field}/-\""),
-                            &item.value
-                        )
-                    ));
-                    app_added[list_index].push((added.clone(), json_text_lit(&item.key)));
-                    let skip = format!("({here} && !{added})");
-                    let json = skip_json(t, *kind, &item.key, Some("c.name"), &owner_cel(&pod_has, &earlier_plans));
-                    this_plan_app_skips.push(format!("({skip} ? {json} : \"\")"));
-                    skip_any_by_plan[i].push(format!("object.spec.containers.exists(c, {skip})"));
-                }
-            }
-            if !this_plan_app_skips.is_empty() {
-                skips.push(format!(
-                    "object.spec.containers.map(c, [{}].filter(x, x != \"\").join(\",\")).filter(x, x != \"\").join(\",\")",
-                    this_plan_app_skips.join(", ")
+    /// The flag of a static item of plan `i`: added when its template is selected, its `when:`
+    /// holds and neither the pod nor an earlier item has the key; a skip is recorded if reported.
+    fn static_item(&mut self, i: usize, item: StaticItem<'_>) -> String {
+        let plans = self.plans;
+        let (s, t) = (self.selected[i].clone(), plans[i].name.as_str());
+        let StaticItem { space, kind, key, when, pod_has, report_skip } = item;
+        let earlier = self.claims.earlier(space, key);
+        let earlier: Vec<(String, &str)> = earlier.into_iter().map(|(f, t)| (f.to_owned(), t)).collect();
+        let taken = any(earlier.iter().map(|(f, _)| f.clone()));
+        let added = self.flag(format!("{s}{} && !{pod_has} && !{taken}", when_and(when)));
+        self.claims.add(space, key, added.clone(), t);
+        if report_skip {
+            let cond = format!("({s}{} && !{added})", when_and(when));
+            self.skips
+                .push(format!("({cond} ? {} : \"\")", skip_json(t, kind, key, None, &owner_cel(&pod_has, &earlier))));
+            self.skip_any_by_plan[i].push(cond);
+        }
+        added
+    }
+
+    /// Plan `i`'s labels and annotations: the operations that add them, and who adds each key.
+    fn add_metadata(&mut self, i: usize) {
+        let plan = &self.plans[i];
+        // Labels, then annotations, each in key order (the rendered maps are sorted); the
+        // injector's own key is always taken.
+        for (kind, pod_map) in MAPS.iter().zip(MAP_CEL_OF_POD) {
+            let (index, field, own_key) = (kind.index, kind.field, kind.own_key);
+            let mut entries = plan.maps[index].clone();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            for (key, value) in &entries {
+                let pod_has = match key.as_str() {
+                    k if k == own_key => "true".to_owned(),
+                    _ => format!("({} in {pod_map})", lit(key)),
+                };
+                let item = StaticItem { space: field, kind: kind.kind, key, when: &None, pod_has, report_skip: true };
+                let added = self.static_item(i, item);
+                self.metadata_ops[index].push(format!(
+                    "({added} ? [{}] : [])",
+                    patch_op(&lit(&format!("/metadata/{field}/{}", pointer(key))), &value.cel())
                 ));
+                self.metadata_status[index].entry(key.clone()).or_default().push(added);
             }
         }
+    }
 
-        let any_skip = any(skip_any_by_plan.iter().flatten().cloned());
-        vars.push(("anySkip".into(), any_skip));
-        let enforced_conflicts =
-            plans.iter().enumerate().filter(|(_, p)| p.enforced).map(|(i, _)| any(skip_any_by_plan[i].iter().cloned()));
-        let inadmissible = plans
+    /// Plan `i`'s init containers and sidecars: their operations and status entries.
+    fn add_containers(&mut self, i: usize) {
+        let plan = &self.plans[i];
+        let container_has = |key: &str| format!("({} in variables.allContainers.map(c, c.name))", lit(key));
+        // Init containers, then sidecars (native ones go among the init containers too).
+        let containers = plan.init_containers.iter().map(|c| (c, false)).chain(plan.sidecars.iter().map(|c| (c, true)));
+        for (item, sidecar) in containers {
+            let pod_has = container_has(&item.key);
+            let (key, when) = (&item.key, &item.when);
+            let added = self.static_item(
+                i,
+                StaticItem { space: "containers", kind: item.kind, key, when, pod_has, report_skip: true },
+            );
+            let name_json = json_text_lit(&item.key);
+            if sidecar && !plan.native {
+                self.container_ops
+                    .push(format!("({added} ? [{}] : [])", patch_op("\"/spec/containers/-\"", &item.value)));
+                self.st_containers.push((added, name_json));
+                continue;
+            }
+            self.init_ops.push((added.clone(), item.value.clone()));
+            if sidecar {
+                self.st_native.push((added.clone(), name_json.clone()));
+            }
+            self.st_init.push((added, name_json));
+        }
+    }
+
+    /// Plan `i`'s volumes: their operations and status entries, and when a mounted one is
+    /// displaced (`volume_skips`).
+    fn add_volumes(&mut self, i: usize) {
+        let plan = &self.plans[i];
+        for item in &plan.volumes {
+            let pod_has = format!("({} in variables.volumeNames)", lit(&item.key));
+            let pod_has_volume = pod_has.clone();
+            let (key, when) = (&item.key, &item.when);
+            let added = self.static_item(
+                i,
+                StaticItem { space: "volumes", kind: item.kind, key, when, pod_has, report_skip: true },
+            );
+            // A volume skipped for another of its name displaces what mounts it (`inject`): the
+            // webhook's to decide, when the pod has one, or an earlier template one that is
+            // not the same.
+            let selected = &self.selected;
+            let differing_earlier = self.plans[..i].iter().enumerate().flat_map(|(j, earlier)| {
+                earlier
+                    .volumes
+                    .iter()
+                    .filter(|v| v.key == item.key && v.value != item.value)
+                    .map(move |v| format!("({}{})", selected[j], when_and(&v.when)))
+            });
+            let displaced = any(std::iter::once(pod_has_volume).chain(differing_earlier));
+            if plan.mounted.contains(&item.key) {
+                self.volume_skips.push(format!("({}{} && {displaced})", self.selected[i], when_and(&item.when)));
+            }
+            self.volume_ops.push((added.clone(), item.value.clone()));
+            self.st_volumes.push((added, json_text_lit(&item.key)));
+        }
+    }
+
+    /// Plan `i`'s image pull secrets: their operations and status entries (a skip is not reported).
+    fn add_pull_secrets(&mut self, i: usize) {
+        for item in &self.plans[i].pull_secrets {
+            let pod_has = format!("({} in variables.pullSecretNames)", lit(&item.key));
+            let (key, when) = (&item.key, &item.when);
+            let added = self.static_item(
+                i,
+                StaticItem { space: "pullSecrets", kind: item.kind, key, when, pod_has, report_skip: false },
+            );
+            self.secret_ops.push((added.clone(), item.value.clone()));
+            self.st_secrets.push((added, json_text_lit(&item.key)));
+        }
+    }
+
+    /// Plan `i`'s app-container items: the operations on each targeted app container's lists, what
+    /// they add for the status, and the status entries of those skipped.
+    fn add_app_items(&mut self, i: usize) {
+        let plans = self.plans;
+        let (plan, s, t) = (&plans[i], &self.selected[i], plans[i].name.as_str());
+        // App containers: per container, so inline over `c`.
+        let includes = targets_cel(&plan.targets);
+        let mut this_plan_app_skips = Vec::new();
+        for (list, pod_key) in APP_LISTS.iter().zip(APP_LIST_CEL_IDENTITY) {
+            let (list_index, field, kind) = (list.index, list.field, &list.kind);
+            for item in &plan.app[list_index] {
+                let pod_has = format!("c.?{field}.orValue([]).exists(x, {pod_key} == {})", lit(&item.key));
+                let earlier_plans: Vec<(String, &str)> = app_claims(plans, i, list_index, &item.key)
+                    .into_iter()
+                    .map(|(j, when)| {
+                        (
+                            format!("({}{} && {})", self.selected[j], when_and(&when), targets_cel(&plans[j].targets)),
+                            plans[j].name.as_str(),
+                        )
+                    })
+                    .collect();
+                let taken = any(earlier_plans.iter().map(|(c, _)| c.clone()));
+                let here = format!("{s}{} && {includes}", when_and(&item.when));
+                let added = format!("({here} && !{pod_has} && !{taken})");
+                self.app_ops[list_index].push(format!(
+                    "object.spec.containers.filter(c, {added}).map(c, {})",
+                    patch_op(
+                        &format!(
+                            "\"/spec/containers/\" + string(variables.containerNames.indexOf(c.name)) + \"/{field}/-\""
+                        ),
+                        &item.value
+                    )
+                ));
+                self.app_added[list_index].push((added.clone(), json_text_lit(&item.key)));
+                let skip = format!("({here} && !{added})");
+                let json = skip_json(t, *kind, &item.key, Some("c.name"), &owner_cel(&pod_has, &earlier_plans));
+                this_plan_app_skips.push(format!("({skip} ? {json} : \"\")"));
+                self.skip_any_by_plan[i].push(format!("object.spec.containers.exists(c, {skip})"));
+            }
+        }
+        if !this_plan_app_skips.is_empty() {
+            self.skips.push(format!(
+                "object.spec.containers.map(c, [{}].filter(x, x != \"\").join(\",\")).filter(x, x != \"\").join(\",\")",
+                this_plan_app_skips.join(", ")
+            ));
+        }
+    }
+
+    /// When the policy injects the pod (`variables.handled`): a template is selected and nothing
+    /// of the pod is the webhook's to decide.
+    fn handled(&self, leave_to_webhook: &[String]) -> String {
+        let enforced_conflicts = self
+            .plans
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.enforced)
+            .map(|(i, _)| any(self.skip_any_by_plan[i].iter().cloned()));
+        let inadmissible = self
+            .plans
             .iter()
             .enumerate()
             .filter(|(_, p)| p.admissible != "true")
-            .map(|(i, p)| format!("({} && !({}))", selected[i], p.admissible));
+            .map(|(i, p)| format!("({} && !({}))", self.selected[i], p.admissible));
         // Namespace defaults (`sidecar-injector.io/<template>.<value>` on the namespace) are the
         // webhook's to apply, like the pod's overrides it cannot follow.
         let namespace_defaults = format!(
             "variables.namespaceAnnotations.exists(k, k.matches({}))",
             lit(&format!("^{}[a-z0-9-]+[.]", names::PREFIX.replace('.', "[.]")))
         );
-        vars.push((
-            "handled".into(),
-            format!(
-                "{} && !{namespace_defaults} && !{} && !{} && !{} && !{} && !object.spec.?resources.hasValue()",
-                any(selected.iter().cloned()),
-                any(leave_to_webhook.iter().map(|c| format!("({c})"))),
-                any(enforced_conflicts),
-                any(inadmissible),
-                any(volume_skips),
-            ),
-        ));
+        format!(
+            "{} && !{namespace_defaults} && !{} && !{} && !{} && !{} && !object.spec.?resources.hasValue()",
+            any(self.selected.iter().cloned()),
+            any(leave_to_webhook.iter().map(|c| format!("({c})"))),
+            any(enforced_conflicts),
+            any(inadmissible),
+            any(self.volume_skips.iter().cloned()),
+        )
+    }
 
-        // The status annotation, byte for byte what `InjectionStatus::to_annotation` writes.
-        let templates = plans
+    /// The status annotation, byte for byte what `InjectionStatus::to_annotation` writes.
+    fn status(&self) -> String {
+        let templates = self
+            .plans
             .iter()
             .enumerate()
             .map(|(i, p)| {
@@ -1208,7 +1314,7 @@ impl Program {
                     hash: p.hash.clone(),
                 })
                 .expect("serializes");
-                (selected[i].clone(), lit(&json))
+                (self.selected[i].clone(), lit(&json))
             })
             .collect::<Vec<_>>();
         let templates_list =
@@ -1216,9 +1322,31 @@ impl Program {
         let keyed = |m: &BTreeMap<String, Vec<String>>| -> Vec<(String, String)> {
             m.iter().map(|(k, flags)| (any(flags.iter().cloned()), json_text_lit(k))).collect()
         };
+        let skipped_list = self.skips.join(", ");
+        [
+            format!("\"{{\\\"templates\\\":[\" + [{templates_list}].filter(x, x != \"\").join(\",\") + \"]\""),
+            list_part("containers", &self.st_containers),
+            list_part("initContainers", &self.st_init),
+            list_part("nativeSidecars", &self.st_native),
+            list_part("volumes", &self.st_volumes),
+            list_part("imagePullSecrets", &self.st_secrets),
+            list_part("labels", &keyed(&self.metadata_status[0])),
+            list_part("annotations", &keyed(&self.metadata_status[1])),
+            self.app_containers_status(),
+            wrap_nonempty(&format!("[{skipped_list}].filter(x, x != \"\").join(\",\")"), ",\"skipped\":[", "]"),
+            "\"}\"".to_owned(),
+        ]
+        .join(" + ")
+    }
+
+    /// The status's `appContainers` part: per app container, the keys of each list added to it.
+    fn app_containers_status(&self) -> String {
         let app_part = |list_index: usize, field: &str| {
-            let entries =
-                app_added[list_index].iter().map(|(c, j)| format!("({c} ? {j} : \"\")")).collect::<Vec<_>>().join(", ");
+            let entries = self.app_added[list_index]
+                .iter()
+                .map(|(c, j)| format!("({c} ? {j} : \"\")"))
+                .collect::<Vec<_>>()
+                .join(", ");
             wrap_nonempty(&format!("[{entries}].filter(x, x != \"\").join(\",\")"), &format!("\"{field}\":["), "]")
         };
         // Sorted by container name as the status's map is: `"<name>":` strings sort the same way,
@@ -1229,34 +1357,20 @@ impl Program {
             app_part(1, "envFrom"),
             app_part(2, "volumeMounts")
         );
-        let app_containers = wrap_nonempty(
+        wrap_nonempty(
             &format!(
                 "object.spec.containers.map(c, [{per_container}].filter(p, p != \"\").map(p, \"\\\"\" + c.name + \"\\\":{{\" + p + \"}}\").join(\"\")).filter(x, x != \"\").sort().join(\",\")"
             ),
             ",\"appContainers\":{",
             "}",
-        );
-        let skipped_list = skips.join(", ");
-        let status = [
-            format!("\"{{\\\"templates\\\":[\" + [{templates_list}].filter(x, x != \"\").join(\",\") + \"]\""),
-            list_part("containers", &st_containers),
-            list_part("initContainers", &st_init),
-            list_part("nativeSidecars", &st_native),
-            list_part("volumes", &st_volumes),
-            list_part("imagePullSecrets", &st_secrets),
-            list_part("labels", &keyed(&metadata_status[0])),
-            list_part("annotations", &keyed(&metadata_status[1])),
-            app_containers,
-            wrap_nonempty(&format!("[{skipped_list}].filter(x, x != \"\").join(\",\")"), ",\"skipped\":[", "]"),
-            "\"}\"".to_owned(),
-        ]
-        .join(" + ");
-        vars.push(("status".into(), status));
+        )
+    }
 
-        // The patch, in the order `injection::plan` writes it.
+    /// The patch, in the order `injection::plan` writes it, for the pods the policy handles.
+    fn patch(self) -> String {
         let mut ops: Vec<String> = Vec::new();
         ops.push(format!("(has(object.metadata.labels) ? [] : [{}])", patch_op("\"/metadata/labels\"", "{}")));
-        let [label_ops, annotation_ops] = metadata_ops;
+        let [label_ops, annotation_ops] = self.metadata_ops;
         ops.extend(label_ops);
         ops.push(format!(
             "[{}]",
@@ -1274,31 +1388,13 @@ impl Program {
             "[{}]",
             patch_op(&lit(&format!("/metadata/annotations/{}", pointer(names::STATUS_ANNOTATION))), "variables.status")
         ));
-        let list_ops = |ops: &mut Vec<String>, path: &str, items: &[(String, String)], front: bool| {
-            if items.is_empty() {
-                return;
-            }
-            let any_added = any(items.iter().map(|(f, _)| f.clone()));
-            let field = path.rsplit('/').next().expect("a path");
-            ops.push(format!("(!has(object.spec.{field}) && {any_added} ? [{}] : [])", patch_op(&lit(path), "[]")));
-            if front {
-                // Inserted at the front in reverse order, so they end up in order before the pod's own.
-                for (added, value) in items.iter().rev() {
-                    ops.push(format!("({added} ? [{}] : [])", patch_op(&lit(&format!("{path}/0")), value)));
-                }
-            } else {
-                for (added, value) in items {
-                    ops.push(format!("({added} ? [{}] : [])", patch_op(&lit(&format!("{path}/-")), value)));
-                }
-            }
-        };
-        list_ops(&mut ops, "/spec/initContainers", &init_ops, true);
+        push_list_ops(&mut ops, "/spec/initContainers", &self.init_ops, true);
         for kind in &APP_LISTS {
             let (list_index, field) = (kind.index, kind.field);
-            if app_added[list_index].is_empty() {
+            if self.app_added[list_index].is_empty() {
                 continue;
             }
-            let any_added = any(app_added[list_index].iter().map(|(a, _)| a.clone()));
+            let any_added = any(self.app_added[list_index].iter().map(|(a, _)| a.clone()));
             ops.push(format!(
                 "object.spec.containers.filter(c, !has(c.{field}) && {any_added}).map(c, {})",
                 patch_op(
@@ -1306,15 +1402,33 @@ impl Program {
                     "[]"
                 )
             ));
-            ops.extend(app_ops[list_index].iter().cloned());
+            ops.extend(self.app_ops[list_index].iter().cloned());
         }
-        ops.extend(container_ops);
-        list_ops(&mut ops, "/spec/volumes", &volume_ops, false);
-        list_ops(&mut ops, "/spec/imagePullSecrets", &secret_ops, false);
+        ops.extend(self.container_ops);
+        push_list_ops(&mut ops, "/spec/volumes", &self.volume_ops, false);
+        push_list_ops(&mut ops, "/spec/imagePullSecrets", &self.secret_ops, false);
+        format!("variables.handled ? ({}) : []", ops.join("\n + "))
+    }
+}
 
-        let variables =
-            vars.into_iter().map(|(name, expression)| json!({"name": name, "expression": expression})).collect();
-        Program { variables, patch: format!("variables.handled ? ({}) : []", ops.join("\n + ")) }
+/// The operations adding a pod list's items (flag, value): the list itself when the pod has none
+/// and an item is added, then each item, at the front (`front`) or at the end.
+fn push_list_ops(ops: &mut Vec<String>, path: &str, items: &[(String, String)], front: bool) {
+    if items.is_empty() {
+        return;
+    }
+    let any_added = any(items.iter().map(|(f, _)| f.clone()));
+    let field = path.rsplit('/').next().expect("a path");
+    ops.push(format!("(!has(object.spec.{field}) && {any_added} ? [{}] : [])", patch_op(&lit(path), "[]")));
+    if front {
+        // Inserted at the front in reverse order, so they end up in order before the pod's own.
+        for (added, value) in items.iter().rev() {
+            ops.push(format!("({added} ? [{}] : [])", patch_op(&lit(&format!("{path}/0")), value)));
+        }
+    } else {
+        for (added, value) in items {
+            ops.push(format!("({added} ? [{}] : [])", patch_op(&lit(&format!("{path}/-")), value)));
+        }
     }
 }
 
