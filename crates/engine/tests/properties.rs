@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 use sidecar_injector_engine::injection::compare::first_difference;
 use sidecar_injector_engine::injection::pod_resources;
 use sidecar_injector_engine::kinds::{
-    APP_LIST_COUNT, APP_LISTS, MAPS, POD_LIST_COUNT, POD_LISTS, VOLUME_MOUNTS, VOLUMES,
+    APP_LIST_COUNT, APP_LISTS, MAP_COUNT, MAPS, POD_LIST_COUNT, POD_LISTS, VOLUME_MOUNTS, VOLUMES,
 };
 use sidecar_injector_engine::templates::template::InProcess;
 use sidecar_injector_engine::{
@@ -82,8 +82,8 @@ fn named(list: &[&str], prefix: &str) -> Value {
 /// A pod with unique container names, optional maps and lists, and fields no type knows about.
 fn pod() -> impl Strategy<Value = Value> {
     (
-        proptest::option::of(string_map()),
-        proptest::option::of(string_map()),
+        // An array of strategies draws as the tuple of them would (the fixed seeds keep their cases).
+        [(); MAP_COUNT].map(|()| proptest::option::of(string_map())),
         proptest::sample::subsequence(NAMES.to_vec(), 1..=3),
         proptest::option::of(names()),
         proptest::collection::vec(proptest::option::of((names(), any::<bool>())), POD_LIST_COUNT),
@@ -91,14 +91,14 @@ fn pod() -> impl Strategy<Value = Value> {
         proptest::collection::vec(proptest::collection::vec((names(), any::<bool>()), APP_LIST_COUNT), 3),
         proptest::option::of((1..4u32, any::<bool>())),
     )
-        .prop_map(|(labels, annotations, containers, init, pod_lists, per_container, pod_level)| {
+        .prop_map(|(maps, containers, init, pod_lists, per_container, pod_level)| {
             let mut metadata = Map::new();
             metadata.insert("name".into(), json!("p"));
-            if let Some(labels) = labels {
-                metadata.insert("labels".into(), Value::Object(labels));
-            }
-            if let Some(annotations) = annotations {
-                metadata.insert("annotations".into(), Value::Object(annotations));
+            // Every kind of map (labels, annotations), keys from the templates' pool.
+            for (kind, map) in MAPS.iter().zip(maps) {
+                if let Some(map) = map {
+                    metadata.insert(kind.field.into(), Value::Object(map));
+                }
             }
             let mut containers = named(&containers, "c-");
             // Every kind of app-container list, as its description makes items: the same as the
@@ -142,8 +142,7 @@ fn pod() -> impl Strategy<Value = Value> {
 /// conflicts happen often.
 fn template() -> impl Strategy<Value = String> {
     (
-        string_map(),
-        string_map(),
+        [(); MAP_COUNT].map(|()| string_map()),
         names(),
         names(),
         proptest::collection::vec(names(), POD_LIST_COUNT),
@@ -152,7 +151,7 @@ fn template() -> impl Strategy<Value = String> {
         proptest::sample::select(vec!["native", "container", "auto"]),
         "[a-z]{1,4}",
     )
-        .prop_map(|(labels, annotations, init, sidecars, pod_lists, mut app_lists, (volume, sidecars_mount), mode, value)| {
+        .prop_map(|(maps, init, sidecars, pod_lists, mut app_lists, (volume, sidecars_mount), mode, value)| {
             let volumes = &pod_lists[VOLUMES.index];
             // Mounts name one of the template's own volumes (none without volumes).
             let (sidecars_mount, volume) = match volumes.is_empty() {
@@ -167,8 +166,6 @@ fn template() -> impl Strategy<Value = String> {
                 "sidecarMode": mode,
                 "values": {"v": value},
                 "inject": {
-                    "labels": labels,
-                    "annotations": annotations,
                     "initContainers": named(&init, "i-"),
                     "sidecars": Value::Array(sidecars.iter().map(|n| json!({
                         "name": format!("c-{n}"),
@@ -190,6 +187,10 @@ fn template() -> impl Strategy<Value = String> {
                     item
                 });
                 doc["inject"]["appContainers"][kind.field] = items.collect();
+            }
+            // Every kind of map, with keys the pods use too.
+            for (kind, map) in MAPS.iter().zip(maps) {
+                doc["inject"][kind.field] = Value::Object(map);
             }
             // Every kind of spec list, as its description samples it (volumes are emptyDirs).
             for (kind, identities) in POD_LISTS.iter().zip(&pod_lists) {
