@@ -18,8 +18,11 @@
 //! The pod's maps a template adds to (labels and annotations) are described in [`MAPS`]: each
 //! holds one key of the injector's own besides the items.
 //!
-//! Containers, init containers and native sidecars (one name space, placement by sidecar mode)
-//! are not lists of these kinds and keep code of their own.
+//! Containers are described in [`CONTAINER_LISTS`] (the pod's two lists of them, with the status
+//! list of each) and [`Placement`] (where a template's container goes: its init containers first,
+//! its sidecars where the sidecar mode puts them). They differ from the lists above in two ways
+//! that keep them apart: containers and init containers share one name space, and a sidecar's
+//! list is decided per pod (native or classic).
 
 use std::borrow::Cow;
 
@@ -322,6 +325,118 @@ pub const MAPS: PerMap<MapKind> = [
     },
 ];
 
+/// One of the pod's lists of containers the injector adds to.
+#[derive(Debug)]
+pub struct ContainerListKind {
+    /// What the claims of an injected container there are judged as (a native sidecar is an
+    /// init container here).
+    pub kind: ItemKind,
+    /// Its position in [`CONTAINER_LISTS`].
+    pub index: usize,
+    /// The list's field in the pod (`spec.<field>`).
+    pub field: &'static str,
+    /// What an injected container there is called in messages (`init container`).
+    pub noun: &'static str,
+    /// Whether the list goes whole when the injection's containers were all it held (the app
+    /// containers always stay in `containers`).
+    pub may_empty: bool,
+    /// The status annotation's list of the containers injected there.
+    pub claimed: fn(&InjectionStatus) -> &Vec<String>,
+    /// The same list, to fill.
+    pub claimed_mut: fn(&mut InjectionStatus) -> &mut Vec<String>,
+}
+
+/// The pod's init containers (`spec.initContainers`): a template's init containers, and its
+/// sidecars when they are native.
+pub const INIT_CONTAINERS: &ContainerListKind = &CONTAINER_LISTS[1];
+/// The pod's containers (`spec.containers`): a template's classic sidecars, after the app's.
+pub const CONTAINERS: &ContainerListKind = &CONTAINER_LISTS[0];
+
+/// The pod's lists of containers, in the status annotation's order.
+pub const CONTAINER_LISTS: [ContainerListKind; 2] = [
+    ContainerListKind {
+        kind: ItemKind::Sidecar,
+        index: 0,
+        field: "containers",
+        noun: "sidecar container",
+        may_empty: false,
+        claimed: |s| &s.containers,
+        claimed_mut: |s| &mut s.containers,
+    },
+    ContainerListKind {
+        kind: ItemKind::InitContainer,
+        index: 1,
+        field: "initContainers",
+        noun: "init container",
+        may_empty: true,
+        claimed: |s| &s.init_containers,
+        claimed_mut: |s| &mut s.init_containers,
+    },
+];
+
+/// Where a template's container goes in the pod: the one decision between its template list, its
+/// pod list and its status lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// A template's init container, among the pod's init containers (before the pod's own).
+    Init,
+    /// A template's sidecar as a native sidecar: an init container with `restartPolicy: Always`.
+    NativeSidecar,
+    /// A template's sidecar as a classic container, after the pod's containers.
+    Sidecar,
+}
+
+impl Placement {
+    /// Where a template's sidecars go: native or classic.
+    pub fn of_sidecars(native: bool) -> Placement {
+        match native {
+            true => Placement::NativeSidecar,
+            false => Placement::Sidecar,
+        }
+    }
+
+    /// Where a container the status names in `list` was put.
+    pub fn of_claim(list: &ContainerListKind, status: &InjectionStatus, name: &str) -> Placement {
+        match list.index == CONTAINERS.index {
+            true => Placement::Sidecar,
+            false if status.native_sidecars.iter().any(|n| n == name) => Placement::NativeSidecar,
+            false => Placement::Init,
+        }
+    }
+
+    /// The kind, as the status's skips name it.
+    pub fn item_kind(self) -> ItemKind {
+        match self {
+            Placement::Init => ItemKind::InitContainer,
+            Placement::NativeSidecar | Placement::Sidecar => ItemKind::Sidecar,
+        }
+    }
+
+    /// The pod's list it goes into.
+    pub fn list(self) -> &'static ContainerListKind {
+        match self {
+            Placement::Init | Placement::NativeSidecar => INIT_CONTAINERS,
+            Placement::Sidecar => CONTAINERS,
+        }
+    }
+
+    /// Shapes a rendered container for where it goes: a native sidecar restarts always, the
+    /// others go as rendered.
+    pub fn shape(self, container: &mut Value) {
+        if self == Placement::NativeSidecar {
+            crate::injection::native::make_native(container);
+        }
+    }
+
+    /// Records a container put here in the status's lists.
+    pub fn record(self, status: &mut InjectionStatus, name: &str) {
+        (self.list().claimed_mut)(status).push(name.to_owned());
+        if self == Placement::NativeSidecar {
+            status.native_sidecars.push(name.to_owned());
+        }
+    }
+}
+
 /// The description of a spec-list kind, if `kind` is one.
 pub fn pod_list_of(kind: ItemKind) -> Option<&'static PodListKind> {
     POD_LISTS.iter().find(|k| k.kind == kind)
@@ -385,6 +500,24 @@ impl PodListKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_placement_records_in_its_list_and_is_found_there_again() {
+        for (index, list) in CONTAINER_LISTS.iter().enumerate() {
+            assert_eq!(list.index, index, "{}", list.field);
+        }
+        for placement in [Placement::Init, Placement::NativeSidecar, Placement::Sidecar] {
+            let mut status = InjectionStatus::default();
+            placement.record(&mut status, "x");
+            let list = placement.list();
+            assert_eq!((list.claimed)(&status), &vec!["x".to_owned()], "{placement:?}");
+            assert_eq!(Placement::of_claim(list, &status, "x"), placement);
+            let others = CONTAINER_LISTS.iter().filter(|other| other.index != list.index);
+            assert!(others.into_iter().all(|other| (other.claimed)(&status).is_empty()), "{placement:?}");
+        }
+        assert_eq!(Placement::of_sidecars(true).list().field, "initContainers");
+        assert_eq!(Placement::of_sidecars(false).list().field, "containers");
+    }
 
     #[test]
     fn every_description_is_where_its_index_says_and_its_status_list_is_its_own() {

@@ -19,7 +19,7 @@ use crate::claims::status::InjectionStatus;
 use crate::emit::scope;
 use crate::injection::compare::first_difference;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{APP_LISTS, MAPS, POD_LISTS, Place, VOLUMES};
+use crate::kinds::{APP_LISTS, MAPS, POD_LISTS, Place, Placement, VOLUMES};
 use crate::templates::template::{Piece, SeqItem, Template};
 use crate::{claims::ownership, names};
 
@@ -53,9 +53,6 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
             ));
             continue;
         }
-        let named = |items: &[Value], key: &str| {
-            items.iter().find(|i| i.get(key).and_then(Value::as_str) == Some(&skip.name)).cloned()
-        };
         let (expected, actual) = match skip.kind.place() {
             Place::PodList(kind) => (
                 kind.find(rendered.pod_list(kind), &skip.name).cloned(),
@@ -65,15 +62,12 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
                 rendered.map(kind).get(&skip.name).map(|v| Value::from(v.as_str())),
                 metadata(kind.field, &skip.name).map(Value::from),
             ),
-            Place::InitContainer => (named(&rendered.init_containers, "name"), container(&skip.name).cloned()),
+            Place::InitContainer => {
+                (rendered.placed_container(Placement::Init, &skip.name), container(&skip.name).cloned())
+            }
             Place::Sidecar => {
-                let expected = named(&rendered.sidecars, "name").map(|mut sidecar| {
-                    if native {
-                        crate::injection::native::make_native(&mut sidecar);
-                    }
-                    sidecar
-                });
-                (expected, container(&skip.name).cloned())
+                let placement = Placement::of_sidecars(native);
+                (rendered.placed_container(placement, &skip.name), container(&skip.name).cloned())
             }
             Place::AppList(kind) => {
                 let app = skip.container.as_deref().and_then(container);

@@ -21,7 +21,7 @@ use serde_json::Value;
 use crate::claims::status::{InjectionStatus, TemplateRef};
 use crate::injection::compare::first_difference;
 use crate::injection::env_merge;
-use crate::kinds::{APP_LISTS, ENV, POD_LISTS};
+use crate::kinds::{APP_LISTS, CONTAINER_LISTS, ENV, INIT_CONTAINERS, POD_LISTS};
 use crate::templates::template::{PreCheck, TemplateError, TemplateSet, TemplateSource};
 use crate::{Engine, Outcome, PodRequest, injection::select, names, pod};
 
@@ -144,18 +144,13 @@ fn describe_refs(refs: &[TemplateRef]) -> String {
 }
 
 fn check_named_items(pod: &Value, status: &InjectionStatus) -> Result<(), String> {
-    let containers = pod::list(pod, "containers").map_err(|e| e.to_string())?;
-    let init = pod::list(pod, "initContainers").map_err(|e| e.to_string())?;
-    for name in &status.containers {
-        if find_by(containers, "name", name).is_none() {
-            return Err(format!("injected sidecar container {name:?} was removed from the pod after injection"));
+    for list in &CONTAINER_LISTS {
+        let containers = pod::list(pod, list.field).map_err(|e| e.to_string())?;
+        if let Some(name) = (list.claimed)(status).iter().find(|name| find_by(containers, "name", name).is_none()) {
+            return Err(format!("injected {} {name:?} was removed from the pod after injection", list.noun));
         }
     }
-    for name in &status.init_containers {
-        if find_by(init, "name", name).is_none() {
-            return Err(format!("injected init container {name:?} was removed from the pod after injection"));
-        }
-    }
+    let init = pod::list(pod, INIT_CONTAINERS.field).map_err(|e| e.to_string())?;
     for name in &status.native_sidecars {
         let sidecar = find_by(init, "name", name);
         if !sidecar.is_some_and(crate::injection::native::is_native_sidecar) {
@@ -195,10 +190,7 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
     json_patch::patch(&mut expected, &injection.patch)
         .map_err(|e| format!("internal error recomputing the injection: {e}"))?;
     let actual = &*request.pod;
-    let containers = [
-        ("init container", "initContainers", "name", &injection.status.init_containers),
-        ("sidecar container", "containers", "name", &injection.status.containers),
-    ];
+    let containers = CONTAINER_LISTS.iter().map(|k| (k.noun, k.field, "name", (k.claimed)(&injection.status)));
     let pod_lists = POD_LISTS.iter().map(|k| (k.kind.describe(), k.field, k.key, (k.claimed)(&injection.status)));
     for (kind, list, key, names) in containers.into_iter().chain(pod_lists) {
         let (expected_items, actual_items) =
@@ -283,12 +275,12 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
         }
     };
     if let Some(spec) = pod.get_mut("spec") {
-        retain_unnamed(spec.get_mut("containers"), "name", &status.containers);
         // A list the injection emptied was added whole by it (`injection::plan` removes it whole).
-        let lists = POD_LISTS.iter().map(|k| (k.field, k.key, (k.claimed)(status)));
-        for (field, key, names) in [("initContainers", "name", &status.init_containers)].into_iter().chain(lists) {
+        let containers = CONTAINER_LISTS.iter().map(|k| (k.field, "name", (k.claimed)(status), k.may_empty));
+        let lists = POD_LISTS.iter().map(|k| (k.field, k.key, (k.claimed)(status), true));
+        for (field, key, names, may_empty) in containers.chain(lists) {
             retain_unnamed(spec.get_mut(field), key, names);
-            if spec.get(field).and_then(Value::as_array).is_some_and(Vec::is_empty) {
+            if may_empty && spec.get(field).and_then(Value::as_array).is_some_and(Vec::is_empty) {
                 spec.as_object_mut().map(|s| s.remove(field));
             }
         }

@@ -26,7 +26,7 @@ use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind};
 use crate::injection::compare::{first_difference, quantities_equal};
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{APP_LISTS, ENV, MAPS, POD_LISTS};
+use crate::kinds::{APP_LISTS, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement};
 use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
 
 /// What the claim says, checked against the pod.
@@ -56,29 +56,16 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
         |kind, name: &str, container, expected, actual| judged.judge(kind, name, container, expected, actual);
     let spec_list = |field: &str| pod.get("spec").and_then(|s| s.get(field)).and_then(Value::as_array);
     let find = |items: Option<&'p Vec<Value>>, key: &str, name: &str| find_in(items?, key, name);
-    let rendered_item = |pick: fn(&RenderedTemplate) -> &[Value], key: &str, name: &str| -> Option<Value> {
-        renderings.iter().flatten().find_map(|r| find_in(pick(r), key, name).cloned())
-    };
 
-    for name in &claim.containers {
-        let expected = rendered_item(|r| &r.sidecars, "name", name);
-        let found = judge(ItemKind::Sidecar, name, None, expected, find(spec_list("containers"), "name", name));
-        found.record(name, &mut present.containers, &mut owned.containers);
-    }
-    for name in &claim.init_containers {
-        let native = claim.native_sidecars.contains(name);
-        let expected = match native {
-            true => rendered_item(|r| &r.sidecars, "name", name).map(|mut sidecar| {
-                crate::injection::native::make_native(&mut sidecar);
-                sidecar
-            }),
-            false => rendered_item(|r| &r.init_containers, "name", name),
-        };
-        let found =
-            judge(ItemKind::InitContainer, name, None, expected, find(spec_list("initContainers"), "name", name));
-        found.record(name, &mut present.init_containers, &mut owned.init_containers);
-        if native {
-            found.record(name, &mut present.native_sidecars, &mut owned.native_sidecars);
+    for list in &CONTAINER_LISTS {
+        for name in (list.claimed)(claim) {
+            let placement = Placement::of_claim(list, claim, name);
+            let expected = renderings.iter().flatten().find_map(|r| r.placed_container(placement, name));
+            let found = judge(list.kind, name, None, expected, find(spec_list(list.field), "name", name));
+            found.record(name, (list.claimed_mut)(&mut present), (list.claimed_mut)(&mut owned));
+            if placement == Placement::NativeSidecar {
+                found.record(name, &mut present.native_sidecars, &mut owned.native_sidecars);
+            }
         }
     }
     for kind in &POD_LISTS {

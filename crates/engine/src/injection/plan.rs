@@ -31,7 +31,8 @@ use crate::injection::compare::env_from_key;
 use crate::injection::render::RenderedTemplate;
 use crate::injection::{env_merge, pod_resources};
 use crate::kinds::{
-    APP_LISTS, ENV, Identity, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList, PodListKind, VOLUMES, WhenHeld,
+    APP_LISTS, CONTAINER_LISTS, ENV, Identity, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList, Placement, PodListKind,
+    VOLUMES, WhenHeld,
 };
 use crate::pod::{self, PodShapeError, shape_error};
 
@@ -415,10 +416,7 @@ impl<'p: 'w, 'w> Claims<'p, 'w> {
     ) {
         let t = &planned.rendered;
         let owner = Owner::Template(&t.name);
-        let sidecar = match planned.native_sidecars {
-            true => Placement::NativeSidecar,
-            false => Placement::Sidecar,
-        };
+        let sidecar = Placement::of_sidecars(planned.native_sidecars);
         let init = items.init_containers.iter().enumerate().map(|(index, c)| (Placement::Init, index, c));
         let sidecars = items.sidecars.iter().enumerate().map(|(index, c)| (sidecar, index, c));
         for (placement, index, container) in init.chain(sidecars) {
@@ -873,40 +871,6 @@ enum WholeKind {
     PodList(usize),
 }
 
-/// Where a template's container goes in the pod: its init containers come first, its sidecars
-/// where the sidecar mode puts them.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Placement {
-    /// An init container, before the pod's own.
-    Init,
-    /// A sidecar that runs as a native sidecar: an init container with `restartPolicy: Always`.
-    NativeSidecar,
-    /// A sidecar after the pod's containers.
-    Sidecar,
-}
-
-impl Placement {
-    /// The kind, as the status's skips name it.
-    fn item_kind(self) -> ItemKind {
-        match self {
-            Placement::Init => ItemKind::InitContainer,
-            Placement::NativeSidecar | Placement::Sidecar => ItemKind::Sidecar,
-        }
-    }
-
-    /// Records a container the template holds in the status's lists.
-    fn record(self, status: &mut InjectionStatus, name: &str) {
-        match self {
-            Placement::Init => status.init_containers.push(name.to_owned()),
-            Placement::NativeSidecar => {
-                status.init_containers.push(name.to_owned());
-                status.native_sidecars.push(name.to_owned());
-            }
-            Placement::Sidecar => status.containers.push(name.to_owned()),
-        }
-    }
-}
-
 /// An item `plan` adds: its list, its template's position in the plan and its own in the list.
 #[derive(Clone, Copy)]
 struct Pick {
@@ -932,8 +896,8 @@ impl WholeItems {
             WholeKind::PodList(index) => &mut self.pod_lists[index],
         };
         let mut item = std::mem::take(&mut list[index]);
-        if matches!(kind, WholeKind::Container(Placement::NativeSidecar)) {
-            crate::injection::native::make_native(&mut item);
+        if let WholeKind::Container(placement) = kind {
+            placement.shape(&mut item);
         }
         item
     }
@@ -1001,8 +965,6 @@ fn removed_items(
     };
     let mut removed = InjectionStatus {
         templates: previous.templates.clone(),
-        containers: present(&previous.containers, &pod.container_names),
-        init_containers: present(&previous.init_containers, &pod.init_names),
         native_sidecars: present(&previous.native_sidecars, &pod.init_names),
         app_containers: app_containers
             .iter()
@@ -1014,6 +976,9 @@ fn removed_items(
             .collect(),
         ..InjectionStatus::default()
     };
+    for (kind, names) in CONTAINER_LISTS.iter().zip([&pod.container_names, &pod.init_names]) {
+        *(kind.claimed_mut)(&mut removed) = present((kind.claimed)(previous), names);
+    }
     for list in &pod.lists {
         *(list.kind.claimed_mut)(&mut removed) = present((list.kind.claimed)(previous), &list.identities);
     }

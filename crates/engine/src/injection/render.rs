@@ -26,7 +26,9 @@ use crate::facts::NamespaceFacts;
 use crate::findings::{Warning, WarningCode};
 use crate::injection::compare::POD_DERIVED;
 use crate::injection::env_merge::EnvMerge;
-use crate::kinds::{APP_LISTS, AppListKind, ENV, MAPS, MapKind, PerAppList, PerMap, PerPodList, PodListKind};
+use crate::kinds::{
+    APP_LISTS, AppListKind, ENV, MAPS, MapKind, PerAppList, PerMap, PerPodList, Placement, PodListKind,
+};
 use crate::names;
 use crate::templates::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
 use crate::templates::template::{AppTargets, Piece, PodResources, SeqItem, SidecarMode, Template, TemplateError};
@@ -84,6 +86,23 @@ impl RenderedTemplate {
     /// The rendered items of one kind of app-container list.
     pub fn app_list(&self, kind: &AppListKind) -> &[Value] {
         &self.app_lists[kind.index]
+    }
+
+    /// The rendered containers that go to `placement` (its init containers, or its sidecars).
+    pub fn containers(&self, placement: Placement) -> &[Value] {
+        match placement {
+            Placement::Init => &self.init_containers,
+            Placement::NativeSidecar | Placement::Sidecar => &self.sidecars,
+        }
+    }
+
+    /// The rendered container `name` of `placement`, as it goes into the pod.
+    pub fn placed_container(&self, placement: Placement, name: &str) -> Option<Value> {
+        let found = self.containers(placement).iter().find(|c| c.get("name").and_then(Value::as_str) == Some(name));
+        found.cloned().map(|mut container| {
+            placement.shape(&mut container);
+            container
+        })
     }
 }
 
