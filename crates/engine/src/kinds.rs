@@ -387,6 +387,27 @@ pub enum Placement {
 }
 
 impl Placement {
+    /// Every placement, in the order `explain` lists them.
+    pub const ALL: [Placement; 3] = [Placement::NativeSidecar, Placement::Init, Placement::Sidecar];
+
+    /// What the containers put here are called in lists (`init containers`).
+    pub fn plural(self) -> &'static str {
+        match self {
+            Placement::Init => "init containers",
+            Placement::NativeSidecar => "sidecars (native, in initContainers)",
+            Placement::Sidecar => "sidecar containers",
+        }
+    }
+
+    /// The names of the containers `status` records as put here.
+    pub fn claimed(self, status: &InjectionStatus) -> impl Iterator<Item = &str> {
+        let list = self.list();
+        (list.claimed)(status)
+            .iter()
+            .map(String::as_str)
+            .filter(move |name| Placement::of_claim(list, status, name) == self)
+    }
+
     /// Where a template's sidecars go: native or classic.
     pub fn of_sidecars(native: bool) -> Placement {
         match native {
@@ -515,6 +536,13 @@ mod tests {
             let others = CONTAINER_LISTS.iter().filter(|other| other.index != list.index);
             assert!(others.into_iter().all(|other| (other.claimed)(&status).is_empty()), "{placement:?}");
         }
+        // Each name the status records is claimed by exactly one placement.
+        let mut status = InjectionStatus::default();
+        for (placement, name) in Placement::ALL.iter().zip(["a", "b", "c"]) {
+            placement.record(&mut status, name);
+        }
+        let claimed = Placement::ALL.map(|p| p.claimed(&status).collect::<Vec<_>>());
+        assert_eq!(claimed, [vec!["a"], vec!["b"], vec!["c"]]);
         assert_eq!(Placement::of_sidecars(true).list().field, "initContainers");
         assert_eq!(Placement::of_sidecars(false).list().field, "containers");
     }

@@ -19,10 +19,12 @@ use json_patch::PatchOperation;
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use serde_json::{Map, Value, json};
+use sidecar_injector_engine::claims::status::InjectionStatus;
 use sidecar_injector_engine::injection::compare::first_difference;
 use sidecar_injector_engine::injection::pod_resources;
 use sidecar_injector_engine::kinds::{
-    APP_LIST_COUNT, APP_LISTS, MAP_COUNT, MAPS, POD_LIST_COUNT, POD_LISTS, VOLUME_MOUNTS, VOLUMES,
+    APP_LIST_COUNT, APP_LISTS, CONTAINER_LISTS, MAP_COUNT, MAPS, POD_LIST_COUNT, POD_LISTS, Placement, VOLUME_MOUNTS,
+    VOLUMES,
 };
 use sidecar_injector_engine::templates::template::InProcess;
 use sidecar_injector_engine::{
@@ -282,16 +284,23 @@ fn with_claim(
         .iter()
         .map(|c| (c["name"].as_str().unwrap().to_owned(), Value::Object(additions.clone())))
         .collect();
-    let mut status = json!({
+    // Claimed containers as each placement records them; a claimed sidecar is claimed both ways.
+    let mut placed = InjectionStatus::default();
+    let placements =
+        [(&init, "i-", &[Placement::Init][..]), (&containers, "c-", &[Placement::Sidecar, Placement::NativeSidecar])];
+    for (names, prefix, placements) in placements {
+        for (name, placement) in names.iter().flat_map(|n| placements.iter().map(move |p| (n, p))) {
+            placement.record(&mut placed, &format!("{prefix}{name}"));
+        }
+    }
+    let mut status = serde_json::to_value(&placed).unwrap();
+    status.as_object_mut().unwrap().extend(json!({
         "templates": templates,
-        "containers": containers.iter().map(|n| format!("c-{n}")).collect::<Vec<_>>(),
-        "initContainers": init.iter().map(|n| format!("i-{n}")).chain(containers.iter().map(|n| format!("c-{n}"))).collect::<Vec<_>>(),
-        "nativeSidecars": containers.iter().map(|n| format!("c-{n}")).collect::<Vec<_>>(),
         "labels": keys,
         "annotations": keys,
         "appContainers": app,
         "podResources": if padded { json!({"requests": {"cpu": "50m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}}) } else { Value::Null },
-    });
+    }).as_object().unwrap().clone());
     for (kind, identities) in POD_LISTS.iter().zip(pod_lists) {
         status[kind.field] = json!(identities);
     }
@@ -377,11 +386,11 @@ proptest! {
             labels.remove("sidecar-injector.io/injected");
         }
         prop_assert_eq!(first_difference(&original, &compared, ""), None);
-        let names_before: BTreeSet<String> = ["containers", "initContainers"].iter()
-            .flat_map(|l| pod["spec"][*l].as_array().cloned().unwrap_or_default())
+        let names_before: BTreeSet<String> = CONTAINER_LISTS.iter()
+            .flat_map(|l| pod["spec"][l.field].as_array().cloned().unwrap_or_default())
             .map(|c| c["name"].as_str().unwrap().to_owned()).collect();
-        let names_after: Vec<String> = ["containers", "initContainers"].iter()
-            .flat_map(|l| out["spec"][*l].as_array().cloned().unwrap_or_default())
+        let names_after: Vec<String> = CONTAINER_LISTS.iter()
+            .flat_map(|l| out["spec"][l.field].as_array().cloned().unwrap_or_default())
             .map(|c| c["name"].as_str().unwrap().to_owned()).collect();
         prop_assert!(names_before.iter().all(|n| names_after.contains(n)));
         let unique: BTreeSet<&String> = names_after.iter().collect();
@@ -397,8 +406,8 @@ proptest! {
             .filter_map(|v| v["name"].as_str().map(str::to_owned))
             .collect();
         let mounts = |pod: &Value| -> Vec<(String, Value)> {
-            ["containers", "initContainers"].iter()
-                .flat_map(|l| pod["spec"][*l].as_array().cloned().unwrap_or_default())
+            CONTAINER_LISTS.iter()
+                .flat_map(|l| pod["spec"][l.field].as_array().cloned().unwrap_or_default())
                 .flat_map(|c| {
                     let name = c["name"].as_str().unwrap_or_default().to_owned();
                     c["volumeMounts"].as_array().cloned().unwrap_or_default().into_iter().map(move |m| (name.clone(), m))
@@ -465,9 +474,9 @@ proptest! {
         json_patch::patch(&mut out, &injection.patch).expect("the patch applies");
         let removed = &injection.removed;
         // Every item of the input is still there and unchanged, unless the injection says it removed it.
-        let containers = [("containers", "name", &removed.containers), ("initContainers", "name", &removed.init_containers)];
+        let containers = CONTAINER_LISTS.iter().map(|list| (list.field, "name", (list.claimed)(removed)));
         let pod_lists = POD_LISTS.iter().map(|kind| (kind.field, kind.key, (kind.claimed)(removed)));
-        for (list, key, gone) in containers.into_iter().chain(pod_lists) {
+        for (list, key, gone) in containers.chain(pod_lists) {
             for item in claimed["spec"][list].as_array().into_iter().flatten() {
                 let name = item[key].as_str().unwrap();
                 if gone.iter().any(|g| g == name) { continue; }
@@ -507,7 +516,7 @@ proptest! {
         }
         // And what was removed is only ever something the injection had really added to `base`.
         if !injected_first {
-            prop_assert!(removed.containers.is_empty() && removed.init_containers.is_empty()
+            prop_assert!(CONTAINER_LISTS.iter().all(|list| (list.claimed)(removed).is_empty())
                 && POD_LISTS.iter().all(|kind| (kind.claimed)(removed).is_empty())
                 && MAPS.iter().all(|kind| (kind.claimed)(removed).is_empty())
                 && removed.app_containers.is_empty(),

@@ -32,7 +32,8 @@ use serde_json::{Value, json};
 use super::scope::{self, Pods};
 use crate::claims::status::ItemKind;
 use crate::kinds::{
-    APP_LISTS, ENV, IMAGE_PULL_SECRETS, Identity, MAPS, POD_LISTS, PerAppList, PerMap, Place, VOLUME_MOUNTS, VOLUMES,
+    APP_LISTS, CONTAINER_LISTS, CONTAINERS, ENV, INIT_CONTAINERS, Identity, MAPS, POD_LISTS, PerAppList, PerMap,
+    PerPodList, Place, Placement, PodListKind, VOLUME_MOUNTS, VOLUMES, WhenHeld,
 };
 use crate::names;
 use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
@@ -692,13 +693,13 @@ struct Plan {
     /// When the pod's annotations for this template let the policy inject it (see `Cx::admissible`).
     admissible: String,
     enforced: bool,
-    native: bool,
     /// The entries of each kind of map (`kinds::MAPS`).
     maps: PerMap<Vec<(String, Val)>>,
-    init_containers: Vec<Item>,
-    sidecars: Vec<Item>,
-    volumes: Vec<Item>,
-    pull_secrets: Vec<Item>,
+    /// The template's init containers, then its sidecars, each with where it goes.
+    containers: Vec<(Placement, Item)>,
+    /// The items of each kind of spec list (`kinds::POD_LISTS`; none of a kind the policy mode
+    /// does not add, see `compile_template`).
+    pod_lists: PerPodList<Vec<Item>>,
     /// The items of each app-container list (`kinds::APP_LISTS`).
     app: PerAppList<Vec<Item>>,
     targets: AppTargets,
@@ -759,7 +760,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
     };
     // Each item with its identity and its value as CEL (containers get `restartPolicy` and the
     // token mount on top, see `container_value`).
-    let items = |list: &[SeqItem], kind: ItemKind, container: Option<bool>| -> Result<Vec<Item>, String> {
+    let items = |list: &[SeqItem], kind: ItemKind, container: Option<Placement>| -> Result<Vec<Item>, String> {
         let mut out = Vec::new();
         for item in list {
             let when = when_cel(cx, item.when.as_ref())?;
@@ -767,7 +768,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
                 continue;
             }
             let value = match container {
-                Some(native) => container_value(cx, item, native)?,
+                Some(placement) => container_value(cx, item, placement == Placement::NativeSidecar)?,
                 None => cx.guarded(item.when.as_ref(), || piece_val(cx, &item.piece))?.cel(),
             };
             let key = item_key(&item.piece, cx, kind).ok_or_else(|| {
@@ -781,20 +782,27 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         Ok(out)
     };
     let native = crate::injection::native::is_native(template.sidecar_mode, native_sidecars);
-    let volume_names = items(&spec.pod_lists[VOLUMES.index], ItemKind::Volume, None)?;
+    // The webhook-only reasons are found in this order: spec lists, maps, containers, app lists.
+    let mut pod_lists = PerPodList::<Vec<Item>>::default();
+    for (kind, out) in POD_LISTS.iter().zip(&mut pod_lists) {
+        *out = items(&spec.pod_lists[kind.index], kind.kind, None)?;
+    }
+    let volume_names = pod_lists[VOLUMES.index].iter().map(|v| v.key.clone());
     let mounted = match mounted_volume_names(spec) {
-        Some(names) => volume_names.iter().map(|v| v.key.clone()).filter(|v| names.contains(v)).collect(),
-        None => volume_names.iter().map(|v| v.key.clone()).collect(),
+        Some(names) => volume_names.filter(|v| names.contains(v)).collect(),
+        None => volume_names.collect(),
     };
-    // In the order the webhook-only reasons were always found: volumes, maps, containers, pull
-    // secrets, app lists.
     let mut maps = PerMap::<Vec<(String, Val)>>::default();
     for (entries, compiled) in spec.maps.iter().zip(&mut maps) {
         *compiled = string_map(entries)?;
     }
-    let init_containers = items(&spec.init_containers, ItemKind::InitContainer, Some(false))?;
-    let sidecars = items(&spec.sidecars, ItemKind::Sidecar, Some(native))?;
-    let pull_secrets = items(&spec.pod_lists[IMAGE_PULL_SECRETS.index], ItemKind::ImagePullSecret, None)?;
+    let mut containers = Vec::new();
+    for (list, placement) in
+        [(&spec.init_containers, Placement::Init), (&spec.sidecars, Placement::of_sidecars(native))]
+    {
+        let placed = items(list, placement.item_kind(), Some(placement))?;
+        containers.extend(placed.into_iter().map(|item| (placement, item)));
+    }
     let mut app = PerAppList::<Vec<Item>>::default();
     for (kind, out) in APP_LISTS.iter().zip(&mut app) {
         *out = items(&spec.app_lists[kind.index], kind.kind, None)?;
@@ -806,12 +814,9 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         selected: format!("({selected})"),
         admissible: cx.admissible(),
         enforced: template.enforced,
-        native,
         maps,
-        init_containers,
-        sidecars,
-        volumes: volume_names,
-        pull_secrets,
+        containers,
+        pod_lists,
         app,
         targets: spec.targets.clone(),
     })
@@ -985,8 +990,7 @@ impl Program {
         for i in 0..plans.len() {
             program.add_metadata(i);
             program.add_containers(i);
-            program.add_volumes(i);
-            program.add_pull_secrets(i);
+            program.add_pod_lists(i);
             program.add_app_items(i);
         }
         let any_skip = any(program.skip_any_by_plan.iter().flatten().cloned());
@@ -1004,15 +1008,26 @@ impl Program {
 /// The variables every policy starts with: the pod's and namespace's maps and names that the
 /// items' conditions read, and the service-account token mount containers get.
 fn pod_variables() -> Vec<(String, String)> {
-    vec![
+    let mut vars: Vec<(String, String)> = vec![
         ("podLabels".into(), "object.metadata.?labels.orValue({})".into()),
         ("namespaceLabels".into(), "namespaceObject.metadata.?labels.orValue({})".into()),
         ("namespaceAnnotations".into(), "namespaceObject.metadata.?annotations.orValue({})".into()),
         ("containerNames".into(), "object.spec.containers.map(c, c.name)".into()),
         ("allContainers".into(), "object.spec.containers + object.spec.?initContainers.orValue([])".into()),
-        ("volumeNames".into(), "object.spec.?volumes.orValue([]).map(v, v.name)".into()),
-        ("pullSecretNames".into(), "object.spec.?imagePullSecrets.orValue([]).map(s, s.?name.orValue(\"\"))".into()),
-        ("tokenVolumes".into(), "variables.volumeNames.filter(n, n.startsWith(\"kube-api-access-\"))".into()),
+    ];
+    // The identities of the pod's items of each kind of spec list the policy adds.
+    for kind in POD_LISTS.iter().filter(|kind| kind.in_policy) {
+        let key = match kind.key_required {
+            true => format!("x.{}", kind.key),
+            false => format!("x.?{}.orValue(\"\")", kind.key),
+        };
+        vars.push((pod_list_keys(kind), format!("object.spec.?{}.orValue([]).map(x, {key})", kind.field)));
+    }
+    vars.extend([
+        (
+            "tokenVolumes".into(),
+            format!("variables.{}.filter(n, n.startsWith(\"kube-api-access-\"))", pod_list_keys(VOLUMES)),
+        ),
         // `plan::service_account_token_mount`: the mount the ServiceAccount plugin gave
         // every container, when it gave it to all and is allowed to.
         (
@@ -1027,7 +1042,14 @@ fn pod_variables() -> Vec<(String, String)> {
                 p = lit(SERVICE_ACCOUNT_TOKEN_PATH)
             ),
         ),
-    ]
+    ]);
+    vars
+}
+
+/// The variable holding the identities of the pod's items of a kind of spec list
+/// (`volumesKeys`).
+fn pod_list_keys(kind: &PodListKind) -> String {
+    format!("{}Keys", kind.field)
 }
 
 /// An item whose key is the same for every pod (a map entry, container, volume or pull secret),
@@ -1060,19 +1082,16 @@ struct ProgramBuilder<'p> {
     /// status) with the flags that add them.
     metadata_ops: [Vec<String>; 2],
     metadata_status: [BTreeMap<String, Vec<String>>; 2],
-    /// (flag, value) of the init containers (native sidecars among them).
-    init_ops: Vec<(String, String)>,
-    /// The operations adding classic sidecars.
-    container_ops: Vec<String>,
-    /// (flag, value) of the volumes and of the pull secrets.
-    volume_ops: Vec<(String, String)>,
-    secret_ops: Vec<(String, String)>,
-    /// (flag, name as JSON text) of each status list.
-    st_containers: Vec<(String, String)>,
-    st_init: Vec<(String, String)>,
-    st_native: Vec<(String, String)>,
-    st_volumes: Vec<(String, String)>,
-    st_secrets: Vec<(String, String)>,
+    /// Per list of containers (`kinds::CONTAINER_LISTS`): (flag, value) of the containers added
+    /// there, and (flag, name as JSON text) for its status list.
+    container_ops: [Vec<(String, String)>; CONTAINER_LISTS.len()],
+    container_status: [Vec<(String, String)>; CONTAINER_LISTS.len()],
+    /// (flag, name as JSON text) of the native sidecars, for their status list.
+    native_status: Vec<(String, String)>,
+    /// Per kind of spec list (`kinds::POD_LISTS`): (flag, value) of the items added, and (flag,
+    /// identity as JSON text) for its status list.
+    pod_list_ops: PerPodList<Vec<(String, String)>>,
+    pod_list_status: PerPodList<Vec<(String, String)>>,
     /// Status entries of skipped items (CEL strings, empty when not skipped), in the engine's
     /// order: per template, its own items, then its app-container items.
     skips: Vec<String>,
@@ -1151,76 +1170,57 @@ impl<'p> ProgramBuilder<'p> {
 
     /// Plan `i`'s init containers and sidecars: their operations and status entries.
     fn add_containers(&mut self, i: usize) {
-        let plan = &self.plans[i];
-        let container_has = |key: &str| format!("({} in variables.allContainers.map(c, c.name))", lit(key));
-        // Init containers, then sidecars (native ones go among the init containers too).
-        let containers = plan.init_containers.iter().map(|c| (c, false)).chain(plan.sidecars.iter().map(|c| (c, true)));
-        for (item, sidecar) in containers {
-            let pod_has = container_has(&item.key);
+        let plans = self.plans;
+        for (placement, item) in &plans[i].containers {
+            let pod_has = format!("({} in variables.allContainers.map(c, c.name))", lit(&item.key));
             let (key, when) = (&item.key, &item.when);
             let added = self.static_item(
                 i,
                 StaticItem { space: "containers", kind: item.kind, key, when, pod_has, report_skip: true },
             );
-            let name_json = json_text_lit(&item.key);
-            if sidecar && !plan.native {
-                self.container_ops
-                    .push(format!("({added} ? [{}] : [])", patch_op("\"/spec/containers/-\"", &item.value)));
-                self.st_containers.push((added, name_json));
-                continue;
+            let (list, name_json) = (placement.list().index, json_text_lit(&item.key));
+            if *placement == Placement::NativeSidecar {
+                self.native_status.push((added.clone(), name_json.clone()));
             }
-            self.init_ops.push((added.clone(), item.value.clone()));
-            if sidecar {
-                self.st_native.push((added.clone(), name_json.clone()));
-            }
-            self.st_init.push((added, name_json));
+            self.container_ops[list].push((added.clone(), item.value.clone()));
+            self.container_status[list].push((added, name_json));
         }
     }
 
-    /// Plan `i`'s volumes: their operations and status entries, and when a mounted one is
-    /// displaced (`volume_skips`).
-    fn add_volumes(&mut self, i: usize) {
-        let plan = &self.plans[i];
-        for item in &plan.volumes {
-            let pod_has = format!("({} in variables.volumeNames)", lit(&item.key));
-            let pod_has_volume = pod_has.clone();
-            let (key, when) = (&item.key, &item.when);
-            let added = self.static_item(
-                i,
-                StaticItem { space: "volumes", kind: item.kind, key, when, pod_has, report_skip: true },
-            );
-            // A volume skipped for another of its name displaces what mounts it (`inject`): the
-            // webhook's to decide, when the pod has one, or an earlier template one that is
-            // not the same.
-            let selected = &self.selected;
-            let differing_earlier = self.plans[..i].iter().enumerate().flat_map(|(j, earlier)| {
-                earlier
-                    .volumes
-                    .iter()
-                    .filter(|v| v.key == item.key && v.value != item.value)
-                    .map(move |v| format!("({}{})", selected[j], when_and(&v.when)))
-            });
-            let displaced = any(std::iter::once(pod_has_volume).chain(differing_earlier));
-            if plan.mounted.contains(&item.key) {
-                self.volume_skips.push(format!("({}{} && {displaced})", self.selected[i], when_and(&item.when)));
+    /// Plan `i`'s items of each kind of spec list: their operations and status entries, and when
+    /// a mounted volume is displaced (`volume_skips`).
+    fn add_pod_lists(&mut self, i: usize) {
+        let plans = self.plans;
+        for kind in &POD_LISTS {
+            for item in &plans[i].pod_lists[kind.index] {
+                let pod_has = format!("({} in variables.{})", lit(&item.key), pod_list_keys(kind));
+                let (key, when) = (&item.key, &item.when);
+                let report_skip = kind.when_held == WhenHeld::Skip;
+                let static_item =
+                    StaticItem { space: kind.field, kind: kind.kind, key, when, pod_has: pod_has.clone(), report_skip };
+                let added = self.static_item(i, static_item);
+                if kind.index == VOLUMES.index && plans[i].mounted.contains(&item.key) {
+                    self.add_volume_displacement(i, item, pod_has);
+                }
+                self.pod_list_ops[kind.index].push((added.clone(), item.value.clone()));
+                self.pod_list_status[kind.index].push((added, json_text_lit(&item.key)));
             }
-            self.volume_ops.push((added.clone(), item.value.clone()));
-            self.st_volumes.push((added, json_text_lit(&item.key)));
         }
     }
 
-    /// Plan `i`'s image pull secrets: their operations and status entries (a skip is not reported).
-    fn add_pull_secrets(&mut self, i: usize) {
-        for item in &self.plans[i].pull_secrets {
-            let pod_has = format!("({} in variables.pullSecretNames)", lit(&item.key));
-            let (key, when) = (&item.key, &item.when);
-            let added = self.static_item(
-                i,
-                StaticItem { space: "pullSecrets", kind: item.kind, key, when, pod_has, report_skip: false },
-            );
-            self.secret_ops.push((added.clone(), item.value.clone()));
-            self.st_secrets.push((added, json_text_lit(&item.key)));
-        }
+    /// When plan `i`'s mounted volume `item` is displaced: a volume skipped for another of its
+    /// name displaces what mounts it (`inject`), the webhook's to decide, when the pod has one
+    /// (`pod_has`), or an earlier template one that is not the same.
+    fn add_volume_displacement(&mut self, i: usize, item: &Item, pod_has: String) {
+        let selected = &self.selected;
+        let differing_earlier = self.plans[..i].iter().enumerate().flat_map(|(j, earlier)| {
+            earlier.pod_lists[VOLUMES.index]
+                .iter()
+                .filter(|v| v.key == item.key && v.value != item.value)
+                .map(move |v| format!("({}{})", selected[j], when_and(&v.when)))
+        });
+        let displaced = any(std::iter::once(pod_has).chain(differing_earlier));
+        self.volume_skips.push(format!("({}{} && {displaced})", self.selected[i], when_and(&item.when)));
     }
 
     /// Plan `i`'s app-container items: the operations on each targeted app container's lists, what
@@ -1323,20 +1323,24 @@ impl<'p> ProgramBuilder<'p> {
             m.iter().map(|(k, flags)| (any(flags.iter().cloned()), json_text_lit(k))).collect()
         };
         let skipped_list = self.skips.join(", ");
-        [
-            format!("\"{{\\\"templates\\\":[\" + [{templates_list}].filter(x, x != \"\").join(\",\") + \"]\""),
-            list_part("containers", &self.st_containers),
-            list_part("initContainers", &self.st_init),
-            list_part("nativeSidecars", &self.st_native),
-            list_part("volumes", &self.st_volumes),
-            list_part("imagePullSecrets", &self.st_secrets),
-            list_part("labels", &keyed(&self.metadata_status[0])),
-            list_part("annotations", &keyed(&self.metadata_status[1])),
-            self.app_containers_status(),
-            wrap_nonempty(&format!("[{skipped_list}].filter(x, x != \"\").join(\",\")"), ",\"skipped\":[", "]"),
-            "\"}\"".to_owned(),
-        ]
-        .join(" + ")
+        [format!("\"{{\\\"templates\\\":[\" + [{templates_list}].filter(x, x != \"\").join(\",\") + \"]\"")]
+            .into_iter()
+            .chain(CONTAINER_LISTS.iter().map(|list| list_part(list.field, &self.container_status[list.index])))
+            .chain([list_part("nativeSidecars", &self.native_status)])
+            .chain(
+                POD_LISTS
+                    .iter()
+                    .filter(|kind| kind.in_policy)
+                    .map(|kind| list_part(kind.field, &self.pod_list_status[kind.index])),
+            )
+            .chain(MAPS.iter().map(|kind| list_part(kind.field, &keyed(&self.metadata_status[kind.index]))))
+            .chain([
+                self.app_containers_status(),
+                wrap_nonempty(&format!("[{skipped_list}].filter(x, x != \"\").join(\",\")"), ",\"skipped\":[", "]"),
+                "\"}\"".to_owned(),
+            ])
+            .collect::<Vec<_>>()
+            .join(" + ")
     }
 
     /// The status's `appContainers` part: per app container, the keys of each list added to it.
@@ -1351,12 +1355,8 @@ impl<'p> ProgramBuilder<'p> {
         };
         // Sorted by container name as the status's map is: `"<name>":` strings sort the same way,
         // since `"` sorts before every character of a container name.
-        let per_container = format!(
-            "[{}, {}, {}].filter(x, x != \"\").join(\",\")",
-            app_part(0, "env"),
-            app_part(1, "envFrom"),
-            app_part(2, "volumeMounts")
-        );
+        let parts = APP_LISTS.iter().map(|kind| app_part(kind.index, kind.field)).collect::<Vec<_>>();
+        let per_container = format!("[{}].filter(x, x != \"\").join(\",\")", parts.join(", "));
         wrap_nonempty(
             &format!(
                 "object.spec.containers.map(c, [{per_container}].filter(p, p != \"\").map(p, \"\\\"\" + c.name + \"\\\":{{\" + p + \"}}\").join(\"\")).filter(x, x != \"\").sort().join(\",\")"
@@ -1388,7 +1388,7 @@ impl<'p> ProgramBuilder<'p> {
             "[{}]",
             patch_op(&lit(&format!("/metadata/annotations/{}", pointer(names::STATUS_ANNOTATION))), "variables.status")
         ));
-        push_list_ops(&mut ops, "/spec/initContainers", &self.init_ops, true);
+        push_list_ops(&mut ops, INIT_CONTAINERS.field, &self.container_ops[INIT_CONTAINERS.index], true);
         for kind in &APP_LISTS {
             let (list_index, field) = (kind.index, kind.field);
             if self.app_added[list_index].is_empty() {
@@ -1404,22 +1404,30 @@ impl<'p> ProgramBuilder<'p> {
             ));
             ops.extend(self.app_ops[list_index].iter().cloned());
         }
-        ops.extend(self.container_ops);
-        push_list_ops(&mut ops, "/spec/volumes", &self.volume_ops, false);
-        push_list_ops(&mut ops, "/spec/imagePullSecrets", &self.secret_ops, false);
+        // The app containers stay, so the list of containers is there and nothing goes in front.
+        let container_path = lit(&format!("/spec/{}/-", CONTAINERS.field));
+        ops.extend(
+            self.container_ops[CONTAINERS.index]
+                .iter()
+                .map(|(added, value)| format!("({added} ? [{}] : [])", patch_op(&container_path, value))),
+        );
+        for (kind, items) in POD_LISTS.iter().zip(&self.pod_list_ops) {
+            push_list_ops(&mut ops, kind.field, items, false);
+        }
         format!("variables.handled ? ({}) : []", ops.join("\n + "))
     }
 }
 
-/// The operations adding a pod list's items (flag, value): the list itself when the pod has none
-/// and an item is added, then each item, at the front (`front`) or at the end.
-fn push_list_ops(ops: &mut Vec<String>, path: &str, items: &[(String, String)], front: bool) {
+/// The operations adding items (flag, value) to the pod's list `spec.<field>`: the list itself
+/// when the pod has none and an item is added, then each item, at the front (`front`) or at the
+/// end.
+fn push_list_ops(ops: &mut Vec<String>, field: &str, items: &[(String, String)], front: bool) {
     if items.is_empty() {
         return;
     }
     let any_added = any(items.iter().map(|(f, _)| f.clone()));
-    let field = path.rsplit('/').next().expect("a path");
-    ops.push(format!("(!has(object.spec.{field}) && {any_added} ? [{}] : [])", patch_op(&lit(path), "[]")));
+    let path = format!("/spec/{field}");
+    ops.push(format!("(!has(object.spec.{field}) && {any_added} ? [{}] : [])", patch_op(&lit(&path), "[]")));
     if front {
         // Inserted at the front in reverse order, so they end up in order before the pod's own.
         for (added, value) in items.iter().rev() {

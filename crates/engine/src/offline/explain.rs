@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::{Manifests, OfflineFacts, PodDecision, decide_all};
 use crate::claims::status::InjectionStatus;
-use crate::kinds::{APP_LISTS, MAPS, POD_LISTS};
+use crate::kinds::{APP_LISTS, CONTAINER_LISTS, MAPS, POD_LISTS, Placement};
 use crate::{Choice, Outcome, TemplateSet, emit::policy, names};
 
 /// How `explain` prints.
@@ -143,29 +143,21 @@ fn conflicts_note(status: &InjectionStatus) -> String {
 }
 
 fn is_empty(items: &InjectionStatus) -> bool {
-    items.containers.is_empty()
-        && items.init_containers.is_empty()
+    CONTAINER_LISTS.iter().all(|list| (list.claimed)(items).is_empty())
         && POD_LISTS.iter().all(|kind| (kind.claimed)(items).is_empty())
         && MAPS.iter().all(|kind| (kind.claimed)(items).is_empty())
         && items.app_containers.is_empty()
 }
 
 /// The item lists of a status, one line each, under `heading`.
-fn item_lines(out: &mut String, heading: &str, status: &InjectionStatus) {
-    let containers = [
-        ("sidecars (native, in initContainers)", &status.native_sidecars),
-        ("init containers", &status.init_containers),
-        ("sidecar containers", &status.containers),
-    ];
-    let pod_lists = POD_LISTS.iter().map(|kind| (kind.plural, (kind.claimed)(status)));
-    let metadata = MAPS.iter().map(|kind| (kind.field, (kind.claimed)(status)));
+fn item_lines<'a>(out: &mut String, heading: &str, status: &'a InjectionStatus) {
+    let names = |list: &'a Vec<String>| list.iter().map(String::as_str).collect::<Vec<_>>();
+    let containers =
+        Placement::ALL.into_iter().map(|placement| (placement.plural(), placement.claimed(status).collect()));
+    let pod_lists = POD_LISTS.iter().map(|kind| (kind.plural, names((kind.claimed)(status))));
+    let metadata = MAPS.iter().map(|kind| (kind.field, names((kind.claimed)(status))));
     out.push_str(heading);
-    for (what, names) in containers.into_iter().chain(pod_lists).chain(metadata) {
-        let names: Vec<&str> = names
-            .iter()
-            .filter(|n| what != "init containers" || !status.native_sidecars.contains(n))
-            .map(String::as_str)
-            .collect();
+    for (what, names) in containers.chain(pod_lists).chain(metadata) {
         if !names.is_empty() {
             out.push_str(&format!("    {what}: {}\n", names.join(", ")));
         }
