@@ -41,15 +41,22 @@ pub struct Limits {
     pub bytes: usize,
     /// Documents in the stream.
     pub documents: usize,
-    /// YAML nodes (scalars, lists, maps) in the stream, aliases counted at every use.
+    /// YAML nodes (scalars, lists, maps) in the stream, aliases counted at every use: the hard cap.
     pub nodes: usize,
+    /// YAML nodes per byte of input, aliases counted at every use. Without aliases a stream has
+    /// fewer nodes than bytes (every node takes at least a character and a separator), so this
+    /// leaves room for anchors as manifests use them while a few bytes of aliases (a "billion
+    /// laughs") cannot expand into millions of nodes before the hard cap stops them.
+    pub nodes_per_byte: usize,
     /// Nesting depth of lists and maps.
     pub depth: usize,
 }
 
 /// The limits of `inject` and `explain`: far above real inputs (a `List` of 3,000 pods is ~2.3 MB
-/// and ~200,000 nodes), low enough that a hostile file cannot take gigabytes of memory.
-pub const LIMITS: Limits = Limits { bytes: 256 * 1024 * 1024, documents: 100_000, nodes: 10_000_000, depth: 256 };
+/// and ~200,000 nodes, 0.09 per byte), low enough that a hostile file cannot take gigabytes of
+/// memory (an alias bomb of 1 KB stops at 16,000 nodes, about a megabyte).
+pub const LIMITS: Limits =
+    Limits { bytes: 256 * 1024 * 1024, documents: 100_000, nodes: 10_000_000, nodes_per_byte: 16, depth: 256 };
 
 /// Reads a stream of YAML (or JSON) documents as kubectl does; empty documents are dropped.
 pub fn read(text: &str) -> Result<Vec<Value>, YamlError> {
@@ -72,7 +79,8 @@ pub fn read_with(text: &str, limits: Limits) -> Result<Vec<Value>, YamlError> {
     let mut options = granit_parser::Options::default();
     options.set_emit_comments(false);
     let parser = Parser::new_from_str_with_options(text, options);
-    let mut reader = Reader { parser, limits, nodes: 0, document: 0, anchors: HashMap::new() };
+    let node_budget = limits.nodes.min(limits.nodes_per_byte.saturating_mul(text.len()));
+    let mut reader = Reader { parser, limits, node_budget, nodes: 0, document: 0, anchors: HashMap::new() };
     let mut documents = Vec::new();
     loop {
         let (event, span) = reader.next()?;
@@ -112,6 +120,9 @@ pub fn read_with(text: &str, limits: Limits) -> Result<Vec<Value>, YamlError> {
 struct Reader<'a> {
     parser: Parser<'a, granit_parser::StrInput<'a>>,
     limits: Limits,
+    /// The nodes this input may have: [`Limits::nodes_per_byte`] of its size, at most
+    /// [`Limits::nodes`].
+    node_budget: usize,
     nodes: usize,
     document: usize,
     anchors: HashMap<usize, (Value, usize)>,
@@ -137,14 +148,20 @@ impl<'a> Reader<'a> {
 
     fn count(&mut self, span: Span, nodes: usize) -> Result<(), YamlError> {
         self.nodes += nodes;
-        if self.nodes > self.limits.nodes {
-            return Err(self.error(
-                span,
-                format!(
+        if self.nodes > self.node_budget {
+            let message = match self.node_budget == self.limits.nodes {
+                true => format!(
                     "more than {} YAML nodes in the input (aliases count each time they are used): split it into several files",
                     self.limits.nodes
                 ),
-            ));
+                false => format!(
+                    "more than {} YAML nodes in an input of {} bytes (aliases count each time they are used; at most {} nodes per byte of input): expand the aliases or split the input",
+                    self.node_budget,
+                    self.node_budget / self.limits.nodes_per_byte,
+                    self.limits.nodes_per_byte
+                ),
+            };
+            return Err(self.error(span, message));
         }
         Ok(())
     }
@@ -643,7 +660,7 @@ mod tests {
 
     #[test]
     fn limits_name_the_document_and_the_limit() {
-        let limits = Limits { nodes: 50, ..LIMITS };
+        let limits = Limits { nodes: 50, nodes_per_byte: 1000, ..LIMITS };
         let mut text = String::from("a: 1\n---\nitems:\n");
         for i in 0..60 {
             text.push_str(&format!("  - {i}\n"));
@@ -660,7 +677,16 @@ mod tests {
                 "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
             ));
         }
-        assert!(read(&bomb).unwrap_err().message.contains("YAML nodes"));
+        let err = read(&bomb).unwrap_err();
+        let budget = 16 * bomb.len();
+        assert_eq!(err.line, Some(4), "stopped at a3, whose 11,110 nodes pass the budget of {budget}");
+        assert_eq!(
+            err.message,
+            format!(
+                "document 1: more than {budget} YAML nodes in an input of {} bytes (aliases count each time they are used; at most 16 nodes per byte of input): expand the aliases or split the input",
+                bomb.len()
+            )
+        );
         let docs = Limits { documents: 2, ..LIMITS };
         assert!(read_with("a: 1\n---\nb: 2\n---\nc: 3\n", docs).unwrap_err().message.contains("more than 2 documents"));
     }
