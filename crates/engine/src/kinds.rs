@@ -29,6 +29,7 @@ use std::borrow::Cow;
 use serde_json::{Value, json};
 
 use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind};
+use crate::injection::api_limits;
 
 /// A kind of item kept in a list of the pod's spec and identified by one string field.
 #[derive(Debug)]
@@ -43,6 +44,9 @@ pub struct PodListKind {
     pub plural: &'static str,
     /// The field of an item that identifies it (`name`, `ip`).
     pub key: &'static str,
+    /// What the API server requires of an identity (`api_limits`): what keeps one from being
+    /// valid, as the API server says it.
+    pub identity_problem: fn(&str) -> Option<String>,
     /// Whether Kubernetes requires every item of the pod's list to carry the key (a pod whose
     /// item lacks it is malformed); otherwise such an item has the empty identity.
     pub key_required: bool,
@@ -59,8 +63,10 @@ pub struct PodListKind {
     /// Whether the policy mode (`compile-policies`) adds this kind; otherwise a template with such
     /// items is left to the webhook, saying why.
     pub in_policy: bool,
-    /// A well-formed item of this identity as a template adds it, for the properties: every kind
-    /// is generated the day it is described.
+    /// A well-formed item as a template adds it, with an identity made from a name, for the
+    /// properties: every kind is generated the day it is described. The identity is the name, or
+    /// (where the API server takes no such name, as a host alias's IP) one made from it; the same
+    /// name always makes the same identity.
     pub sample: fn(&str) -> Value,
     /// An item of the same identity as a pod's author might write it: another definition than
     /// [`PodListKind::sample`]'s where the kind has more than its identity (so that the pod's item
@@ -99,6 +105,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         field: "volumes",
         plural: "volumes",
         key: "name",
+        identity_problem: api_limits::dns_label_problem,
         key_required: true,
         when_held: WhenHeld::Skip,
         claimed: |s| &s.volumes,
@@ -114,6 +121,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         field: "imagePullSecrets",
         plural: "image pull secrets",
         key: "name",
+        identity_problem: api_limits::no_problem,
         key_required: false,
         when_held: WhenHeld::AlreadyThere,
         claimed: |s| &s.image_pull_secrets,
@@ -129,6 +137,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         field: "hostAliases",
         plural: "host aliases",
         key: "ip",
+        identity_problem: api_limits::ip_problem,
         key_required: true,
         when_held: WhenHeld::Skip,
         claimed: |s| &s.host_aliases,
@@ -137,10 +146,22 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         // A MutatingAdmissionPolicy could append them, but the pod's own entry for an IP must
         // win, which needs the webhook's claim bookkeeping.
         in_policy: false,
-        sample: |ip| json!({"ip": ip, "hostnames": ["collector.observability.internal"]}),
-        authored: |ip| json!({"ip": ip, "hostnames": ["db.example.internal", "db"]}),
+        sample: |name| json!({"ip": sample_ip(name), "hostnames": ["collector.observability.internal"]}),
+        authored: |name| json!({"ip": sample_ip(name), "hostnames": ["db.example.internal", "db"]}),
     },
 ];
+
+/// The IP address a sample host alias made from `name` has: `name` when it is one, else a
+/// unique-local IPv6 address spelling its bytes (one per name of up to 14 bytes), so that samples
+/// made from the same name collide and the API server takes every one.
+fn sample_ip(name: &str) -> String {
+    if api_limits::ip_problem(name).is_none() {
+        return name.to_owned();
+    }
+    let hex: String = name.bytes().take(14).map(|b| format!("{b:02x}")).collect();
+    let groups: Vec<&str> = hex.as_bytes().chunks(4).map(|group| std::str::from_utf8(group).expect("hex")).collect();
+    format!("fd00::{}", groups.join(":"))
+}
 
 /// A kind of item a template adds to each app container it targets: the container's list
 /// `<field>`, from the template's `inject.appContainers.<field>`.
@@ -284,6 +305,10 @@ pub struct MapKind {
     pub own_key: &'static str,
     /// The value of [`MapKind::own_key`] for an injection (`None`: the key is removed).
     pub own_value: fn(&InjectionStatus) -> Option<String>,
+    /// What the API server requires of a value (`api_limits`), as it says it.
+    pub value_problem: fn(&str) -> Option<String>,
+    /// The API server's limit on the map's total size (keys and values, bytes), if it has one.
+    pub total_size_limit: Option<usize>,
     /// The status annotation's list of the keys added.
     pub claimed: fn(&InjectionStatus) -> &Vec<String>,
     /// The same list, to fill.
@@ -310,6 +335,8 @@ pub const MAPS: PerMap<MapKind> = [
         section: "inject.labels",
         own_key: crate::names::INJECTED_LABEL,
         own_value: |status| status.injected_label().map(str::to_owned),
+        value_problem: api_limits::label_value_problem,
+        total_size_limit: None,
         claimed: |s| &s.labels,
         claimed_mut: |s| &mut s.labels,
     },
@@ -320,6 +347,8 @@ pub const MAPS: PerMap<MapKind> = [
         section: "inject.annotations",
         own_key: crate::names::STATUS_ANNOTATION,
         own_value: |status| Some(status.to_annotation()),
+        value_problem: api_limits::no_problem,
+        total_size_limit: Some(api_limits::TOTAL_ANNOTATION_SIZE),
         claimed: |s| &s.annotations,
         claimed_mut: |s| &mut s.annotations,
     },
@@ -337,6 +366,8 @@ pub struct ContainerListKind {
     pub field: &'static str,
     /// What an injected container there is called in messages (`init container`).
     pub noun: &'static str,
+    /// What the API server requires of a container's name (`api_limits`), as it says it.
+    pub identity_problem: fn(&str) -> Option<String>,
     /// Whether the list goes whole when the injection's containers were all it held (the app
     /// containers always stay in `containers`).
     pub may_empty: bool,
@@ -359,6 +390,7 @@ pub const CONTAINER_LISTS: [ContainerListKind; 2] = [
         index: 0,
         field: "containers",
         noun: "sidecar container",
+        identity_problem: api_limits::dns_label_problem,
         may_empty: false,
         claimed: |s| &s.containers,
         claimed_mut: |s| &mut s.containers,
@@ -368,6 +400,7 @@ pub const CONTAINER_LISTS: [ContainerListKind; 2] = [
         index: 1,
         field: "initContainers",
         noun: "init container",
+        identity_problem: api_limits::dns_label_problem,
         may_empty: true,
         claimed: |s| &s.init_containers,
         claimed_mut: |s| &mut s.init_containers,
@@ -565,12 +598,19 @@ mod tests {
     }
 
     #[test]
-    fn every_sample_conforms_and_carries_its_identity() {
+    fn every_sample_conforms_and_carries_an_identity_the_api_server_takes() {
         for kind in &POD_LISTS {
             for sample in [(kind.sample)("10.1.2.3"), (kind.authored)("10.1.2.3")] {
                 assert_eq!((kind.conforms)(&sample), Ok(None), "{}", kind.field);
                 assert_eq!(kind.identity(&sample), Some("10.1.2.3"));
             }
+            // Made from a name, a sample's identity is one the API server takes, the same for the
+            // template's and the author's item, and different for another name.
+            let identity = |make: fn(&str) -> Value, name: &str| kind.identity(&make(name)).map(str::to_owned);
+            let proxy = identity(kind.sample, "proxy").expect("an identity");
+            assert_eq!((kind.identity_problem)(&proxy), None, "{}: {proxy}", kind.field);
+            assert_eq!(identity(kind.authored, "proxy").as_deref(), Some(proxy.as_str()));
+            assert_ne!(identity(kind.sample, "prox").as_deref(), Some(proxy.as_str()));
         }
     }
 

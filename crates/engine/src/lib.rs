@@ -280,7 +280,10 @@ fn refuse_or_admit(
         Some(template) => Outcome::Denied(Denial::WouldBeInvalid { template: template.name.to_string(), reasons }),
         None => {
             let reason = injection::select::OutOfScope::WouldBeInvalid { reasons };
-            warnings.push(Warning::new(WarningCode::InjectionWouldBeInvalid, format!("sidecar-injector: {reason}")));
+            warnings.push(Warning::new(
+                WarningCode::InjectionWouldBeInvalid,
+                format!("sidecar-injector: not injected: {reason}"),
+            ));
             Outcome::OutOfScope(reason)
         }
     }

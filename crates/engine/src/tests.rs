@@ -7,7 +7,7 @@ use crate::checks::validate;
 use crate::claims::status;
 use crate::emit::policy;
 use crate::templates::template;
-use crate::test_support::{apply, engine, opted_in, request};
+use crate::test_support::{self, apply, engine, opted_in, request};
 use crate::*;
 
 const LOGS: &str = r#"
@@ -1000,6 +1000,77 @@ fn a_pod_the_api_server_would_refuse_after_the_injection_is_left_as_written_or_r
         denial.to_string().contains("template agent is enforced for this pod, but the API server would refuse"),
         "{denial}"
     );
+}
+
+/// A template whose additions carry the pod's `app` label: a label value, a sidecar's name, an
+/// annotation.
+const NAMED_AFTER_THE_APP: &str = r#"
+default: true
+sidecarMode: container
+inject:
+  labels:
+    owner: "{{ (pod.metadata.labels | default({}))['app'] | default('none') }}-owner"
+  annotations:
+    example.com/owner: "{{ (pod.metadata.labels | default({}))['app'] | default('none') }}"
+  sidecars:
+    - name: "{{ (pod.metadata.labels | default({}))['app'] | default('none') }}-agent"
+      image: registry.example/agent:1
+      resources: {requests: {cpu: 1m, memory: 1Mi}, limits: {cpu: 1m, memory: 1Mi}}
+"#;
+
+#[test]
+fn additions_the_api_server_would_refuse_leave_the_pod_as_written_or_refuse_it_when_enforced() {
+    let engine = engine(&[("named", NAMED_AFTER_THE_APP)]);
+    let pod_named = |app: &str, annotations: Value| {
+        let mut pod = web_pod();
+        pod["metadata"]["labels"]["app"] = json!(app);
+        pod["metadata"]["annotations"] = annotations;
+        pod
+    };
+    // (case, pod, what the warning says; None: injected). A label value may be 63 characters.
+    let long_app = "a".repeat(60);
+    let annotations_of = |bytes: usize| json!({"example.com/big": "x".repeat(bytes - "example.com/big".len())});
+    let cases = [
+        ("a short app label, few annotations", pod_named("web", json!({})), None),
+        (
+            "a label value and a container name over 63 characters",
+            pod_named(&long_app, json!({})),
+            Some(format!(
+                "metadata.labels: Invalid value: \"{long_app}-owner\": must be no more than 63 characters; spec.containers: the injected sidecar container's name \"{long_app}-agent\": must be no more than 63 characters"
+            )),
+        ),
+        (
+            "the corpus issue's pod: 262,003 bytes of annotations, pushed over by the injection",
+            pod_named("web", annotations_of(262_003)),
+            Some("metadata.annotations: Too long: may not be more than 262144 bytes (the pod's own come to 262003 bytes, with the injection's".to_owned()),
+        ),
+        ("annotations well under the limit", pod_named("web", annotations_of(200_000)), None),
+        // Over the limit on its own: the API server's to refuse, naming the pod's own field.
+        ("annotations over the limit already", pod_named("web", annotations_of(270_000)), None),
+    ];
+    for (case, pod, expected) in cases {
+        let decision = engine.evaluate(&request(pod, opted_in("shop", &[])));
+        match (&decision.outcome, expected) {
+            (Outcome::Inject(_), None) => {}
+            (Outcome::OutOfScope(reason), Some(expected)) => {
+                assert_eq!(reason.code(), "would_be_invalid", "{case}");
+                let warning = decision.warnings.iter().find(|w| w.code == WarningCode::InjectionWouldBeInvalid);
+                let message = warning.map(|w| w.message.as_str()).unwrap_or_default();
+                assert!(message.contains(&expected), "{case}: {message}");
+            }
+            (outcome, expected) => panic!("{case}: {outcome:?}, expected {expected:?}"),
+        }
+    }
+    // An enforced template refuses the pod instead, with the same reasons.
+    let enforced = test_support::engine(&[(
+        "named",
+        &NAMED_AFTER_THE_APP.replace("default: true", "default: true\nenforced: true"),
+    )]);
+    let decision = enforced.evaluate(&request(pod_named(&long_app, json!({})), opted_in("shop", &[])));
+    let Outcome::Denied(denial) = decision.outcome else { panic!("expected a refusal") };
+    let text = denial.to_string();
+    assert!(text.contains("template named is enforced for this pod, but the API server would refuse"), "{text}");
+    assert!(text.contains("metadata.labels: Invalid value"), "{text}");
 }
 
 const HOSTS: &str = r#"

@@ -301,7 +301,10 @@ fn with_claim(
         "appContainers": app,
         "podResources": if padded { json!({"requests": {"cpu": "50m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}}) } else { Value::Null },
     }).as_object().unwrap().clone());
-    for (kind, identities) in POD_LISTS.iter().zip(pod_lists) {
+    // Each kind of spec list claims the identities its sample items have.
+    for (kind, names) in POD_LISTS.iter().zip(pod_lists) {
+        let identities: Vec<String> =
+            names.iter().filter_map(|name| kind.identity(&(kind.sample)(name)).map(str::to_owned)).collect();
         status[kind.field] = json!(identities);
     }
     let mut pod = pod.clone();

@@ -2,9 +2,10 @@
 //! a template rendered for one pod (`render`), the plan of what to add and the JSONPatch that
 //! writes it (`plan`), and the decisions the plan asks of its own modules: how items are
 //! identified and compared (`compare`), native or classic sidecars (`native`, with what the nodes
-//! run in `nodes`), adding to an env var the app already has (`env_merge`) and pod-level resources
-//! (`pod_resources`).
+//! run in `nodes`), adding to an env var the app already has (`env_merge`), pod-level resources
+//! (`pod_resources`) and the API server's rules the additions could break (`api_limits`).
 
+pub mod api_limits;
 pub mod compare;
 pub mod env_merge;
 pub mod native;

@@ -29,7 +29,7 @@ use serde_json::Value;
 use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind, Skipped, TemplateRef};
 use crate::injection::compare::env_from_key;
 use crate::injection::render::RenderedTemplate;
-use crate::injection::{env_merge, pod_resources};
+use crate::injection::{api_limits, env_merge, pod_resources};
 use crate::kinds::{
     APP_LISTS, CONTAINER_LISTS, ENV, Identity, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList, Placement, PodListKind,
     VOLUMES, WhenHeld,
@@ -62,7 +62,8 @@ pub struct Injection {
     /// show: warnings for the pod's creator.
     pub merge_warnings: Vec<String>,
     /// What the API server would refuse in the pod this patch makes (pod-level resources the
-    /// injected containers do not fit), one sentence each: the pod is then left as it is.
+    /// injected containers do not fit, the rules of `api_limits`), one sentence each: the pod is
+    /// then left as it is.
     pub invalid: Vec<String>,
     /// Where each overridden value came from, as `<template>.<value> from annotation <key>`
     /// (for `explain`).
@@ -137,7 +138,7 @@ pub fn plan(
         pod_level: Vec::new(),
     };
     found.give_token_mount(pod, &mut additions);
-    let invalid = match found.resize_pod_level(pod, previous, kept, &additions) {
+    let mut invalid = match found.resize_pod_level(pod, previous, kept, &additions) {
         None => Vec::new(),
         Some(Ok(resized)) => {
             additions.pod_level = resized.operations();
@@ -147,8 +148,10 @@ pub fn plan(
         Some(Err(violations)) => violations,
     };
     record_app_additions(&mut status, &app_containers);
+    let own_values: PerMap<Option<String>> = std::array::from_fn(|index| (MAPS[index].own_value)(&status));
+    invalid.extend(api_violations(&found, previous, &status, &additions.maps, &own_values));
 
-    let (patch, map_removals) = write_patch(pod, &found, previous, &status, additions, &app_containers);
+    let (patch, map_removals) = write_patch(pod, &found, previous, own_values, additions, &app_containers);
     let removed = removed_items(previous, &found, &map_removals, &app_containers);
     Ok(Injection {
         patch,
@@ -551,7 +554,7 @@ fn write_patch<'a>(
     pod: &Value,
     found: &'a PodFound<'_>,
     previous: &'a InjectionStatus,
-    status: &InjectionStatus,
+    own_values: PerMap<Option<String>>,
     additions: Additions,
     app_containers: &[AppContainer<'_>],
 ) -> (Vec<PatchOperation>, PerMap<Vec<&'a str>>) {
@@ -562,10 +565,11 @@ fn write_patch<'a>(
     // Each map: the keys an earlier injection added go, the templates' come, and the injector's
     // own key says what this injection did.
     let mut map_removals: PerMap<Vec<&str>> = Default::default();
-    for ((kind, mut added), removals) in MAPS.iter().zip(additions.maps).zip(&mut map_removals) {
+    let maps = MAPS.iter().zip(additions.maps).zip(own_values);
+    for (((kind, mut added), own_value), removals) in maps.zip(&mut map_removals) {
         let map = &found.maps[kind.index];
         removals.extend((kind.claimed)(previous).iter().map(String::as_str).filter(|k| map.contains_key(*k)));
-        match (kind.own_value)(status) {
+        match own_value {
             Some(value) => {
                 added.insert(kind.own_key.to_owned(), value);
             }
@@ -605,6 +609,64 @@ fn write_patch<'a>(
         builder.ops.push(PatchOperation::Add(AddOperation { path, value }));
     }
     (builder.ops, map_removals)
+}
+
+/// What the API server would refuse in the pod because of what the injection adds (see
+/// `api_limits`), one sentence each as the API server words it: the annotations' total size
+/// (only when the injection is what pushes it over), the keys and values added to each map, and
+/// the identities of the containers and spec-list items the injection puts in the pod.
+fn api_violations(
+    found: &PodFound<'_>,
+    previous: &InjectionStatus,
+    status: &InjectionStatus,
+    added: &PerMap<BTreeMap<String, String>>,
+    own_values: &PerMap<Option<String>>,
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    for kind in &MAPS {
+        let (before, added, own_value) = (&found.maps[kind.index], &added[kind.index], &own_values[kind.index]);
+        if let Some(limit) = kind.total_size_limit {
+            // What the pod keeps of its own, then what the injection writes.
+            let replaced = |key: &str| {
+                key == kind.own_key || added.contains_key(key) || (kind.claimed)(previous).iter().any(|k| k == key)
+            };
+            let authored: usize = before.iter().map(api_limits::entry_size).sum();
+            let kept: usize = before.iter().filter(|(k, _)| !replaced(k)).map(api_limits::entry_size).sum();
+            let own = own_value.as_ref().map_or(0, |v| kind.own_key.len() + v.len());
+            let after = kept + added.iter().map(api_limits::entry_size).sum::<usize>() + own;
+            if after > limit && authored <= limit {
+                violations.push(format!(
+                    "metadata.{}: Too long: may not be more than {limit} bytes (the pod's own come to {authored} bytes, with the injection's {after})",
+                    kind.field
+                ));
+            }
+        }
+        for (key, value) in added {
+            let problems = [api_limits::qualified_name_problem(key), (kind.value_problem)(value)];
+            for (problem, what) in problems.into_iter().zip([key, value]) {
+                if let Some(problem) = problem {
+                    violations.push(format!("metadata.{}: Invalid value: {what:?}: {problem}", kind.field));
+                }
+            }
+        }
+    }
+    for list in &CONTAINER_LISTS {
+        for name in (list.claimed)(status) {
+            if let Some(problem) = (list.identity_problem)(name) {
+                violations.push(format!("spec.{}: the injected {}'s name {name:?}: {problem}", list.field, list.noun));
+            }
+        }
+    }
+    for kind in &POD_LISTS {
+        for identity in (kind.claimed)(status) {
+            if let Some(problem) = (kind.identity_problem)(identity) {
+                let noun = kind.kind.describe();
+                violations
+                    .push(format!("spec.{}: the injected {noun}'s {} {identity:?}: {problem}", kind.field, kind.key));
+            }
+        }
+    }
+    violations
 }
 
 /// A merging env var's status key and the entry it adds where the app container has the variable.

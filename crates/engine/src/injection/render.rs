@@ -365,7 +365,7 @@ fn pod_choices(
             continue;
         }
         let chosen: Vec<String> = text.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect();
-        if let Some(bad) = chosen.iter().find(|n| !crate::templates::template::is_dns_label(n)) {
+        if let Some(bad) = chosen.iter().find(|n| !super::api_limits::is_dns_label(n)) {
             return Err(invalid(format!("{bad:?} is not a container name")));
         }
         if let Some(excluded) = chosen.iter().find(|n| targets.except.contains(n)) {

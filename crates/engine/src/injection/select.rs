@@ -46,8 +46,8 @@ pub enum OutOfScope {
     },
     /// The pod carries the opt-out label.
     PodOptedOut,
-    /// The API server would refuse the pod the injection makes (its pod-level resources cannot
-    /// hold the injected containers): admitted as its author wrote it.
+    /// The API server would refuse the pod the injection makes (pod-level resources that cannot
+    /// hold the injected containers, or what `api_limits` checks): admitted as its author wrote it.
     WouldBeInvalid {
         /// What the API server would say, one sentence each.
         reasons: Vec<String>,
@@ -87,7 +87,7 @@ impl fmt::Display for OutOfScope {
             }
             OutOfScope::WouldBeInvalid { reasons } => write!(
                 f,
-                "not injected: the API server would refuse the injected pod ({}); the pod is admitted as written",
+                "the API server would refuse the injected pod ({}); the pod is admitted as written",
                 reasons.join("; ")
             ),
         }

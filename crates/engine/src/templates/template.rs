@@ -769,7 +769,7 @@ impl<'a> Compiler<'a> {
         items
             .iter()
             .map(|item| match &item.value {
-                SourceValue::String(name) if is_dns_label(name) => Ok(name.clone()),
+                SourceValue::String(name) if crate::injection::api_limits::is_dns_label(name) => Ok(name.clone()),
                 SourceValue::String(name) => Err(self
                     .err(item.line, format!("{what}: {name:?} is not a container name (a DNS label, no expressions)"))),
                 _ => Err(self.err(item.line, format!("{what} must list container names, not {}", item.type_name()))),
@@ -1034,15 +1034,6 @@ pub(crate) fn resource_warnings(spec: &InjectSpec) -> Vec<String> {
         }
     }
     warnings
-}
-
-/// Whether `name` is a DNS label (RFC 1123), as container names are.
-pub(crate) fn is_dns_label(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
 }
 
 fn content_hash(root: &SourceNode) -> String {
