@@ -434,10 +434,11 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
             let conflicted: Vec<String> = status.conflicted_templates().into_iter().map(str::to_owned).collect();
             let injected: Vec<String> =
                 status.templates.iter().map(|t| t.name.clone()).filter(|n| !conflicted.contains(n)).collect();
-            let (skip, reason) = match &status.reason {
-                Some(reason) => (Some("no_template_matched"), reason.clone()),
-                None if conflicted.is_empty() => (None, format!("injected {}", injected.join(", "))),
-                None => (
+            let (skip, reason) = match (&injection.skipped_as, &status.reason) {
+                (Some(skipped), _) => (Some(skipped.code()), skipped.to_string()),
+                (None, Some(reason)) => (Some("no_template_matched"), reason.clone()),
+                (None, None) if conflicted.is_empty() => (None, format!("injected {}", injected.join(", "))),
+                (None, None) => (
                     None,
                     format!(
                         "injected [{}], applied with conflicts [{}] (the pod's own items stand)",

@@ -402,6 +402,17 @@ impl ControlPlane {
 
     /// Runs kubectl with a kubeconfig, optionally feeding `stdin`; the error carries stderr.
     pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        self.kubectl_with_stderr(kubeconfig, args, stdin).map(|(stdout, _)| stdout)
+    }
+
+    /// [`Plane::kubectl_as`], with what kubectl printed on stderr when it succeeded (the admission
+    /// warnings).
+    pub fn kubectl_with_stderr(
+        &self,
+        kubeconfig: &Path,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<(String, String)> {
         let mut command = Command::new(self.bin.join("kubectl"));
         command.arg("--kubeconfig").arg(kubeconfig).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
         command.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
@@ -412,7 +423,8 @@ impl ControlPlane {
         }
         let output = child.wait_with_output()?;
         if output.status.success() {
-            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+            let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+            Ok((text(&output.stdout), text(&output.stderr)))
         } else {
             bail!("kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim())
         }

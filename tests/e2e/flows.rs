@@ -617,3 +617,103 @@ async fn host_aliases(ctx: &mut Ctx) -> Result<()> {
     ctx.pods(namespace).delete("legacy", &DeleteParams::default()).await?;
     Ok(())
 }
+
+const PORTS_TEMPLATE: &str = r#"
+description: A mesh proxy whose ports an app may declare too
+sidecarMode: container
+inject:
+  sidecars:
+    - name: mesh
+      image: registry.example/mesh:1
+      ports: [{name: proxy-admin, containerPort: 9901}]
+      resources: {requests: {cpu: 1m, memory: 1Mi}, limits: {cpu: 1m, memory: 1Mi}}
+"#;
+
+/// 31. Ports that collide inside a pod, on the real API server: which collisions the API server
+///     refuses itself (containers of one pod sharing a port number, a port name, and the same
+///     under `hostNetwork`, where each port is a host port), and that an injection whose sidecar
+///     collides with the app is admitted with a warning naming both containers and the port, and
+///     never costs the create (under `hostNetwork` the pod is left as written instead).
+pub async fn s31_port_collisions(ctx: &mut Ctx) -> Result<()> {
+    crate::scenarios::set_template(ctx, "ports.yaml", Some(PORTS_TEMPLATE)).await?;
+    let result = port_collisions(ctx).await;
+    crate::scenarios::set_template(ctx, "ports.yaml", None).await?;
+    result
+}
+
+/// A pod with two containers declaring these ports.
+fn two_containers(name: &str, annotations: Value, first: Value, second: Value, host_network: bool) -> Value {
+    let mut pod = crate::scenarios::pod(name, json!({}), annotations);
+    pod["spec"]["containers"] = json!([
+        {"name": "app", "image": "registry.example/app:1", "ports": first},
+        {"name": "helper", "image": "registry.example/helper:1", "ports": second},
+    ]);
+    if host_network {
+        pod["spec"]["hostNetwork"] = json!(true);
+    }
+    pod
+}
+
+async fn port_collisions(ctx: &mut Ctx) -> Result<()> {
+    // What the API server refuses itself, in a namespace the injector leaves alone.
+    let number = json!([{"name": "http", "containerPort": 8080}]);
+    let same_number = json!([{"name": "admin", "containerPort": 8080}]);
+    let same_name = json!([{"name": "http", "containerPort": 9090}]);
+    let facts = [
+        ("same number", two_containers("same-number", json!({}), number.clone(), same_number.clone(), false)),
+        ("same name", two_containers("same-name", json!({}), number.clone(), same_name, false)),
+        ("same number, hostNetwork", two_containers("host-number", json!({}), number.clone(), same_number, true)),
+    ];
+    let mut refused = Vec::new();
+    for (case, pod) in facts {
+        match ctx.dry_run_pod("e2e-plain", pod).await {
+            Ok(_) => eprintln!("      the API server admits two containers with the {case}"),
+            Err(e) => {
+                eprintln!("      the API server refuses two containers with the {case}: {e}");
+                refused.push(case);
+            }
+        }
+    }
+    ensure!(refused == ["same number, hostNetwork"], "the API server refused {refused:?}");
+
+    // An injected sidecar that collides with the app: admitted, with the warning (kubectl prints
+    // admission warnings on stderr). Under hostNetwork the API server would refuse the injected
+    // pod: admitted as written, with the warning saying why.
+    let annotations = json!({"sidecar-injector.io/templates": "ports"});
+    let app_ports = json!([{"name": "proxy-admin", "containerPort": 9901}]);
+    let create = |pod: &Value| {
+        let args = ["-n", "e2e-shop", "create", "--dry-run=server", "-o", "json", "-f", "-"];
+        ctx.plane.kubectl_with_stderr(&ctx.plane.admin_kubeconfig, &args, Some(&pod.to_string()))
+    };
+    for host_network in [false, true] {
+        let mut pod = crate::scenarios::pod("meshed", json!({}), annotations.clone());
+        pod["spec"]["containers"][0]["ports"] = app_ports.clone();
+        if host_network {
+            pod["spec"]["hostNetwork"] = json!(true);
+        }
+        // The injector serves the new template within seconds; until then it refuses the pod.
+        let served = Instant::now();
+        let (stored, warnings) = loop {
+            match create(&pod) {
+                Ok(created) => break created,
+                Err(e) if served.elapsed() < Duration::from_secs(15) && e.to_string().contains("ports") => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => bail!("the pod (hostNetwork {host_network}) was refused: {e}"),
+            }
+        };
+        let stored: Value = serde_json::from_str(&stored)?;
+        let containers = stored["spec"]["containers"].as_array().into_iter().flatten();
+        let names: Vec<&str> = containers.filter_map(|c| c["name"].as_str()).collect();
+        let (expected, said): (&[&str], &str) = match host_network {
+            false => (&["app", "mesh"], "container app and injected container mesh both declare port 9901/TCP"),
+            true => (
+                &["app"],
+                "not injected: the API server would refuse the injected pod (spec.hostNetwork: container app and injected container mesh both declare port 9901/TCP",
+            ),
+        };
+        ensure!(names == expected, "hostNetwork {host_network}: containers {names:?}");
+        ensure!(warnings.contains(said), "hostNetwork {host_network}: warnings {warnings}");
+    }
+    Ok(())
+}

@@ -129,6 +129,7 @@ async fn run(root: &Path) -> Result<bool> {
         s28_native_by_nodes,
         s29_pod_level_resources,
         s30_host_aliases,
+        s31_port_collisions,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,

@@ -25,11 +25,13 @@ pub enum WarningCode {
     MergeSourceUncertain,
     /// The injection would make a pod the API server refuses, so the pod is admitted without it.
     InjectionWouldBeInvalid,
+    /// An injected container declares a port number or name another container of the pod has.
+    PortCollision,
 }
 
 impl WarningCode {
     /// Every code, for documentation and metrics that start at zero.
-    pub const ALL: [WarningCode; 8] = [
+    pub const ALL: [WarningCode; 9] = [
         WarningCode::OverrideIgnored,
         WarningCode::EnforcementAudit,
         WarningCode::StatusUnreadable,
@@ -38,6 +40,7 @@ impl WarningCode {
         WarningCode::ClassicSidecarsInJob,
         WarningCode::MergeSourceUncertain,
         WarningCode::InjectionWouldBeInvalid,
+        WarningCode::PortCollision,
     ];
 
     /// The stable code (a metric label value, and what docs/troubleshooting.md lists).
@@ -51,6 +54,7 @@ impl WarningCode {
             WarningCode::ClassicSidecarsInJob => "classic_sidecars_in_job",
             WarningCode::MergeSourceUncertain => "merge_source_uncertain",
             WarningCode::InjectionWouldBeInvalid => "injection_would_be_invalid",
+            WarningCode::PortCollision => "port_collision",
         }
     }
 

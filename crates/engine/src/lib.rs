@@ -244,13 +244,14 @@ impl Engine {
                 let reason = planned.is_empty().then(|| choice.summary_of_none());
                 match injection::plan::plan(pod, injection::plan::Earlier::Keep(&assessed.present), planned, reason) {
                     Ok(fresh) if !fresh.invalid.is_empty() => {
-                        return ClaimCheck::Decided(refuse_or_admit(fresh, selected, warnings));
+                        return ClaimCheck::Decided(refuse_or_admit(pod, None, fresh, selected, warnings));
                     }
                     Ok(fresh) if fresh.status == *claim && assessed.all_present => {
                         return ClaimCheck::Decided(Outcome::UpToDate(claim.clone()));
                     }
                     Ok(fresh) if claims::ownership::includes_items_of(&fresh.status, &assessed.present) => {
                         warnings.extend(doubted(assessed.doubts));
+                        warnings.extend(fresh.warnings.iter().cloned());
                         return ClaimCheck::Decided(Outcome::Inject(fresh));
                     }
                     // The claim puts items where the templates do not: prove and replace.
@@ -270,22 +271,32 @@ impl Engine {
 /// An injection that would make a pod the API server refuses (`Injection::invalid`) is not
 /// applied: an enforced template refuses the pod with the API server's reasons; otherwise the pod
 /// is admitted as its author wrote it (fail open; the reasons go in the warning and the metric).
+/// Where the plan replaces an `earlier` injection (or none), the pod still gets the status
+/// annotation, with no template and the reason: the companion ValidatingAdmissionPolicy refuses
+/// a pod of an opted-in namespace that has none. Only when even that would break a rule (the
+/// annotations are full) is the pod left without it.
 fn refuse_or_admit(
+    pod: &Value,
+    earlier: Option<injection::plan::Earlier<'_>>,
     injection: injection::plan::Injection,
     selected: &[&Arc<Template>],
     warnings: &mut Vec<Warning>,
 ) -> Outcome {
     let reasons = injection.invalid;
-    match selected.iter().find(|t| t.enforced && !t.audit) {
-        Some(template) => Outcome::Denied(Denial::WouldBeInvalid { template: template.name.to_string(), reasons }),
-        None => {
-            let reason = injection::select::OutOfScope::WouldBeInvalid { reasons };
-            warnings.push(Warning::new(
-                WarningCode::InjectionWouldBeInvalid,
-                format!("sidecar-injector: not injected: {reason}"),
-            ));
-            Outcome::OutOfScope(reason)
+    if let Some(template) = selected.iter().find(|t| t.enforced && !t.audit) {
+        return Outcome::Denied(Denial::WouldBeInvalid { template: template.name.to_string(), reasons });
+    }
+    let reason = injection::select::OutOfScope::WouldBeInvalid { reasons };
+    warnings
+        .push(Warning::new(WarningCode::InjectionWouldBeInvalid, format!("sidecar-injector: not injected: {reason}")));
+    let recorded = earlier.and_then(|earlier| {
+        injection::plan::plan(pod, earlier, Vec::new(), Some(format!("not injected: {reason}"))).ok()
+    });
+    match recorded {
+        Some(recorded) if recorded.invalid.is_empty() => {
+            Outcome::Inject(injection::plan::Injection { skipped_as: Some(reason), ..recorded })
         }
+        _ => Outcome::OutOfScope(reason),
     }
 }
 
@@ -540,12 +551,12 @@ impl Engine {
         let reason = planned.is_empty().then(|| choice.summary_of_none());
         match injection::plan::plan(pod, injection::plan::Earlier::Replace(&owned), planned, reason) {
             Ok(injection) if !injection.invalid.is_empty() => {
-                let outcome = refuse_or_admit(injection, &selected, &mut warnings);
+                let earlier = injection::plan::Earlier::Replace(&owned);
+                let outcome = refuse_or_admit(pod, Some(earlier), injection, &selected, &mut warnings);
                 decision(Some(choice), outcome, warnings)
             }
             Ok(injection) => {
-                let uncertain = injection.merge_warnings.iter();
-                warnings.extend(uncertain.map(|w| Warning::new(WarningCode::MergeSourceUncertain, w.clone())));
+                warnings.extend(injection.warnings.iter().cloned());
                 decision(Some(choice), Outcome::Inject(injection), warnings)
             }
             Err(e) => decision(Some(choice), Outcome::Denied(Denial::Shape(e)), warnings),

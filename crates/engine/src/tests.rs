@@ -978,14 +978,38 @@ fn pod_level_resources_are_padded_and_recorded_and_taken_back_exactly() {
     assert!(injection.patch.iter().all(|op| !op.path().to_string().starts_with("/spec/resources")));
 }
 
+/// The skip of a pod the injection would have made invalid: left as written, but for the status
+/// annotation that says why (no template, the reason), so that the companion policy admits it;
+/// or, when even that does not fit, without it.
+fn left_as_written(pod: &Value, outcome: &Outcome) -> injection::select::OutOfScope {
+    match outcome {
+        Outcome::Inject(injection) => {
+            let reason = injection.skipped_as.clone().expect("a skip");
+            assert!(injection.status.templates.is_empty(), "{:?}", injection.status);
+            assert_eq!(injection.status.reason, Some(format!("not injected: {reason}")));
+            let mut out = apply(pod, &injection.patch);
+            let annotations = out["metadata"]["annotations"].as_object_mut().unwrap();
+            let status = annotations.remove("sidecar-injector.io/status").expect("the status annotation");
+            assert_eq!(status::InjectionStatus::parse(status.as_str().unwrap()).unwrap(), injection.status);
+            let mut original = pod.clone();
+            original["metadata"].as_object_mut().unwrap().entry("annotations").or_insert(json!({}));
+            assert_eq!(out, original, "only the status annotation is added");
+            reason
+        }
+        Outcome::OutOfScope(reason) => reason.clone(),
+        other => panic!("expected the pod left as written, got {other:?}"),
+    }
+}
+
 #[test]
 fn a_pod_the_api_server_would_refuse_after_the_injection_is_left_as_written_or_refused_when_enforced() {
     // The app's own limit is over the pod's: whatever is padded, the API server refuses the pod.
     let pod = budgeted_pod("512Mi");
     let engine_for = |text: &str| engine(&[("agent", text)]);
     let decision = engine_for(BUDGETED).evaluate(&request(pod.clone(), opted_in("shop", &[])));
-    let Outcome::OutOfScope(reason) = &decision.outcome else { panic!("{:?}", decision.outcome) };
-    assert_eq!(reason.code(), "would_be_invalid");
+    // Invalid on its own, it cannot carry even the status annotation that says why.
+    assert!(matches!(decision.outcome, Outcome::OutOfScope(_)), "{:?}", decision.outcome);
+    assert_eq!(left_as_written(&pod, &decision.outcome).code(), "would_be_invalid");
     assert!(
         decision.warnings.iter().any(|w| w.code == WarningCode::InjectionWouldBeInvalid
             && w.message
@@ -1049,11 +1073,14 @@ fn additions_the_api_server_would_refuse_leave_the_pod_as_written_or_refuse_it_w
         ("annotations over the limit already", pod_named("web", annotations_of(270_000)), None),
     ];
     for (case, pod, expected) in cases {
-        let decision = engine.evaluate(&request(pod, opted_in("shop", &[])));
+        let decision = engine.evaluate(&request(pod.clone(), opted_in("shop", &[])));
         match (&decision.outcome, expected) {
-            (Outcome::Inject(_), None) => {}
-            (Outcome::OutOfScope(reason), Some(expected)) => {
-                assert_eq!(reason.code(), "would_be_invalid", "{case}");
+            (Outcome::Inject(injection), None) => assert!(injection.skipped_as.is_none(), "{case}"),
+            (outcome, Some(expected)) => {
+                assert_eq!(left_as_written(&pod, outcome).code(), "would_be_invalid", "{case}");
+                // The status annotation says why, unless the annotations are full.
+                let recorded = matches!(outcome, Outcome::Inject(_));
+                assert_eq!(recorded, !case.contains("262,003"), "{case}: {outcome:?}");
                 let warning = decision.warnings.iter().find(|w| w.code == WarningCode::InjectionWouldBeInvalid);
                 let message = warning.map(|w| w.message.as_str()).unwrap_or_default();
                 assert!(message.contains(&expected), "{case}: {message}");
@@ -1175,4 +1202,19 @@ fn a_sidecar_mounting_one_volume_twice_is_up_to_date_after_injection() {
         validate::validate_pod(&engine, &request(out, opted_in("shop", &[]))),
         validate::Verdict::Allowed(vec![])
     );
+}
+
+#[test]
+fn a_templates_own_sidecars_that_share_a_port_are_a_load_warning() {
+    let text = "default: true\ninject:\n  sidecars:\n    - {name: a, image: a, ports: [{name: metrics, containerPort: 9090}]}\n    - {name: b, image: b, ports: [{name: admin, containerPort: 9090}]}\n";
+    let template = template::Template::load("pair", text).unwrap();
+    assert!(
+        template.warnings.iter().any(|w| w
+            == "its sidecars collide in every pod: injected container a and injected container b both declare port 9090/TCP: only the first to bind it runs, the other fails"),
+        "{:?}",
+        template.warnings
+    );
+    let apart = text.replace("containerPort: 9090}]}\n    - {name: b", "containerPort: 9091}]}\n    - {name: b");
+    let template = template::Template::load("pair", &apart).unwrap();
+    assert!(!template.warnings.iter().any(|w| w.contains("collide")), "{:?}", template.warnings);
 }

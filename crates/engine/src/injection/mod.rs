@@ -3,7 +3,8 @@
 //! writes it (`plan`), and the decisions the plan asks of its own modules: how items are
 //! identified and compared (`compare`), native or classic sidecars (`native`, with what the nodes
 //! run in `nodes`), adding to an env var the app already has (`env_merge`), pod-level resources
-//! (`pod_resources`) and the API server's rules the additions could break (`api_limits`).
+//! (`pod_resources`), the API server's rules the additions could break (`api_limits`) and ports
+//! the added containers share with others (`ports`).
 
 pub mod api_limits;
 pub mod compare;
@@ -12,6 +13,7 @@ pub mod native;
 pub mod nodes;
 pub mod plan;
 pub mod pod_resources;
+pub mod ports;
 pub mod render;
 pub mod select;
 

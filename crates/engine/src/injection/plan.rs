@@ -27,9 +27,11 @@ use json_patch::{AddOperation, PatchOperation, RemoveOperation};
 use serde_json::Value;
 
 use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind, Skipped, TemplateRef};
+use crate::findings::{Warning, WarningCode};
 use crate::injection::compare::env_from_key;
+use crate::injection::ports::{self, Running};
 use crate::injection::render::RenderedTemplate;
-use crate::injection::{api_limits, env_merge, pod_resources};
+use crate::injection::{api_limits, env_merge, native, pod_resources};
 use crate::kinds::{
     APP_LISTS, CONTAINER_LISTS, ENV, Identity, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList, Placement, PodListKind,
     VOLUMES, WhenHeld,
@@ -58,9 +60,10 @@ pub struct Injection {
     /// For each env var a template merges into an app container: where the value it adds to
     /// comes from, one sentence each as `container <name>: ...` (for `explain`).
     pub merge_notes: Vec<String>,
-    /// The merges that rest on an `envFrom` source having the variable, which the API cannot
-    /// show: warnings for the pod's creator.
-    pub merge_warnings: Vec<String>,
+    /// Warnings for the pod's creator: merges that rest on an `envFrom` source having the
+    /// variable, which the API cannot show, and ports an added container shares with another
+    /// (`ports`).
+    pub warnings: Vec<Warning>,
     /// What the API server would refuse in the pod this patch makes (pod-level resources the
     /// injected containers do not fit, the rules of `api_limits`), one sentence each: the pod is
     /// then left as it is.
@@ -68,6 +71,10 @@ pub struct Injection {
     /// Where each overridden value came from, as `<template>.<value> from annotation <key>`
     /// (for `explain`).
     pub value_sources: Vec<String>,
+    /// When the templates were not injected for a reason that counts as a skip (the injection
+    /// would have made a pod the API server refuses), that reason: the patch then only records it
+    /// in the status annotation.
+    pub skipped_as: Option<crate::injection::select::OutOfScope>,
 }
 
 /// What an earlier injection left in the pod, as far as it is proven (see `ownership`; never the
@@ -138,6 +145,10 @@ pub fn plan(
         pod_level: Vec::new(),
     };
     found.give_token_mount(pod, &mut additions);
+    let uncertain_merges = merges.warnings.into_iter().map(|w| Warning::new(WarningCode::MergeSourceUncertain, w));
+    let port_collisions = found.port_collisions(pod, &additions);
+    let port_warnings = port_collisions.warned.into_iter().map(|w| Warning::new(WarningCode::PortCollision, w));
+    let warnings = uncertain_merges.chain(port_warnings).collect();
     let mut invalid = match found.resize_pod_level(pod, previous, kept, &additions) {
         None => Vec::new(),
         Some(Ok(resized)) => {
@@ -150,6 +161,7 @@ pub fn plan(
     record_app_additions(&mut status, &app_containers);
     let own_values: PerMap<Option<String>> = std::array::from_fn(|index| (MAPS[index].own_value)(&status));
     invalid.extend(api_violations(&found, previous, &status, &additions.maps, &own_values));
+    invalid.extend(port_collisions.refused);
 
     let (patch, map_removals) = write_patch(pod, &found, previous, own_values, additions, &app_containers);
     let removed = removed_items(previous, &found, &map_removals, &app_containers);
@@ -158,9 +170,10 @@ pub fn plan(
         status,
         removed: Box::new(removed),
         merge_notes: merges.notes,
-        merge_warnings: merges.warnings,
+        warnings,
         value_sources,
         invalid,
+        skipped_as: None,
     })
 }
 
@@ -212,6 +225,25 @@ impl<'p> PodFound<'p> {
         let containers = self.container_names.iter().enumerate().filter(|(i, _)| !self.removed_containers.contains(i));
         let init = self.init_names.iter().enumerate().filter(|(i, _)| !self.removed_init.contains(i));
         containers.chain(init).map(|(_, n)| *n)
+    }
+
+    /// Ports an added container shares with another container that runs beside it: the pod's
+    /// containers and native sidecars that stay, and the added ones (see `ports`).
+    fn port_collisions(&self, pod: &Value, additions: &Additions) -> ports::Collisions {
+        let added = additions.init.iter().filter(|c| native::is_native_sidecar(c)).chain(&additions.containers);
+        if !added.clone().any(|c| c.get("ports").and_then(Value::as_array).is_some_and(|p| !p.is_empty())) {
+            return ports::Collisions::default();
+        }
+        let own = self.containers.iter().enumerate().filter(|(i, _)| !self.removed_containers.contains(i));
+        let own_native = self.init_containers.into_iter().flatten().enumerate();
+        let own_native = own_native.filter(|(i, c)| !self.removed_init.contains(i) && native::is_native_sidecar(c));
+        let own = own.chain(own_native);
+        let running: Vec<Running<'_>> = own
+            .map(|(_, container)| Running { container, injected: false })
+            .chain(added.map(|container| Running { container, injected: true }))
+            .collect();
+        let host_network = pod.pointer("/spec/hostNetwork") == Some(&Value::Bool(true));
+        ports::collisions(&running, host_network)
     }
 
     /// Gives the injected containers the service-account token mount (see

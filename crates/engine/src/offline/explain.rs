@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use super::{Manifests, OfflineFacts, PodDecision, decide_all};
 use crate::claims::status::InjectionStatus;
 use crate::kinds::{APP_LISTS, CONTAINER_LISTS, MAPS, POD_LISTS, Placement};
-use crate::{Choice, Outcome, TemplateSet, emit::policy, names};
+use crate::{Choice, Injection, Outcome, TemplateSet, emit::policy, names};
 
 /// How `explain` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +86,10 @@ pub fn one(found: PodDecision, labels_known: bool) -> Explanation {
             format!("already injected with the current templates{}; nothing to change", conflicts_note(status)),
             Some(status.clone()),
         ),
+        // Left as written but for the status annotation that says why.
+        Outcome::Inject(Injection { skipped_as: Some(reason), status, .. }) => {
+            ("outOfScope", format!("not injected: {reason}"), Some(status.clone()))
+        }
         Outcome::Inject(injection) if injection.status.templates.is_empty() => (
             "inject",
             format!("no template would be injected: {}", injection.status.reason.clone().unwrap_or_default()),

@@ -11,6 +11,7 @@ use minijinja::Value as JinjaValue;
 use serde_json::Value;
 
 use crate::facts::NamespaceFacts;
+use crate::injection::ports::{self, Running};
 use crate::injection::render::{RenderError, RenderedTemplate, Subject, render};
 use crate::kinds::{APP_LISTS, AppListKind, POD_LISTS};
 use crate::names;
@@ -28,9 +29,12 @@ impl Template {
     /// problem.
     pub fn load(name: &str, source: &str) -> Result<Template, TemplateError> {
         let mut template = template::compile(name, source)?;
-        check(&template)?;
+        let port_collisions = check(&template)?;
         prerender(&mut template);
         template.warnings.extend(template::resource_warnings(&template.inject));
+        template
+            .warnings
+            .extend(port_collisions.into_iter().map(|c| format!("its sidecars collide in every pod: {c}")));
         if template.enforced || template.audit {
             // Native or classic does not change what can be checked.
             let unchecked = crate::checks::enforce::Requirements::of(&template, true).unchecked;
@@ -59,8 +63,10 @@ fn prerender(template: &mut Template) {
 /// before any pod is admitted. The samples are the shapes that occur at admission ([`SAMPLE_SHAPES`]):
 /// a template that works for a named pod but fails for the pods controllers create would stop every
 /// Deployment from creating pods. Each sample satisfies the template's own selectors, so a template
-/// may rely on a label its podSelector requires.
-fn check(template: &Template) -> Result<(), TemplateError> {
+/// may rely on a label its podSelector requires. Returns the ports the template's own sidecars
+/// share (`ports`), as rendered for the first sample.
+fn check(template: &Template) -> Result<Vec<String>, TemplateError> {
+    let mut port_collisions = None;
     let pod_labels = [("app".to_owned(), "example".to_owned())].into();
     let pod_labels: BTreeMap<String, String> = match &template.pod_selector {
         Some(selector) => selector.satisfying_labels(pod_labels),
@@ -76,8 +82,16 @@ fn check(template: &Template) -> Result<(), TemplateError> {
         let (pod, workload) = shape.sample(&pod_labels);
         let subject = Subject::new(Arc::new(pod), &workload);
         match render(template, &subject, &BTreeMap::new(), &namespace) {
-            Ok(rendered) => check_rendered(template, &rendered)
-                .map_err(|e| TemplateError { message: format!("{} (for {})", e.message, shape.description), ..e })?,
+            Ok(rendered) => {
+                check_rendered(template, &rendered).map_err(|e| TemplateError {
+                    message: format!("{} (for {})", e.message, shape.description),
+                    ..e
+                })?;
+                port_collisions.get_or_insert_with(|| {
+                    let sidecars = rendered.sidecars.iter().map(|container| Running { container, injected: true });
+                    ports::collisions(&sidecars.collect::<Vec<_>>(), false).warned
+                });
+            }
             Err(RenderError::Template(e)) => {
                 return Err(TemplateError {
                     message: format!("{} (while test-rendering for {})", e.message, shape.description),
@@ -87,7 +101,7 @@ fn check(template: &Template) -> Result<(), TemplateError> {
             Err(RenderError::Override(o)) => return Err(TemplateError::at(&template.name, 0, o.message)),
         }
     }
-    Ok(())
+    Ok(port_collisions.unwrap_or_default())
 }
 
 /// A pod shape that templates meet at admission.
