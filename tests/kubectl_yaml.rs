@@ -1,10 +1,10 @@
 //! Differential test of the manifest reader and writer against kubectl's own reader.
 //!
-//! `e2e/bin/yamlread` (built by `e2e/controlplane/build.sh` from `k8s.io/apimachinery` and
-//! `sigs.k8s.io/yaml`, the code kubectl reads manifests with) prints what kubectl reads from a YAML
-//! stream. For every input of a corpus (the repo's examples, golden inputs and deploy manifests,
-//! plus generated documents full of YAML 1.1 scalars, tabs, unicode, anchors, merges and duplicate
-//! keys) this asserts:
+//! `e2e/bin/yamlread` (built by `e2e/controlplane/build.sh` from `k8s.io/apimachinery`'s
+//! `YAMLOrJSONDecoder` and `sigs.k8s.io/yaml`, the code `kubectl apply -f` reads manifests with)
+//! prints what kubectl reads from a stream. For every input of a corpus (the repo's examples,
+//! golden inputs and deploy manifests, generated documents full of YAML 1.1 scalars, tabs, unicode,
+//! anchors, merges and duplicate keys, and the stream shapes of [`SHAPES`]) this asserts:
 //! 1. `manifest::read(input)` is what kubectl reads;
 //! 2. kubectl reads `manifest::write` of it back unchanged;
 //! 3. kubectl reads the output of `inject` as kubectl's reading of the input plus exactly the
@@ -181,8 +181,37 @@ fn generated() -> String {
     text
 }
 
+/// Stream shapes where kubectl's reader is not a YAML stream reader (the corpus issue's five, and
+/// their neighbours): it splits documents on `---` lines only and reads the first YAML document of
+/// each, refuses anything but a comment after `---`, decodes `!!binary`, and reads a stream that
+/// starts with `{` as JSON values one after another.
+const SHAPES: &[(&str, &str)] = &[
+    ("a document after a ... end marker", "a: 1\n...\nb: 2\n"),
+    ("... then a separator", "a: 1\n...\n---\nb: 2\n"),
+    ("!!binary", "v: !!binary aGVsbG8=\nargs: [!!binary d29ybGQ=]\n"),
+    ("!!binary over lines", "v: !!binary |\n  aGVs\n  bG8=\n"),
+    ("!!binary, not UTF-8", "v: !!binary /w==\n"),
+    ("!!binary, not base64", "v: !!binary 'not base64'\n"),
+    ("an inline document on the separator line", "--- {inline: document}\n"),
+    ("a comment on the separator line", "a: 1\n--- # next\nb: 2\n"),
+    ("a %YAML directive", "%YAML 1.1\n---\na: 1\n"),
+    ("a line of four dashes", "a: 1\n----\nb: 2\n"),
+    ("JSON objects one after another", "{\"a\": 1}\n{\"b\": [1, 2.5, \"x\"]}{\"c\": null}\n"),
+    ("JSON after white space", "\n  \t{\"kind\": \"Pod\", \"metadata\": {\"name\": \"p\"}}\n"),
+    ("JSON with // comments", "{\n  // \"context\"\n  \"a\": 1\n}\n"),
+    ("JSON with a trailing comma", "{\"a\": 1,}\n"),
+    ("JSON after a comment is YAML", "# c\n{\"a\": 1}\n"),
+    ("a JSON list is YAML", "[{\"a\": 1}]\n"),
+    ("one JSON value, then YAML", "{\"a\": 1}\n{\"b\": 1,}\n---\nc: 1\n"),
+    ("two JSON values, then not JSON", "{\"a\": 1}{\"b\": 2}\n{\"c\": 3,}\n"),
+    ("a key of a flow mapping over two lines", "# x\n{a\n b: 1}\n"),
+    ("an explicit key of a flow mapping over two lines", "# x\n{? a\n b: 1}\n"),
+    ("a flow sequence item over two lines", "# x\n[a\n \"b\"]\n"),
+];
+
 fn corpus() -> Vec<(String, String)> {
     let mut files = vec![("generated".to_owned(), generated())];
+    files.extend(SHAPES.iter().map(|(name, text)| (format!("shape: {name}"), (*text).to_owned())));
     let mut paths: Vec<PathBuf> = Vec::new();
     for dir in ["examples", "crates/engine/tests/golden/cases", "deploy"] {
         let mut stack = vec![PathBuf::from(dir)];

@@ -15,6 +15,13 @@
 //! - mapping keys become strings (`1: a` has key `"1"`, `y: a` has key `"true"`); a null key is
 //!   refused; a duplicate key: the last one wins; merge keys (`<<`) merge in place, later keys win.
 //! - a float whose value is whole is written as an integer (Go's JSON encoder does the same).
+//! - `!!binary` scalars are decoded from base64 to text, as go-yaml decodes them into a string.
+//! - the stream as `k8s.io/apimachinery`'s `YAMLOrJSONDecoder` reads it: input whose first
+//!   non-space character is `{` is JSON values one after another (if the first or second is not
+//!   JSON, the rest is read as YAML from there, as kubectl falls back); YAML is split into
+//!   documents on `---` lines only (anything but a comment after `---` is an error), and of each
+//!   only the first YAML document is read (after a `...` end marker, the rest is ignored).
+//! - an implicit key of a flow mapping stays on one line (go-yaml refuses `{a // note\n b: 1}`).
 //!
 //! Templates are not read here: they keep YAML 1.2's stricter rules (`crate::templates::yaml`).
 //!
@@ -29,7 +36,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use granit_parser::{Event, Parser, ScalarStyle, ScanError, Span};
+use granit_parser::{Event, Parser, ScalarStyle, ScanError, Span, StructureStyle};
 use serde_json::{Map, Number, Value};
 
 use crate::templates::yaml::YamlError;
@@ -76,55 +83,169 @@ pub fn read_with(text: &str, limits: Limits) -> Result<Vec<Value>, YamlError> {
             ),
         });
     }
+    let mut documents = Vec::new();
+    let (mut yaml, mut json_error) = (text, None);
+    if is_json_stream(text) {
+        match read_json_stream(text, limits, &mut documents) {
+            JsonStream::Read => return Ok(documents),
+            JsonStream::Refused(error) => return Err(error),
+            JsonStream::YamlFrom(offset, error) => (yaml, json_error) = (&text[offset..], Some(error)),
+        }
+    }
+    let lines_before = text[..text.len() - yaml.len()].matches('\n').count();
+    let node_budget = limits.nodes.min(limits.nodes_per_byte.saturating_mul(text.len()));
+    let read_before = documents.len();
+    match read_yaml(yaml, lines_before, limits, node_budget, &mut documents) {
+        Ok(()) => Ok(documents),
+        // Neither JSON nor YAML: kubectl reports the JSON error.
+        Err(error) => Err(json_error.filter(|_| documents.len() == read_before).unwrap_or(error)),
+    }
+}
+
+/// Reads the YAML documents of `text`, which follows `lines_before` lines of the input, into
+/// `documents`.
+fn read_yaml(
+    text: &str,
+    lines_before: usize,
+    limits: Limits,
+    node_budget: usize,
+    documents: &mut Vec<Value>,
+) -> Result<(), YamlError> {
     let mut options = granit_parser::Options::default();
     options.set_emit_comments(false);
-    let parser = Parser::new_from_str_with_options(text, options);
-    let node_budget = limits.nodes.min(limits.nodes_per_byte.saturating_mul(text.len()));
-    let mut reader = Reader { parser, limits, node_budget, nodes: 0, document: 0, anchors: HashMap::new() };
-    let mut documents = Vec::new();
-    loop {
-        let (event, span) = reader.next()?;
-        match event {
-            Event::StreamEnd => break,
-            Event::DocumentStart(..) => {
-                reader.document += 1;
-                if reader.document > limits.documents {
-                    return Err(reader.error(
-                        span,
-                        format!("more than {} documents: split the input into several files", limits.documents),
-                    ));
-                }
-                reader.anchors.clear();
-                let (event, span) = reader.next()?;
-                let value = match event {
-                    Event::DocumentEnd => Value::Null,
-                    event => {
-                        let value = reader.node(event, span, 0)?;
-                        let (end, span) = reader.next()?;
-                        if !matches!(end, Event::DocumentEnd) {
-                            return Err(reader.error(span, "expected the end of the document".into()));
-                        }
-                        value
-                    }
-                };
-                if !value.is_null() {
-                    documents.push(value);
-                }
-            }
-            _ => {}
+    let mut nodes = 0;
+    for (index, (chunk, first_line)) in split_documents(text, lines_before)?.into_iter().enumerate() {
+        let parser = Parser::new_from_str_with_options(chunk, options.clone());
+        let lines_before = first_line - 1;
+        let document = index + 1;
+        let mut reader =
+            Reader { parser, text: chunk, limits, node_budget, nodes, document, lines_before, anchors: HashMap::new() };
+        if document > limits.documents {
+            let message = format!("more than {} documents: split the input into several files", limits.documents);
+            return Err(reader.error(Span::default(), message));
         }
+        if let Some(value) = reader.first_document()?.filter(|value| !value.is_null()) {
+            documents.push(value);
+        }
+        nodes = reader.nodes;
+    }
+    Ok(())
+}
+
+/// The documents of a YAML stream as kubectl's reader splits it (`k8s.io/apimachinery`'s
+/// `YAMLReader`): the text between separator lines, each with the number of the line it starts
+/// on in the input (`text` follows `lines_before` lines of it). A separator line starts with `---` followed by nothing but spaces or a comment; any other
+/// line that starts with `---` is an error, as it is for kubectl. Nothing else ends a document:
+/// each is then read as go-yaml reads one, its first YAML document only (after a `...` end marker,
+/// the rest is ignored).
+fn split_documents(text: &str, lines_before: usize) -> Result<Vec<(&str, usize)>, YamlError> {
+    let mut documents = Vec::new();
+    let (mut start, mut start_line, mut offset) = (0, lines_before + 1, 0);
+    for (index, line) in text.split_inclusive('\n').enumerate() {
+        let index = index + lines_before;
+        if let Some(rest) = line.strip_prefix("---") {
+            let rest = rest.trim();
+            if !rest.is_empty() && !rest.starts_with('#') {
+                return Err(YamlError {
+                    line: Some(index as u64 + 1),
+                    column: Some(4),
+                    message: format!(
+                        "document {}: invalid YAML document separator: {rest} (kubectl takes only spaces or a comment after ---)",
+                        documents.len() + 1
+                    ),
+                });
+            }
+            if offset > start {
+                documents.push((&text[start..offset], start_line));
+            }
+            (start, start_line) = (offset + line.len(), index + 2);
+        }
+        offset += line.len();
+    }
+    if text.len() > start {
+        documents.push((&text[start..], start_line));
     }
     Ok(documents)
 }
 
+/// Whether kubectl reads `text` as a stream of JSON values: when its first 4,096 bytes, after
+/// white space, start with `{` (`YAMLOrJSONDecoder`'s guess).
+fn is_json_stream(text: &str) -> bool {
+    let head = &text.as_bytes()[..text.len().min(4096)];
+    String::from_utf8_lossy(head).trim_start().starts_with('{')
+}
+
+/// How a stream that starts with `{` reads (see [`read_json_stream`]).
+enum JsonStream {
+    /// As JSON values to its end.
+    Read,
+    /// Not as JSON, after more than one JSON value.
+    Refused(YamlError),
+    /// As YAML from this offset on, after at most one JSON value; the JSON error is what kubectl
+    /// reports if the YAML cannot be read either.
+    YamlFrom(usize, YamlError),
+}
+
+/// A stream that starts with `{`, as kubectl's `YAMLOrJSONDecoder` reads it into `documents`:
+/// JSON values one after another (no comments, no trailing commas; `null`s dropped). A value that
+/// is not JSON ends it: after more than one value that is an error, otherwise the rest of the
+/// stream is read as YAML, from the start of that value with the white space up to the end of its
+/// line skipped (`{"a": 1,}` is YAML's).
+fn read_json_stream(text: &str, limits: Limits, documents: &mut Vec<Value>) -> JsonStream {
+    let mut values = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+    for document in 1.. {
+        let offset = values.byte_offset();
+        let error = match values.next() {
+            None => return JsonStream::Read,
+            Some(Ok(_)) if document > limits.documents => {
+                let message = format!("more than {} documents: split the input into several files", limits.documents);
+                return JsonStream::Refused(YamlError { line: None, column: None, message });
+            }
+            Some(Ok(value)) => {
+                if !value.is_null() {
+                    documents.push(value);
+                }
+                continue;
+            }
+            Some(Err(error)) => error,
+        };
+        let message = error.to_string();
+        let message = message.rsplit_once(" at line ").map_or(message.as_str(), |(m, _)| m);
+        let error = YamlError {
+            line: Some(error.line() as u64),
+            column: Some(error.column() as u64),
+            message: format!(
+                "document {document}: {message} (input that starts with {{ is read as JSON, as kubectl reads it)"
+            ),
+        };
+        if document > 2 {
+            return JsonStream::Refused(error);
+        }
+        let rest = &text[offset..];
+        let mut skipped = 0;
+        for c in rest.chars().take_while(|c| c.is_whitespace()) {
+            skipped += c.len_utf8();
+            if c == '\n' {
+                break;
+            }
+        }
+        return JsonStream::YamlFrom(offset + skipped, error);
+    }
+    unreachable!("the loop returns")
+}
+
 struct Reader<'a> {
     parser: Parser<'a, granit_parser::StrInput<'a>>,
+    /// The text the parser reads (this document's).
+    text: &'a str,
     limits: Limits,
     /// The nodes this input may have: [`Limits::nodes_per_byte`] of its size, at most
     /// [`Limits::nodes`].
     node_budget: usize,
     nodes: usize,
     document: usize,
+    /// The lines of the stream before this document's (the parser counts from its start).
+    lines_before: usize,
     anchors: HashMap<usize, (Value, usize)>,
 }
 
@@ -132,7 +253,7 @@ impl<'a> Reader<'a> {
     fn next(&mut self) -> Result<(Event<'a>, Span), YamlError> {
         match self.parser.next_event() {
             Some(Ok(pair)) => Ok(pair),
-            Some(Err(e)) => Err(scan_error(&e, self.document)),
+            Some(Err(e)) => Err(scan_error(&e, self.document, self.lines_before)),
             None => Ok((Event::StreamEnd, Span::default())),
         }
     }
@@ -140,9 +261,35 @@ impl<'a> Reader<'a> {
     fn error(&self, span: Span, message: String) -> YamlError {
         let document = if self.document > 0 { format!("document {}: ", self.document) } else { String::new() };
         YamlError {
-            line: Some(span.start.line() as u64),
+            line: Some((span.start.line() + self.lines_before) as u64),
             column: Some(span.start.col() as u64 + 1),
             message: format!("{document}{message}"),
+        }
+    }
+
+    /// Whether the key that starts at `span` follows a `?` indicator (an explicit key may span
+    /// lines).
+    fn is_explicit_key(&self, span: Span) -> bool {
+        let line = self.text.lines().nth(span.start.line().saturating_sub(1)).unwrap_or_default();
+        let before: String = line.chars().take(span.start.col()).collect();
+        before.trim_end().ends_with('?')
+    }
+
+    /// The first YAML document of the text, as go-yaml reads one: what follows it is not read.
+    fn first_document(&mut self) -> Result<Option<Value>, YamlError> {
+        loop {
+            let (event, _) = self.next()?;
+            match event {
+                Event::StreamEnd => return Ok(None),
+                Event::DocumentStart(..) => {
+                    let (event, span) = self.next()?;
+                    return match event {
+                        Event::DocumentEnd => Ok(None),
+                        event => self.node(event, span, 0).map(Some),
+                    };
+                }
+                _ => {}
+            }
         }
     }
 
@@ -198,7 +345,7 @@ impl<'a> Reader<'a> {
                 }
                 (Value::Array(items), anchor, 1 + self.nodes - before)
             }
-            Event::MappingStart(_, anchor, _) => {
+            Event::MappingStart(style, anchor, _) => {
                 self.count(span, 1)?;
                 let before = self.nodes;
                 let mut map = Map::new();
@@ -206,6 +353,14 @@ impl<'a> Reader<'a> {
                     let (event, key_span) = self.next()?;
                     if matches!(event, Event::MappingEnd) {
                         break;
+                    }
+                    // go-yaml keeps an implicit key to one line, as YAML says; the parser here lets
+                    // one of a flow mapping run on (`{a // comment\n "b": 1}` read as one key).
+                    let multi_line = key_span.start.line() != key_span.end.line();
+                    let scalar = matches!(event, Event::Scalar(..));
+                    if style == StructureStyle::Flow && multi_line && scalar && !self.is_explicit_key(key_span) {
+                        let message = "did not find expected ',' or '}': a key in {...} must fit on one line (JSON has no // comments)";
+                        return Err(self.error(key_span, message.into()));
                     }
                     let is_merge = matches!(&event, Event::Scalar(text, ScalarStyle::Plain, _, None) if text == "<<");
                     let key = self.node(event, key_span, depth + 1)?;
@@ -229,11 +384,11 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn scan_error(error: &ScanError, document: usize) -> YamlError {
+fn scan_error(error: &ScanError, document: usize, lines_before: usize) -> YamlError {
     let marker = error.marker();
     let document = if document > 0 { format!("document {document}: ") } else { String::new() };
     YamlError {
-        line: Some(marker.line() as u64),
+        line: Some((marker.line() + lines_before) as u64),
         column: Some(marker.col() as u64 + 1),
         message: format!("{document}{}", error.info()),
     }
@@ -297,6 +452,7 @@ fn resolve(text: &str, style: ScalarStyle, tag: Option<&str>) -> Result<Value, S
         (ScalarStyle::Plain, None) => resolve_plain(text),
         (_, None) => Resolved::Str,
         (_, Some("!!int" | "!!float" | "!!bool" | "!!null")) => resolve_plain(text),
+        (_, Some("!!binary")) => return binary(text),
         // go-yaml keeps scalars with other tags as strings.
         (_, Some(_)) => return Ok(Value::String(text.to_owned())),
     };
@@ -315,6 +471,18 @@ fn resolve(text: &str, style: ScalarStyle, tag: Option<&str>) -> Result<Value, S
         (_, Some(tag)) => return Err(format!("cannot read {text:?} as {tag}")),
     };
     Ok(value)
+}
+
+/// A `!!binary` scalar as go-yaml decodes it into a string: standard base64 (line breaks
+/// ignored, as Go's decoder ignores them), the bytes as text (what is not UTF-8 becomes U+FFFD, as
+/// Go's JSON encoder writes it).
+fn binary(text: &str) -> Result<Value, String> {
+    use base64::Engine as _;
+    let encoded: String = text.chars().filter(|c| !matches!(c, '\r' | '\n')).collect();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|_| "!!binary value contains invalid base64 data".to_owned())?;
+    Ok(Value::String(String::from_utf8_lossy(&bytes).into_owned()))
 }
 
 /// A float as Go's JSON encoder writes it: whole values as integers.
@@ -689,6 +857,39 @@ mod tests {
         );
         let docs = Limits { documents: 2, ..LIMITS };
         assert!(read_with("a: 1\n---\nb: 2\n---\nc: 3\n", docs).unwrap_err().message.contains("more than 2 documents"));
+    }
+
+    #[test]
+    fn streams_split_and_read_as_kubectl_reads_them() {
+        // What kubectl's reader gives (`tests/kubectl_yaml.rs` checks these against it).
+        let cases: &[(&str, Result<Value, &str>)] = &[
+            ("a: 1\n...\nb: 2\n", Ok(json!([{"a": 1}]))),
+            ("a: 1\n...\n---\nb: 2\n", Ok(json!([{"a": 1}, {"b": 2}]))),
+            ("v: !!binary aGVsbG8=\n", Ok(json!([{"v": "hello"}]))),
+            ("v: !!binary |\n  aGVs\n  bG8=\n", Ok(json!([{"v": "hello"}]))),
+            ("v: !!binary /w==\n", Ok(json!([{"v": "\u{fffd}"}]))),
+            ("v: !!binary 'not base64'\n", Err("invalid base64")),
+            ("--- {inline: document}\n", Err("invalid YAML document separator: {inline: document}")),
+            ("a: 1\n----\nb: 2\n", Err("invalid YAML document separator: -")),
+            ("a: 1\n--- # next\nb: 2\n", Ok(json!([{"a": 1}, {"b": 2}]))),
+            ("%YAML 1.1\n---\na: 1\n", Err("document 1")),
+            ("{\"a\": 1}\n{\"b\": [1, 2.5]}{\"c\": null}\n", Ok(json!([{"a": 1}, {"b": [1, 2.5]}, {"c": null}]))),
+            ("{\n  // \"context\"\n  \"a\": 1\n}\n", Err("key must be a string")),
+            ("{\"a\": 1,}\n", Ok(json!([{"a": 1}]))),
+            ("{\"a\": 1}{\"b\": 2}\n{\"c\": 3,}\n", Err("document 3: trailing comma")),
+            ("# x\n{a\n b: 1}\n", Err("must fit on one line")),
+            ("# x\n{? a\n b: 1}\n", Ok(json!([{"a b": 1}]))),
+        ];
+        for (text, expected) in cases {
+            match (read(text), expected) {
+                (Ok(documents), Ok(expected)) => assert_eq!(&json!(documents), expected, "{text:?}"),
+                (Err(e), Err(expected)) => assert!(e.message.contains(expected), "{text:?}: {}", e.message),
+                (got, expected) => panic!("{text:?}: {got:?}, expected {expected:?}"),
+            }
+        }
+        // Lines count from the start of the input in every document.
+        let err = read("a: 1\n---\nb: 2\nc: [\n").unwrap_err();
+        assert_eq!((err.line, err.message.starts_with("document 2:")), (Some(4), true), "{err:?}");
     }
 
     #[test]

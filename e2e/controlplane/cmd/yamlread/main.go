@@ -1,7 +1,8 @@
-// Command yamlread reads a YAML stream from stdin exactly as kubectl does (the document splitter
-// of k8s.io/apimachinery and sigs.k8s.io/yaml's YAML-to-JSON conversion, YAML 1.1 scalars) and
-// prints the documents as a JSON array, skipping empty ones. The Rust tests compare the
-// injector's manifest reader and writer against it.
+// Command yamlread reads a manifest stream from stdin exactly as kubectl does (`kubectl apply -f`'s
+// stream visitor: k8s.io/apimachinery's YAMLOrJSONDecoder, which reads a stream that starts with
+// `{` as consecutive JSON values and anything else as YAML documents split on `---` lines, each
+// converted by sigs.k8s.io/yaml with YAML 1.1 scalars) and prints the documents as a JSON array,
+// skipping empty ones. The Rust tests compare the injector's manifest reader and writer against it.
 package main
 
 import (
@@ -11,36 +12,34 @@ import (
 	"io"
 	"os"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
 )
 
 func main() {
-	reader := utilyaml.NewYAMLReader(bufio.NewReader(os.Stdin))
+	// The buffer size kubectl's stream visitor uses to guess JSON or YAML.
+	decoder := utilyaml.NewYAMLOrJSONDecoder(bufio.NewReader(os.Stdin), 4096)
 	var out bytes.Buffer
 	out.WriteString("[")
 	first := true
 	for {
-		doc, err := reader.Read()
+		var document runtime.RawExtension
+		err := decoder.Decode(&document)
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
 			fail(err)
 		}
-		json, err := yaml.YAMLToJSON(doc)
-		if err != nil {
-			fail(err)
-		}
-		json = bytes.TrimSpace(json)
-		if len(json) == 0 || string(json) == "null" {
+		raw := bytes.TrimSpace(document.Raw)
+		if len(raw) == 0 || string(raw) == "null" {
 			continue
 		}
 		if !first {
 			out.WriteString(",")
 		}
 		first = false
-		out.Write(json)
+		out.Write(raw)
 	}
 	out.WriteString("]\n")
 	os.Stdout.Write(out.Bytes())
