@@ -5,8 +5,8 @@
 //! when a container it adds collides with another (`plan`), and `check-templates` when a
 //! template's own sidecars collide (`load`). Under `hostNetwork` every port is also a host port
 //! (the API server defaults `hostPort` to `containerPort`, after the webhook's patch too) and the
-//! API server refuses two of the same number: such a collision is a reason not to inject. A leaf: it
-//! reads containers as JSON.
+//! API server refuses two of the same number: such a collision is a reason not to inject, and every
+//! port an injected container takes on the node is a warning. A leaf: it reads containers as JSON.
 
 use serde_json::Value;
 
@@ -53,13 +53,24 @@ fn described(running: &Running<'_>) -> String {
 pub struct Collisions {
     /// What the API server refuses: the same port number twice under `hostNetwork`.
     pub refused: Vec<String>,
-    /// What it admits: the same number (without `hostNetwork`) or the same name.
+    /// What it admits: the same number (without `hostNetwork`) or the same name, and under
+    /// `hostNetwork` every port an injected container takes on the node.
     pub warned: Vec<String>,
 }
 
 /// The collisions of `running`, in a pod that uses the node's network or not.
 pub fn collisions(running: &[Running<'_>], host_network: bool) -> Collisions {
     let mut found = Collisions::default();
+    for injected in running.iter().filter(|r| r.injected && host_network) {
+        for port in ports(injected.container) {
+            found.warned.push(format!(
+                "{} takes port {}/{} of the node (hostNetwork): it fails to start where another process or hostNetwork pod holds it",
+                described(injected),
+                port.number,
+                port.protocol
+            ));
+        }
+    }
     for (index, later) in running.iter().enumerate() {
         for earlier in running[..index].iter().filter(|earlier| earlier.injected || later.injected) {
             for (a, b) in ports(earlier.container).flat_map(|a| ports(later.container).map(move |b| (a, b))) {
@@ -135,7 +146,7 @@ mod tests {
         let quiet = json!({"name": "quiet", "ports": [{"containerPort": 8080, "protocol": "SCTP"}]});
         let plain = json!({"name": "plain"});
         let running = [Running { container: &app, injected: false }, Running { container: &quiet, injected: true }];
-        assert_eq!(collisions(&running, true), Collisions::default());
+        assert_eq!(collisions(&running, false), Collisions::default());
         assert_eq!(collisions(&[Running { container: &plain, injected: true }], true), Collisions::default());
         // Under hostNetwork the same number is a host port twice, which the API server refuses.
         let running = [Running { container: &app, injected: false }, Running { container: &proxy, injected: true }];
@@ -148,6 +159,10 @@ mod tests {
                 "spec.hostNetwork: container app and injected container proxy both declare port 8080/TCP, a host port of the node twice (Duplicate value)",
             ]
         );
-        assert_eq!(found.warned.len(), 1, "the shared name proxy-admin: {:?}", found.warned);
+        assert_eq!(found.warned.len(), 5, "4 ports of the node, the shared name proxy-admin: {:?}", found.warned);
+        assert_eq!(
+            found.warned[0],
+            "injected container proxy takes port 9901/TCP of the node (hostNetwork): it fails to start where another process or hostNetwork pod holds it"
+        );
     }
 }
