@@ -242,7 +242,7 @@ impl<'p> PodFound<'p> {
             .map(|(_, container)| Running { container, injected: false })
             .chain(added.map(|container| Running { container, injected: true }))
             .collect();
-        let host_network = pod.pointer("/spec/hostNetwork") == Some(&Value::Bool(true));
+        let host_network = pod.get("spec").and_then(|spec| spec.get("hostNetwork")) == Some(&Value::Bool(true));
         ports::collisions(&running, host_network)
     }
 
