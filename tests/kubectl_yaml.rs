@@ -228,6 +228,15 @@ fn corpus() -> Vec<(String, String)> {
     files
 }
 
+/// The file `inject` reads in the test, removed when the test ends, failed or not.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// The documents kubectl would apply: lists (`List` and every `<Kind>List`) flattened, nested too.
 fn flatten<'a>(document: &'a mut Value, out: &mut Vec<&'a mut Value>) {
     if workload::is_list(document) {
@@ -253,6 +262,7 @@ fn manifests_read_and_write_exactly_as_kubectl_reads_them() {
     let mut failures = Vec::new();
     let mut checked = 0;
     let mut generated_checked = false;
+    let scratch = Scratch(std::env::temp_dir().join(format!("kubectl-yaml-{}.yaml", std::process::id())));
     for (name, text) in corpus() {
         let theirs = match kubectl_read(&reader, &text) {
             Ok(docs) => docs,
@@ -290,8 +300,8 @@ fn manifests_read_and_write_exactly_as_kubectl_reads_them() {
         }
 
         // inject: kubectl's reading of the output is kubectl's reading of the input plus the patches.
-        let file = std::env::temp_dir().join(format!("kubectl-yaml-{}.yaml", std::process::id()));
-        std::fs::write(&file, &text).unwrap();
+        let file = &scratch.0;
+        std::fs::write(file, &text).unwrap();
         let argv = ["sidecar-injector", "inject", "-f", file.to_str().unwrap(), "--namespace", "shop"];
         let cli::Command::Inject(args) = <Cli as clap::Parser>::try_parse_from(argv).unwrap().command else {
             unreachable!()
