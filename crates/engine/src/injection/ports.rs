@@ -74,22 +74,17 @@ pub fn collisions(running: &[Running<'_>], host_network: bool) -> Collisions {
     for (index, later) in running.iter().enumerate() {
         for earlier in running[..index].iter().filter(|earlier| earlier.injected || later.injected) {
             for (a, b) in ports(earlier.container).flat_map(|a| ports(later.container).map(move |b| (a, b))) {
-                if a.number == b.number && a.protocol == b.protocol && host_network {
-                    found.refused.push(format!(
-                        "spec.hostNetwork: {} and {} both declare port {}/{}, a host port of the node twice (Duplicate value)",
-                        described(earlier),
-                        described(later),
-                        a.number,
-                        a.protocol
-                    ));
-                } else if a.number == b.number && a.protocol == b.protocol {
-                    found.warned.push(format!(
-                        "{} and {} both declare port {}/{}: only the first to bind it runs, the other fails",
-                        described(earlier),
-                        described(later),
-                        a.number,
-                        a.protocol
-                    ));
+                if a.number == b.number && a.protocol == b.protocol {
+                    let (earlier, later, number, protocol) =
+                        (described(earlier), described(later), a.number, a.protocol);
+                    match host_network {
+                        true => found.refused.push(format!(
+                            "spec.hostNetwork: {earlier} and {later} both declare port {number}/{protocol}, a host port of the node twice (Duplicate value)"
+                        )),
+                        false => found.warned.push(format!(
+                            "{earlier} and {later} both declare port {number}/{protocol}: only the first to bind it runs, the other fails"
+                        )),
+                    }
                 }
                 if let (Some(name), true) = (a.name, a.name == b.name) {
                     found.warned.push(format!(
