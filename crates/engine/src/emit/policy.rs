@@ -1472,7 +1472,8 @@ mod tests {
             ("values and literals", String::new(), None),
             (
                 "pod name with defaults, namespace, concatenation",
-                "  labels:\n    tag: \"{{ namespace.name ~ '.' ~ (pod.metadata.name | default(pod.metadata.generateName | default('pod'))) }}\"\n".into(),
+                // An annotation: a generateName ends with `-`, which no label value may.
+                "  annotations:\n    example.com/tag: \"{{ namespace.name ~ '.' ~ (pod.metadata.name | default(pod.metadata.generateName | default('pod'))) }}\"\n".into(),
                 None,
             ),
             (
@@ -1491,8 +1492,9 @@ mod tests {
                 Some("needs `| default(...)`"),
             ),
             (
-                "an overridable string in a label",
-                "  labels:\n    image: \"{{ values.image }}\"\n".into(),
+                // An annotation: `agent:1` is no label value.
+                "an overridable string in an annotation",
+                "  annotations:\n    example.com/image: \"{{ values.image }}\"\n".into(),
                 None,
             ),
             ("the pod's spec", "  labels:\n    sa: \"{{ pod.spec.serviceAccountName | default('x') }}\"\n".into(), Some("the pod's `spec`")),

@@ -964,7 +964,7 @@ inject:
         // `default()` on generateName still fails for a workload's pod template.
         let err = Template::load(
             "fallback",
-            "inject:\n  labels:\n    owner: \"{{ pod.metadata.name | default(pod.metadata.generateName) }}\"\n",
+            "inject:\n  annotations:\n    example.com/owner: \"{{ pod.metadata.name | default(pod.metadata.generateName) }}\"\n",
         )
         .unwrap_err();
         assert!(err.message.contains("a workload's pod template"), "{err}");

@@ -11,9 +11,10 @@ use minijinja::Value as JinjaValue;
 use serde_json::Value;
 
 use crate::facts::NamespaceFacts;
+use crate::injection::api_limits;
 use crate::injection::ports::{self, Running};
 use crate::injection::render::{RenderError, RenderedTemplate, Subject, render};
-use crate::kinds::{APP_LISTS, AppListKind, POD_LISTS};
+use crate::kinds::{APP_LISTS, AppListKind, CONTAINERS, MAPS, POD_LISTS};
 use crate::names;
 use crate::templates::conformance::{CHECKED_KUBERNETES_VERSION, conforms};
 use crate::templates::template::{self, Template, TemplateError};
@@ -171,8 +172,8 @@ struct Section<'r> {
 /// What must identify each item of a section.
 #[derive(Clone, Copy)]
 enum Identified {
-    /// This field, a non-empty string.
-    By(&'static str),
+    /// This field, a non-empty string the API server takes (the rule says what it lacks).
+    By(&'static str, fn(&str) -> Option<String>),
     /// The app-list kind's identity (derived, as an `envFrom` source's).
     AsAppItem(&'static AppListKind),
 }
@@ -192,17 +193,25 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
             "inject.initContainers".into(),
             &rendered.init_containers,
             conforms::<Container>,
-            Identified::By("name"),
+            Identified::By("name", CONTAINERS.identity_problem),
         ),
-        section("inject.sidecars".into(), &rendered.sidecars, conforms::<Container>, Identified::By("name")),
+        section(
+            "inject.sidecars".into(),
+            &rendered.sidecars,
+            conforms::<Container>,
+            Identified::By("name", CONTAINERS.identity_problem),
+        ),
     ];
     let app_lists = APP_LISTS.iter().map(|kind| {
-        let identified = kind.required.first().map_or(Identified::AsAppItem(kind), |key| Identified::By(key));
+        let identified = kind
+            .required
+            .first()
+            .map_or(Identified::AsAppItem(kind), |key| Identified::By(key, api_limits::no_problem));
         section(kind.section(), rendered.app_list(kind), kind.conforms, identified)
     });
-    let pod_lists = POD_LISTS
-        .iter()
-        .map(|kind| section(kind.section(), rendered.pod_list(kind), kind.conforms, Identified::By(kind.key)));
+    let pod_lists = POD_LISTS.iter().map(|kind| {
+        section(kind.section(), rendered.pod_list(kind), kind.conforms, Identified::By(kind.key, kind.identity_problem))
+    });
     for Section { name: section, items, conforms, identified } in
         containers.into_iter().chain(app_lists).chain(pod_lists)
     {
@@ -218,12 +227,25 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
                 }
             }
             let unidentified = match identified {
-                Identified::By(key) => (!matches!(item.get(key), Some(Value::String(s)) if !s.is_empty()))
-                    .then(|| format!(".{key} must render to a non-empty string")),
+                Identified::By(key, rule) => match item.get(key) {
+                    Some(Value::String(s)) if !s.is_empty() => {
+                        rule(s).map(|problem| format!(".{key} is {s:?}: {problem}"))
+                    }
+                    _ => Some(format!(".{key} must render to a non-empty string")),
+                },
                 Identified::AsAppItem(kind) => kind.identity(item).is_none().then(|| kind.unidentified.to_owned()),
             };
             if let Some(message) = unidentified {
                 return Err(fail(message));
+            }
+        }
+    }
+    // A label value the API server refuses here would leave every such pod uninjected.
+    for kind in &MAPS {
+        for (key, value) in rendered.map(kind) {
+            if let Some(problem) = (kind.value_problem)(value) {
+                let message = format!("{}.{key} is {value:?}: {problem}", kind.section);
+                return Err(TemplateError::at(&template.name, 0, message));
             }
         }
     }
@@ -249,6 +271,20 @@ mod tests {
             (
                 "inject:\n  volumes:\n    - {name: v, emptyDir: []}\n",
                 "inject.volumes[0] is not valid: emptyDir: invalid type: sequence",
+            ),
+            // What the API server would refuse in every pod of a shape: such pods would all be
+            // left uninjected (`api_limits`).
+            (
+                "inject:\n  labels:\n    owner: \"{{ pod.metadata.generateName | default('pod') }}\"\n",
+                "inject.labels.owner is \"example-7d9f8c6b5-\": a valid label must be an empty string or consist of alphanumeric characters",
+            ),
+            (
+                "inject:\n  sidecars:\n    - {name: Agent, image: i}\n",
+                "inject.sidecars[0].name is \"Agent\": a lowercase RFC 1123 label",
+            ),
+            (
+                "inject:\n  hostAliases:\n    - {ip: db.internal, hostnames: [db]}\n",
+                "inject.hostAliases[0].ip is \"db.internal\": must be a valid IP address",
             ),
         ];
         for (text, fragment) in cases {

@@ -802,7 +802,10 @@ impl<'a> Compiler<'a> {
 
     fn string_map(&mut self, node: &SourceNode, what: &str) -> Result<Vec<(String, Piece)>, TemplateError> {
         let mut out = Vec::new();
-        for MapEntry { key, value, .. } in self.mapping(node, what)? {
+        for MapEntry { key, key_line, value } in self.mapping(node, what)? {
+            if let Some(problem) = crate::injection::api_limits::qualified_name_problem(key) {
+                return Err(self.err(*key_line, format!("{what}.{key} is not a valid key: {problem}")));
+            }
             if matches!(value.value, SourceValue::Seq(_) | SourceValue::Map(_)) {
                 return Err(self.err(value.line, format!("{what}.{key} must be a string, not {}", value.type_name())));
             }
@@ -1221,6 +1224,12 @@ mod tests {
             ("unknown top-level key", "description: x\nsidecar:\n  - name: a\n", Some(2), "unknown key \"sidecar\""),
             ("default not bool", "default: yes please\n", Some(1), "default must be true or false"),
             ("bad sidecarMode", "sidecarMode: sometimes\n", Some(1), "sidecarMode must be native, container or auto"),
+            (
+                "a label key the API server refuses",
+                "inject:\n  labels:\n    Example.com/team: a\n",
+                Some(3),
+                "inject.labels.Example.com/team is not a valid key: a qualified name's prefix must be a lowercase RFC 1123 subdomain",
+            ),
             (
                 "selector with In and no values",
                 "podSelector:\n  matchExpressions:\n    - {key: app, operator: In}\n",
