@@ -20,7 +20,7 @@
 //! Kubernetes requires. The cost is linear in the size of the pod plus the size of the templates.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, RemoveOperation};
@@ -1267,9 +1267,10 @@ impl std::fmt::Display for Owner<'_> {
 }
 
 /// Names in use and who holds them. Borrows every name: this is built for every env var of every
-/// container, so it must not allocate per name.
+/// container, so it must not allocate per name. A B-tree rather than a hash map: most sets hold a
+/// handful of names, where hashing and regrowing cost more than a few string comparisons.
 #[derive(Default)]
-struct Taken<'a>(HashMap<&'a str, Owner<'a>>);
+struct Taken<'a>(BTreeMap<&'a str, Owner<'a>>);
 
 impl<'a> FromIterator<&'a str> for Taken<'a> {
     fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
@@ -1303,14 +1304,14 @@ impl<'a> Taken<'a> {
     /// Takes `name` for `owner`, or says who already holds it.
     fn claim(&mut self, name: &'a str, owner: Owner<'a>) -> Result<Claimed, Owner<'a>> {
         match self.0.entry(name) {
-            std::collections::hash_map::Entry::Occupied(mut holder) => match holder.get() {
+            std::collections::btree_map::Entry::Occupied(mut holder) => match holder.get() {
                 Owner::Kept => {
                     holder.insert(owner);
                     Ok(Claimed::Kept)
                 }
                 other => Err(*other),
             },
-            std::collections::hash_map::Entry::Vacant(slot) => {
+            std::collections::btree_map::Entry::Vacant(slot) => {
                 slot.insert(owner);
                 Ok(Claimed::New)
             }
@@ -1366,8 +1367,20 @@ struct Builder {
 }
 
 impl Builder {
+    /// The JSON pointer to `path`, written into one allocation of the right size (building it
+    /// token by token regrows it several times, and a patch has dozens of pointers).
     fn pointer(path: &[&str]) -> PointerBuf {
-        PointerBuf::from_tokens(path.iter().copied())
+        // Room for a few escapes; a token with '~' or '/' (an annotation key) is rare.
+        let mut text = String::with_capacity(path.iter().map(|token| 1 + token.len()).sum::<usize>() + 8);
+        for token in path {
+            text.push('/');
+            if token.bytes().any(|b| b == b'~' || b == b'/') {
+                text.push_str(&token.replace('~', "~0").replace('/', "~1"));
+            } else {
+                text.push_str(token);
+            }
+        }
+        PointerBuf::parse(text).expect("every '~' and '/' of a token is escaped")
     }
 
     fn add(&mut self, path: &[&str], value: Value) {
@@ -1446,5 +1459,21 @@ impl Builder {
             let map = additions.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
             self.add(&["metadata", section], Value::Object(map));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pointers_escape_like_the_rfc() {
+        for path in
+            [&["metadata", "annotations", "sidecar-injector.io/status"][..], &["a~b/c", "~", "/", "~1", "", "-"], &[]]
+        {
+            let expected = PointerBuf::from_tokens(path.iter().copied());
+            assert_eq!(Builder::pointer(path), expected, "{path:?}");
+        }
+        assert_eq!(Builder::pointer(&["a~b/c"]).as_str(), "/a~0b~1c");
     }
 }
