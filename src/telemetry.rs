@@ -39,7 +39,8 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
-/// One label: `result` of an Event (`published`, `suppressed`, `dropped`, `failed`).
+/// One label: `result` of an Event (`published`, `suppressed`, `dropped`, `failed`) or of a
+/// resize check (`allowed`, `denied`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventResultLabel {
     /// What became of it.
@@ -96,6 +97,9 @@ pub struct Metrics {
     pub events: Family<EventResultLabel, Counter>,
     /// `sidecar_injector_skips_total{reason}`: pods not injected, by reason.
     pub skips: Family<ReasonLabel, Counter>,
+    /// `sidecar_injector_resizes_total{result}`: in-place resizes (`pods/resize`) checked,
+    /// `allowed` or `denied` (an enforced template's container below what the template sets).
+    pub resizes: Family<EventResultLabel, Counter>,
     /// `sidecar_injector_admission_duration_seconds{endpoint}`: time from body received to answer.
     pub duration: Family<EndpointLabel, Histogram>,
     /// `sidecar_injector_template_reload_errors_total`: template edits that failed to load.
@@ -168,6 +172,12 @@ impl Default for Metrics {
         );
         let skips = Family::<ReasonLabel, Counter>::default();
         registry.register("skips", "Pods not injected, by reason", skips.clone());
+        let resizes = Family::<EventResultLabel, Counter>::default();
+        registry.register(
+            "resizes",
+            "In-place resizes of pods checked, by result: allowed, or denied (an enforced template's container below what it sets)",
+            resizes.clone(),
+        );
         let duration =
             Family::<EndpointLabel, Histogram>::new_with_constructor(duration_histogram as fn() -> Histogram);
         registry.register("admission_duration_seconds", "Time to decide an admission request", duration.clone());
@@ -219,6 +229,7 @@ impl Default for Metrics {
             enforcement_sync_errors,
             events,
             skips,
+            resizes,
             duration,
             template_reload_errors,
             templates_loaded,
@@ -257,6 +268,11 @@ impl Metrics {
                 result: result.into(),
             })
             .inc();
+    }
+
+    /// Counts an in-place resize the validating webhook checked (`allowed` or `denied`).
+    pub fn resize(&self, result: &str) {
+        self.resizes.get_or_create(&EventResultLabel { result: result.to_owned() }).inc();
     }
 
     /// Counts a skip.

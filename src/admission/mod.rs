@@ -141,6 +141,8 @@ pub struct Summary {
     /// Short code of a skip, for the skips metric (`not_a_pod`, `not_create`, `namespace_not_opted_in`,
     /// `up_to_date`, `no_template_matched`, ...).
     pub skip: Option<&'static str>,
+    /// An in-place resize (`pods/resize`), for the resizes metric.
+    pub resize: bool,
 }
 
 /// Why a body is not a readable AdmissionReview: the message of the 400.
@@ -457,8 +459,7 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
                 conflicted,
                 audited,
                 skip,
-                events: Vec::new(),
-                warnings: Vec::new(),
+                ..Summary::default()
             };
             Reply { status: 200, body, summary }
         }
@@ -486,19 +487,23 @@ pub fn validate(
     precheck: &dyn PreCheck,
 ) -> Reply {
     let operation = operation_name(&request.operation).to_owned();
+    let resize = request.sub_resource.as_deref() == Some("resize");
+    let mut audited = Vec::new();
     let verdict = if is_kind(&request, "", "Pod") {
-        // A CREATE's pod is moved into the check, not copied: the reply needs only the request's
-        // identity.
-        let created = if request.operation == Operation::Create { request.object.take() } else { None };
-        match (&request.operation, created, &request.object, &request.old_object) {
-            (Operation::Create, Some(object), _, _) => validate::validate_pod(
+        // The pod is moved into the check, not copied: the reply needs only the request's identity.
+        match (&request.operation, request.object.take(), &request.old_object) {
+            (Operation::Create, Some(object), _) => validate::validate_pod(
                 engine,
                 &PodRequest { pod: Arc::new(object.json), namespace: namespace.clone(), cluster, workload: None },
             ),
-            (Operation::Update, _, Some(object), Some(old)) => {
-                validate::validate_pod_update(engine, &old.json, &object.json)
+            (Operation::Update, Some(object), Some(old)) => {
+                let pod =
+                    PodRequest { pod: Arc::new(object.json), namespace: namespace.clone(), cluster, workload: None };
+                let checked = validate::validate_pod_update(engine, &old.json, &pod);
+                audited = checked.audited;
+                checked.verdict
             }
-            (Operation::Update, _, _, None) => {
+            (Operation::Update, _, None) => {
                 return deny(&request, "request.oldObject is missing for a pod UPDATE".into());
             }
             _ => {
@@ -553,13 +558,18 @@ pub fn validate(
         let kind = format!("{}/{}", request.kind.group, request.kind.kind);
         return allow(&request, "not_a_pod", format!("{kind} is not validated"));
     };
-    match verdict {
+    let mut reply = match verdict {
         Verdict::Allowed(warnings) => {
             let response = with_warnings(AdmissionResponse::from(&request), warnings);
-            reply(response, Summary { operation, result: "allowed", reason: "valid".into(), ..Summary::default() })
+            reply(
+                response,
+                Summary { operation, result: "allowed", reason: "valid".into(), audited, ..Summary::default() },
+            )
         }
         Verdict::Denied(message) => deny(&request, message),
-    }
+    };
+    reply.summary.resize = resize;
+    reply
 }
 
 fn deny(request: &Request, message: String) -> Reply {

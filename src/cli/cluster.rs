@@ -23,9 +23,7 @@ use super::OutputFormat;
 use crate::engine::claims::status::InjectionStatus;
 use crate::engine::drift::{self, PodDrift, RestartAction, WorkloadRef};
 use crate::engine::emit::webhook_rules::{self, Check, Reachability};
-use crate::engine::{
-    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, checks::validate, names, workload,
-};
+use crate::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, names, workload};
 
 /// Where the injector lives.
 #[derive(Debug, Clone, clap::Args)]
@@ -176,7 +174,7 @@ pub async fn explain(
         .and_then(|p| p["metadata"]["annotations"][names::STATUS_ANNOTATION].as_str())
         .and_then(|s| InjectionStatus::parse(s).ok())
     {
-        Some(status) => validate::strip_injection(&pod, &status),
+        Some(status) => crate::engine::claims::strip::strip_injection(&pod, &status),
         None => pod.clone(),
     };
     let (pod_labels, pod_annotations) = (labels_of(&fresh, "labels"), labels_of(&fresh, "annotations"));

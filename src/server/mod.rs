@@ -107,6 +107,9 @@ async fn handle(
     if let Some(skip) = summary.skip {
         metrics.skip(skip);
     }
+    if summary.resize {
+        metrics.resize(summary.result);
+    }
     let mut response = HttpResponse::build(StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_REQUEST));
     if reply.status == 503 {
         // client-go (the API server's webhook client) retries a 5xx that carries Retry-After,

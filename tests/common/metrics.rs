@@ -11,6 +11,7 @@ pub fn exported() -> BTreeMap<String, String> {
     let metrics = Metrics::default();
     metrics.request("mutate", "CREATE", "patched");
     metrics.skip("not_a_pod");
+    metrics.resize("allowed");
     let template = TemplateLabel { template: "t".into() };
     metrics.injections.get_or_create(&template).inc();
     metrics.injection_conflicts.get_or_create(&template).inc();

@@ -130,6 +130,7 @@ async fn run(root: &Path) -> Result<bool> {
         s29_pod_level_resources,
         s30_host_aliases,
         s31_port_collisions,
+        s32_enforced_resize,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,

@@ -684,7 +684,7 @@ pub(crate) async fn set_template(ctx: &Ctx, key: &str, text: Option<&str>) -> Re
 }
 
 /// Waits until the enforcement binding of `template` exists (`true`) or is gone (`false`).
-async fn wait_for_binding(ctx: &Ctx, template: &str, present: bool) -> Result<Duration> {
+pub(crate) async fn wait_for_binding(ctx: &Ctx, template: &str, present: bool) -> Result<Duration> {
     let start = Instant::now();
     let name = format!("binding sidecar-injector-enforced-{template}");
     loop {
@@ -1357,6 +1357,95 @@ pub async fn s28_native_by_nodes(ctx: &mut Ctx) -> Result<()> {
     while !ctx.dry_run_pod("e2e-shop", anywhere.clone()).await.is_ok_and(|p| native(&p)) {
         ensure!(start.elapsed() < Duration::from_secs(30), "native sidecars did not come back without the 1.28 node");
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// An enforced sidecar with the resources it needs, for pods labelled `tier=floor`.
+const ENFORCED_FLOOR: &str = r#"description: A metering agent every tier=floor pod must run with its resources
+enforced: true
+sidecarMode: container
+podSelector:
+  matchLabels: {tier: floor}
+inject:
+  sidecars:
+    - name: meter
+      image: registry.example/meter:1
+      resources: {requests: {cpu: 50m, memory: 32Mi}, limits: {memory: 64Mi}}
+"#;
+
+/// Scenario 32: in-place resizes (`kubectl patch --subresource resize`) of an enforced sidecar on
+/// the real API server: below what the template sets they are refused, by the validating webhook
+/// while the injector is up and by the enforcement policy while it is down; above it, and the
+/// app's own container, they pass and are stored.
+pub async fn s32_enforced_resize(ctx: &mut Ctx) -> Result<()> {
+    set_template(ctx, "floor.yaml", Some(ENFORCED_FLOOR)).await.context("adding the enforced template")?;
+    let result = enforced_resize(ctx).await;
+    if ctx.injector.is_none() {
+        ctx.start_injector()?;
+        wait_for_injection(ctx, "e2e-shop").await?;
+    }
+    set_template(ctx, "floor.yaml", None).await?;
+    wait_for_binding(ctx, "floor", false).await?;
+    let _ = ctx.pods("e2e-shop").delete("resized", &DeleteParams::default()).await;
+    result
+}
+
+async fn enforced_resize(ctx: &mut Ctx) -> Result<()> {
+    wait_for_binding(ctx, "floor", true).await?;
+    let mut pod = pod("resized", json!({"tier": "floor"}), json!({}));
+    pod["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m"}});
+    // The injector serves the new template within seconds; until then the policy refuses the pod.
+    let served = Instant::now();
+    let created = loop {
+        match ctx.create_pod("e2e-shop", pod.clone()).await {
+            Ok(created) => break created,
+            Err(e) if served.elapsed() < Duration::from_secs(15) => {
+                eprintln!("      not yet: {}", api_message(&e));
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => bail!("the tier=floor pod was refused: {}", api_message(&e)),
+        }
+    };
+    ensure!(all_containers(&created).iter().any(|c| c.name == "meter"), "meter not injected");
+
+    fn resize(plane: &ControlPlane, container: &str, cpu: &str) -> Result<(), String> {
+        let patch = json!({"spec": {"containers": [{"name": container, "resources": {"requests": {"cpu": cpu}}}]}});
+        let args = ["-n", "e2e-shop", "patch", "pod", "resized", "--subresource", "resize", "-p", &patch.to_string()];
+        plane.kubectl(&args).map(|_| ()).map_err(|e| e.to_string())
+    }
+    fn stored_cpu(plane: &ControlPlane, container: &str) -> Result<String> {
+        let path = format!("jsonpath={{.spec.containers[?(@.name==\"{container}\")].resources.requests.cpu}}");
+        Ok(plane.kubectl(&["-n", "e2e-shop", "get", "pod", "resized", "-o", &path])?.trim().to_owned())
+    }
+    for phase in ["injector up", "injector down"] {
+        if phase == "injector down" {
+            ctx.stop_injector();
+        }
+        let (below, above, app) = match phase {
+            "injector up" => ("10m", "80m", "60m"),
+            _ => ("20m", "90m", "70m"),
+        };
+        let refused =
+            resize(&ctx.plane, "meter", below).err().with_context(|| format!("{phase}: meter resized to {below}"))?;
+        let by = match phase {
+            "injector up" => {
+                "container \"meter\"'s resources.requests.cpu is 10m after the resize, below the 50m template floor sets"
+            }
+            _ => "ValidatingAdmissionPolicy 'sidecar-injector.io-enforced'",
+        };
+        ensure!(
+            refused.contains(by) && refused.contains("template floor is enforced for this pod"),
+            "{phase}: {refused}"
+        );
+        println!("      {phase}: meter to cpu {below} refused: {}", refused.lines().last().unwrap_or_default());
+        for (container, cpu) in [("meter", above), ("app", app)] {
+            resize(&ctx.plane, container, cpu)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("{phase}: {container} to {cpu}"))?;
+            ensure!(stored_cpu(&ctx.plane, container)? == cpu, "{phase}: {container} not stored at {cpu}");
+        }
+        println!("      {phase}: meter to cpu {above} and the app to {app} stored");
     }
     Ok(())
 }

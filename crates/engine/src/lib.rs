@@ -203,7 +203,7 @@ impl Engine {
         native: &dyn Fn(&Template, &RenderedTemplate) -> bool,
         warnings: &mut Vec<Warning>,
     ) -> ClaimCheck {
-        let base = Arc::new(checks::validate::strip_injection(pod, claim));
+        let base = Arc::new(claims::strip::strip_injection(pod, claim));
         let base_annotations = pod::string_map(&base, "annotations").unwrap_or_default();
         let renderings: Vec<Option<RenderedTemplate>> = claim
             .templates
@@ -262,7 +262,7 @@ impl Engine {
         warnings.extend(doubted(assessed.doubts.iter().cloned()));
         let base = match claims::ownership::owns_everything(&assessed, claim) {
             true => base,
-            false => Arc::new(checks::validate::strip_injection(pod, &assessed.owned)),
+            false => Arc::new(claims::strip::strip_injection(pod, &assessed.owned)),
         };
         ClaimCheck::Replace { owned: assessed.owned, base }
     }

@@ -53,6 +53,15 @@ pub(crate) fn list<'p>(pod: &'p Value, field: &str) -> Result<Option<&'p Vec<Val
     }
 }
 
+/// The container or init container named `name` (a malformed list holds none).
+pub(crate) fn container<'p>(pod: &'p Value, name: &str) -> Option<&'p Value> {
+    ["containers", "initContainers"]
+        .into_iter()
+        .filter_map(|field| list(pod, field).ok().flatten())
+        .flatten()
+        .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
+}
+
 /// The `name` of each item of a list (containers, volumes, env vars), in order; the error names
 /// the first item without a string name. The field path is only formatted on error: this runs for
 /// every env var of every container.

@@ -958,7 +958,10 @@ fn pod_level_resources_are_padded_and_recorded_and_taken_back_exactly() {
     let padding = injection.status.pod_resources.clone().expect("recorded");
     assert_eq!(padding.describe(), "requests cpu +10m, memory +32Mi; limits memory +64Mi");
     assert!(matches!(engine.evaluate(&request(out.clone(), opted_in("shop", &[]))).outcome, Outcome::UpToDate(_)));
-    assert_eq!(validate::strip_injection(&out, &injection.status)["spec"]["resources"], pod["spec"]["resources"]);
+    assert_eq!(
+        crate::claims::strip::strip_injection(&out, &injection.status)["spec"]["resources"],
+        pod["spec"]["resources"]
+    );
     // A template that no longer adds the sidecar takes the padding back with it.
     let (set, errors) = engine.templates.update(
         [TemplateSource { name: "agent".into(), text: "default: true\ninject:\n  labels: {a: b}\n".into() }],
@@ -1130,7 +1133,7 @@ fn host_aliases_are_added_by_ip_and_the_pods_own_entry_for_an_ip_wins() {
     let again = request(injected.clone(), opted_in("shop", &[]));
     assert!(matches!(engine.evaluate(&again).outcome, Outcome::UpToDate(_)));
     assert!(matches!(validate::validate_pod(&engine, &again), validate::Verdict::Allowed(_)));
-    let stripped = validate::strip_injection(&injected, &injection.status);
+    let stripped = crate::claims::strip::strip_injection(&injected, &injection.status);
     assert_eq!(stripped["spec"]["hostAliases"], pod["spec"]["hostAliases"]);
     // An injected entry changed after injection is caught.
     let mut edited = injected.clone();
@@ -1149,7 +1152,7 @@ fn host_aliases_a_pod_never_had_come_and_go_whole() {
     let injection = inject(&engine, &pod);
     let injected = apply(&pod, &injection.patch);
     assert_eq!(injection.status.host_aliases, ["10.0.0.5", "10.0.0.6"]);
-    assert_eq!(validate::strip_injection(&injected, &injection.status)["spec"].get("hostAliases"), None);
+    assert_eq!(crate::claims::strip::strip_injection(&injected, &injection.status)["spec"].get("hostAliases"), None);
     // A template edit: re-injection removes exactly what it added and equals a fresh injection.
     let (set, errors) = engine.templates.update(
         vec![TemplateSource { name: "hosts".into(), text: HOSTS.replace("10.0.0.6", "10.0.0.7") }],

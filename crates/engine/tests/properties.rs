@@ -376,7 +376,7 @@ proptest! {
         if let Some(level) = pod_resources::PodLevel::of(&out) {
             let list = |field: &str| out["spec"][field].as_array().map(|l| l.iter().collect::<Vec<_>>()).unwrap_or_default();
             prop_assert_eq!(pod_resources::violations(&level, &(list("initContainers"), list("containers"))), Vec::<String>::new());
-            let stripped = sidecar_injector_engine::checks::validate::strip_injection(&out, &status);
+            let stripped = sidecar_injector_engine::claims::strip::strip_injection(&out, &status);
             prop_assert_eq!(&stripped["spec"]["resources"], &pod["spec"]["resources"], "strip gives back the author's pod-level values");
         }
         // Everything else the pod had is still there, unchanged (lists of named items matched by name).
@@ -594,7 +594,7 @@ proptest! {
 
         let text = injected["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap();
         let status = sidecar_injector_engine::claims::status::InjectionStatus::parse(text).unwrap();
-        let stripped = sidecar_injector_engine::checks::validate::strip_injection(&injected, &status);
+        let stripped = sidecar_injector_engine::claims::strip::strip_injection(&injected, &status);
         prop_assert_eq!(env_of(&stripped), author_env.clone(), "strip(inject(v)) == v");
 
         let v2 = edited(&v1, &[merging_template(name, &fragments[1], append)]);
@@ -722,7 +722,7 @@ proptest! {
             prop_assert!(matches!(evaluate(&engine, &current, true), Outcome::UpToDate(_)), "injecting again adds nothing");
             let text = current["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap();
             let status = sidecar_injector_engine::claims::status::InjectionStatus::parse(text).unwrap();
-            let stripped = sidecar_injector_engine::checks::validate::strip_injection(&current, &status);
+            let stripped = sidecar_injector_engine::claims::strip::strip_injection(&current, &status);
             prop_assert_eq!(env_of(&stripped), author_env.clone(), "strip gives back the author's env");
         }
     }

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use crate::checks::resize;
 use crate::claims::status::InjectionStatus;
 use crate::emit::scope;
 use crate::injection::compare::first_difference;
@@ -177,6 +178,8 @@ pub struct RequiredContainer {
     pub command: Option<Vec<String>>,
     /// The args, likewise.
     pub args: Option<Vec<String>>,
+    /// What a resize may not go below (`resize::floor_of`), when the same for every pod.
+    pub resource_floor: Option<Vec<(&'static str, String, String)>>,
 }
 
 /// Separates list elements in the params (see [`Requirements::params_data`]).
@@ -230,6 +233,11 @@ impl Requirements {
                     },
                     command: strings("command"),
                     args: strings("args"),
+                    resource_floor: match fields.get("resources") {
+                        None => Some(Vec::new()),
+                        Some(Some(resources)) => Some(resize::floor_of(&json!({ "resources": resources }))),
+                        Some(None) => None,
+                    },
                     native: native_sidecar,
                     name,
                 };
@@ -237,6 +245,7 @@ impl Requirements {
                     ("image", container.image.is_some()),
                     ("command", container.command.is_some()),
                     ("args", container.args.is_some()),
+                    ("resources", container.resource_floor.is_some()),
                 ] {
                     if !fixed {
                         requirements.unchecked.push(format!(
@@ -281,6 +290,16 @@ impl Requirements {
             }
             if let Some(args) = &container.args {
                 data.insert(format!("args.{}", container.name), encode(args));
+            }
+            // `requests.cpu=50m limits.memory=64Mi`: resource names and quantities hold neither
+            // a space nor '=', and `quantity()` fails the whole check on one it cannot read.
+            let floor = container.resource_floor.iter().flatten();
+            let entries = floor
+                .filter(|(_, resource, quantity)| !resource.contains([' ', '=']) && resize::parses(quantity))
+                .map(|(field, resource, quantity)| format!("{field}.{resource}={quantity}"))
+                .collect::<Vec<_>>();
+            if !entries.is_empty() {
+                data.insert(format!("resources.{}", container.name), entries.join(" "));
             }
         }
         data
@@ -571,7 +590,7 @@ inject:
         let update = |change: &dyn Fn(&mut Value)| {
             let mut new = stored.clone();
             change(&mut new);
-            validate_pod_update(&engine, &stored, &new)
+            validate_pod_update(&engine, &stored, &request(new, opted_in("shop", &[]))).verdict
         };
         let allowed = Verdict::Allowed(Vec::new());
         assert_eq!(update(&|p| p["metadata"]["labels"]["team"] = json!("a")), allowed, "an unrelated label");
@@ -606,7 +625,8 @@ inject:
         let stored = apply(&own, &injection.patch);
         let mut new = stored.clone();
         new["spec"]["initContainers"][0]["image"] = json!("evil");
-        assert!(matches!(validate_pod_update(&engine, &stored, &new), Verdict::Denied(_)));
+        let verdict = validate_pod_update(&engine, &stored, &request(new, opted_in("shop", &[]))).verdict;
+        assert!(matches!(verdict, Verdict::Denied(_)));
     }
 
     #[test]

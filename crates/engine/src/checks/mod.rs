@@ -1,6 +1,7 @@
 //! The validating checks: a pod after every mutator has run and the template ConfigMaps
 //! (`validate`, behind `/validate`), and enforced templates, whose sidecars a pod's author cannot
-//! skip, swap or fake (`enforce`).
+//! skip, swap or fake (`enforce`) nor resize below what they set (`resize`).
 
 pub mod enforce;
+pub mod resize;
 pub mod validate;

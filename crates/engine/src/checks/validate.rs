@@ -18,10 +18,12 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::checks::resize;
 use crate::claims::status::{InjectionStatus, TemplateRef};
+use crate::claims::strip::strip_injection;
 use crate::injection::compare::first_difference;
 use crate::injection::env_merge;
-use crate::kinds::{APP_LISTS, CONTAINER_LISTS, ENV, INIT_CONTAINERS, POD_LISTS};
+use crate::kinds::{APP_LISTS, CONTAINER_LISTS, INIT_CONTAINERS, POD_LISTS};
 use crate::templates::template::{PreCheck, TemplateError, TemplateSet, TemplateSource};
 use crate::{Engine, Outcome, PodRequest, injection::select, names, pod};
 
@@ -80,12 +82,30 @@ pub fn validate_pod(engine: &Engine, request: &PodRequest) -> Verdict {
     }
 }
 
-/// Checks a pod UPDATE (`old` → `new`): what an injection added changes only by a new injection,
-/// which happens at CREATE. The status annotation and the `injected` label stay as written (a pod
-/// that rewrote them would mislead `drift` and every later check), and the image of every
-/// container the status names as injected, or that an enforced template requires, stays (images
-/// are the one container field a pod UPDATE may change).
-pub fn validate_pod_update(engine: &Engine, old: &Value, new: &Value) -> Verdict {
+/// What a pod UPDATE's check found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdateVerdict {
+    /// Allowed (with warnings) or denied.
+    pub verdict: Verdict,
+    /// `enforced: audit` templates whose containers the update resized below what they set, which
+    /// `enforced: true` would refuse (each also a warning).
+    pub audited: Vec<String>,
+}
+
+impl From<Verdict> for UpdateVerdict {
+    fn from(verdict: Verdict) -> Self {
+        UpdateVerdict { verdict, audited: Vec::new() }
+    }
+}
+
+/// Checks a pod UPDATE (`old` → `request.pod`), the in-place resizes of `pods/resize` included:
+/// what an injection added changes only by a new injection, which happens at CREATE. The status
+/// annotation and the `injected` label stay as written (a pod that rewrote them would mislead
+/// `drift` and every later check), the image of every container the status names as injected, or
+/// that an enforced template requires, stays (images are the one container field a pod UPDATE may
+/// change), and an enforced template's containers are not resized below what it sets (`resize`).
+pub fn validate_pod_update(engine: &Engine, old: &Value, request: &PodRequest) -> UpdateVerdict {
+    let new = &*request.pod;
     let metadata = |pod: &Value, field: &str, key: &str| {
         pod.get("metadata")
             .and_then(|m| m.get(field))
@@ -98,45 +118,59 @@ pub fn validate_pod_update(engine: &Engine, old: &Value, new: &Value) -> Verdict
         let (before, after) = (metadata(old, field, key), metadata(new, field, key));
         if before != after {
             let show = |v: &Option<String>| v.as_ref().map_or("absent".to_owned(), |v| format!("{v:?}"));
-            return Verdict::Denied(format!(
+            return UpdateVerdict::from(Verdict::Denied(format!(
                 "the {} {key} cannot be changed by an update ({} before, {} after): {advice}",
                 &field[..field.len() - 1],
                 show(&before),
                 show(&after)
-            ));
+            )));
         }
     }
     let Some(status) =
         metadata(old, "annotations", names::STATUS_ANNOTATION).and_then(|s| InjectionStatus::parse(&s).ok())
     else {
-        return Verdict::Allowed(Vec::new());
+        return Verdict::Allowed(Vec::new()).into();
     };
     let enforced_skips = status.skipped.iter().filter(|s| {
         matches!(s.kind, crate::claims::status::ItemKind::Sidecar | crate::claims::status::ItemKind::InitContainer)
             && engine.templates.get(&s.template).is_some_and(|t| t.enforced)
     });
     let guarded = status.containers.iter().chain(&status.init_containers).chain(enforced_skips.map(|s| &s.name));
-    let image = |pod: &Value, name: &str| {
-        ["containers", "initContainers"]
-            .into_iter()
-            .filter_map(|list| pod::list(pod, list).ok().flatten())
-            .flatten()
-            .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
-            .and_then(|c| c.get("image"))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
+    fn image<'p>(pod: &'p Value, name: &str) -> Option<&'p str> {
+        pod::container(pod, name).and_then(|c| c.get("image")).and_then(Value::as_str)
+    }
     for name in guarded {
         let (before, after) = (image(old, name), image(new, name));
         if before != after {
-            return Verdict::Denied(format!(
+            return UpdateVerdict::from(Verdict::Denied(format!(
                 "the image of injected container {name:?} cannot be changed by an update ({} before, {} after): {advice}",
-                before.as_deref().unwrap_or("none"),
-                after.as_deref().unwrap_or("none")
-            ));
+                before.unwrap_or("none"),
+                after.unwrap_or("none")
+            )));
         }
     }
-    Verdict::Allowed(Vec::new())
+    let (audited, refused): (Vec<_>, Vec<_>) =
+        resize::shortfalls(engine, request, old, &status).into_iter().partition(|s| s.audit);
+    if let Some(first) = refused.first() {
+        let messages = refused.iter().map(|s| s.message.as_str()).collect::<Vec<_>>().join("; ");
+        return Verdict::Denied(format!(
+            "template {} is enforced for this pod: {messages}; resize within what the template sets (the operator changes the template to lower it)",
+            first.template
+        ))
+        .into();
+    }
+    let warnings = audited
+        .iter()
+        .map(|s| {
+            format!(
+                "template {} is enforced: audit; with enforced: true it would refuse this update: {}",
+                s.template, s.message
+            )
+        })
+        .collect();
+    let mut audited: Vec<String> = audited.into_iter().map(|s| s.template).collect();
+    audited.dedup();
+    UpdateVerdict { verdict: Verdict::Allowed(warnings), audited }
 }
 
 fn describe_refs(refs: &[TemplateRef]) -> String {
@@ -251,77 +285,6 @@ fn list_of<'c>(container: &'c Value, field: &str) -> Option<&'c Vec<Value>> {
 /// The item of a list whose `key` is `value`.
 fn find_by<'p>(items: Option<&'p Vec<Value>>, key: &str, value: &str) -> Option<&'p Value> {
     items?.iter().find(|item| item.get(key).and_then(Value::as_str) == Some(value))
-}
-
-/// The pod as it was before the injection the status describes.
-pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
-    let mut pod = pod.clone();
-    // The pod-level resources as the author wrote them: the padding taken back.
-    if let Some(padding) = &status.pod_resources
-        && let Some(authors) = crate::injection::pod_resources::PodLevel::of(&pod).and_then(|now| now.with(padding, -1))
-        && let Some(Value::Object(resources)) = pod.get_mut("spec").and_then(|s| s.get_mut("resources"))
-    {
-        for (field, map) in [("requests", &authors.requests), ("limits", &authors.limits)] {
-            if let Some(Value::Object(values)) = resources.get_mut(field) {
-                for (resource, (text, _)) in map {
-                    values.insert(resource.clone(), Value::String(text.clone()));
-                }
-            }
-        }
-    }
-    let retain_unnamed = |list: Option<&mut Value>, key: &str, names: &[String]| {
-        if let Some(Value::Array(items)) = list {
-            items.retain(|item| !item.get(key).and_then(Value::as_str).is_some_and(|n| names.iter().any(|x| x == n)));
-        }
-    };
-    if let Some(spec) = pod.get_mut("spec") {
-        // A list the injection emptied was added whole by it (`injection::plan` removes it whole).
-        let containers = CONTAINER_LISTS.iter().map(|k| (k.field, "name", (k.claimed)(status), k.may_empty));
-        let lists = POD_LISTS.iter().map(|k| (k.field, k.key, (k.claimed)(status), true));
-        for (field, key, names, may_empty) in containers.chain(lists) {
-            retain_unnamed(spec.get_mut(field), key, names);
-            if may_empty && spec.get(field).and_then(Value::as_array).is_some_and(Vec::is_empty) {
-                spec.as_object_mut().map(|s| s.remove(field));
-            }
-        }
-        if let Some(Value::Array(containers)) = spec.get_mut("containers") {
-            for container in containers {
-                let name = container.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
-                let Some(additions) = status.app_containers.get(&name) else {
-                    continue;
-                };
-                for kind in &APP_LISTS {
-                    if let Some(Value::Array(items)) = container.get_mut(kind.field) {
-                        let added = (kind.claimed)(additions);
-                        items.retain(|item| !kind.identity(item).is_some_and(|i| added.iter().any(|a| *a == i)));
-                    }
-                }
-                if let Some(Value::Array(env)) = container.get_mut(ENV.field) {
-                    // Each merged entry once, the last of its value (the author's own come first).
-                    for key in &additions.env_merges {
-                        if let Some(at) = env.iter().rposition(|e| env_merge::key(e).as_ref() == Some(key)) {
-                            env.remove(at);
-                        }
-                    }
-                }
-            }
-        }
-    }
-    if let Some(Value::Object(metadata)) = pod.get_mut("metadata") {
-        if let Some(Value::Object(labels)) = metadata.get_mut("labels") {
-            labels.remove(names::INJECTED_LABEL);
-            for key in &status.labels {
-                labels.remove(key);
-            }
-        }
-        if let Some(Value::Object(annotations)) = metadata.get_mut("annotations") {
-            annotations.remove(names::STATUS_ANNOTATION);
-            for key in &status.annotations {
-                annotations.remove(key);
-            }
-        }
-    }
-    pod
 }
 
 /// Checks the data of a template ConfigMap: every `<name>.yaml` key must pass `precheck` and load.

@@ -4,7 +4,8 @@
 
 use serde_json::{Value, json};
 
-use crate::checks::validate::{Verdict, strip_injection, validate_pod};
+use crate::checks::validate::{Verdict, validate_pod};
+use crate::claims::strip::strip_injection;
 use crate::test_support::{apply, engine, opted_in, request};
 use crate::*;
 

@@ -1,0 +1,299 @@
+//! In-place resizes of what an enforced template injected (KEP-1287: `pods/resize`).
+//!
+//! A pod's author may resize any container in place, the injected ones included; for a template
+//! the operator enforces, that would let the author starve a mandated sidecar (`cpu: 1m`) while
+//! the pod keeps its "injected" status. So a resize may raise what an enforced template's
+//! containers request or are limited to, never take it below what the template sets for this pod.
+//! Only containers whose resources the update changes are checked, so an unrelated update never
+//! fails on an earlier state; other containers, and templates that are not enforced, are the
+//! pod's business (an `enforced: audit` template reports what `enforced: true` would refuse).
+//!
+//! The enforcement policy does the same without the injector for the resources that are equal for
+//! every pod (`enforce::Requirements`), and this check for all of them.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::claims::status::InjectionStatus;
+use crate::claims::strip::strip_injection;
+use crate::injection::pod_resources;
+use crate::injection::render::{self, Subject};
+use crate::kinds::CONTAINER_LISTS;
+use crate::{Engine, PodRequest, pod, workload};
+
+/// The resource fields a template's floor covers, as a container's `resources` names them.
+pub const FLOOR_FIELDS: [&str; 2] = ["requests", "limits"];
+
+/// One enforced (or audit) template's container resized below what the template sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shortfall {
+    /// The template.
+    pub template: String,
+    /// `enforced: audit`: reported, not refused.
+    pub audit: bool,
+    /// What is below what, one sentence.
+    pub message: String,
+}
+
+/// The shortfalls of `request`'s pod (after an update) against the enforced templates `status`
+/// names, in the containers whose resources changed from `old`.
+pub fn shortfalls(engine: &Engine, request: &PodRequest, old: &Value, status: &InjectionStatus) -> Vec<Shortfall> {
+    let new = &*request.pod;
+    let injected: BTreeSet<&str> =
+        CONTAINER_LISTS.iter().flat_map(|l| (l.claimed)(status)).map(String::as_str).collect();
+    let resized: BTreeSet<&str> =
+        injected.iter().copied().filter(|name| resources(new, name) != resources(old, name)).collect();
+    if resized.is_empty() {
+        return Vec::new();
+    }
+    let enforced = status
+        .templates
+        .iter()
+        .filter_map(|t| engine.templates.get(&t.name))
+        .filter(|t| t.enforced || t.audit)
+        .collect::<Vec<_>>();
+    if enforced.is_empty() {
+        return Vec::new();
+    }
+    // The template renders for the pod as its author wrote it, as at its creation.
+    let authored = Arc::new(strip_injection(new, status));
+    let annotations = pod::string_map(&authored, "annotations").unwrap_or_default();
+    let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(&authored));
+    let mut found = Vec::new();
+    for template in enforced {
+        let subject = Subject::new(authored.clone(), &owner);
+        let shortfall = |message| Shortfall { template: template.name.to_string(), audit: !template.enforced, message };
+        let rendered = match render::render(template, &subject, &annotations, &request.namespace) {
+            Ok(rendered) => rendered,
+            Err(e) => {
+                found.push(shortfall(format!(
+                    "the template does not render for the pod, so the resize cannot be checked: {e}"
+                )));
+                continue;
+            }
+        };
+        for container in rendered.init_containers.iter().chain(&rendered.sidecars) {
+            let Some(name) = container.get("name").and_then(Value::as_str).filter(|n| resized.contains(n)) else {
+                continue;
+            };
+            for (field, resource, floor) in floor_of(container) {
+                let now = resources(new, name).and_then(|r| r.get(field)).and_then(|m| m.get(&resource));
+                let now_text = now.map(quantity_text);
+                let (Some(floor_nanos), now_nanos) =
+                    (pod_resources::parse(&floor), now_text.as_deref().and_then(pod_resources::parse))
+                else {
+                    continue;
+                };
+                if now_nanos.is_none_or(|n| n < floor_nanos) {
+                    found.push(shortfall(format!(
+                        "container {name:?}'s resources.{field}.{resource} is {} after the resize, below the {floor} template {} sets",
+                        now_text.unwrap_or_else(|| "unset".to_owned()),
+                        template.name
+                    )));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The floor a rendered container sets: each `requests` and `limits` entry with its quantity.
+pub fn floor_of(container: &Value) -> Vec<(&'static str, String, String)> {
+    let mut floor = Vec::new();
+    for field in FLOOR_FIELDS {
+        let entries = container.get("resources").and_then(|r| r.get(field)).and_then(Value::as_object);
+        for (resource, quantity) in entries.into_iter().flatten() {
+            floor.push((field, resource.clone(), quantity_text(quantity)));
+        }
+    }
+    floor
+}
+
+/// Whether `quantity` is one Kubernetes reads (the enforcement policy's `quantity()` fails on
+/// anything else).
+pub fn parses(quantity: &str) -> bool {
+    pod_resources::parse(quantity).is_some()
+}
+
+/// A quantity as text: the API server accepts `cpu: 1` as well as `cpu: "1"`.
+fn quantity_text(quantity: &Value) -> String {
+    match quantity {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The `resources` of the container (or init container) `name`.
+fn resources<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {
+    pod::container(pod, name).and_then(|c| c.get("resources"))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use crate::checks::validate::{Verdict, validate_pod_update};
+    use crate::test_support::{apply, engine, opted_in, request};
+    use crate::{Engine, Outcome};
+
+    /// An enforced agent with a floor (a native sidecar), an audit one and an ordinary one
+    /// (classic sidecars), all for every pod.
+    const ENFORCED: &str = r#"
+enforced: true
+sidecarMode: native
+podSelector: {}
+inject:
+  sidecars:
+    - name: agent
+      image: agent:1
+      resources: {requests: {cpu: 50m, memory: 32Mi}, limits: {memory: 64Mi}}
+"#;
+    const AUDIT: &str = r#"
+default: true
+enforced: audit
+sidecarMode: container
+podSelector: {}
+inject:
+  sidecars:
+    - {name: auditor, image: auditor:1, resources: {requests: {cpu: "0.1"}}}
+"#;
+    const PLAIN: &str = r#"
+default: true
+sidecarMode: container
+inject:
+  sidecars:
+    - {name: logs, image: logs:1, resources: {requests: {cpu: 20m}}}
+"#;
+
+    fn stored(engine: &Engine) -> Value {
+        let pod = json!({
+            "metadata": {"generateName": "web-", "namespace": "shop"},
+            "spec": {"containers": [{"name": "web", "image": "nginx", "resources": {"requests": {"cpu": "200m"}}}]}
+        });
+        let decision = engine.evaluate(&request(pod.clone(), opted_in("shop", &[])));
+        let Outcome::Inject(injection) = decision.outcome else { panic!("not injected: {:?}", decision.outcome) };
+        apply(&pod, &injection.patch)
+    }
+
+    /// Sets `spec.<list>[name=<container>].resources.<path>` (a `null` value removes it).
+    fn resize(pod: &Value, container: &str, path: &[&str], value: Value) -> Value {
+        let mut pod = pod.clone();
+        for list in ["containers", "initContainers"] {
+            for item in pod["spec"][list].as_array_mut().into_iter().flatten() {
+                if item["name"] == container {
+                    let mut at = &mut item["resources"];
+                    for key in &path[..path.len() - 1] {
+                        at = &mut at[*key];
+                    }
+                    match value {
+                        Value::Null => drop(at.as_object_mut().unwrap().remove(path[path.len() - 1])),
+                        ref value => at[path[path.len() - 1]] = value.clone(),
+                    }
+                }
+            }
+        }
+        pod
+    }
+
+    #[test]
+    fn an_enforced_sidecar_is_not_resized_below_its_template() {
+        let engine = engine(&[("enforced", ENFORCED), ("audit", AUDIT), ("plain", PLAIN)]);
+        let stored = stored(&engine);
+        let mut below_floor = resize(&stored, "agent", &["requests", "cpu"], json!("10m"));
+        below_floor["metadata"]["labels"] = json!({"team": "a"});
+        // (case, new pod, Some(refusal fragment) or None, audited templates)
+        let cases: Vec<(&str, Value, Option<&str>, &[&str])> = vec![
+            (
+                "enforced cpu request below",
+                resize(&stored, "agent", &["requests", "cpu"], json!("10m")),
+                Some(
+                    "container \"agent\"'s resources.requests.cpu is 10m after the resize, below the 50m template enforced sets",
+                ),
+                &[],
+            ),
+            (
+                "enforced memory limit removed",
+                resize(&stored, "agent", &["limits", "memory"], Value::Null),
+                Some("resources.limits.memory is unset after the resize, below the 64Mi"),
+                &[],
+            ),
+            (
+                "enforced as a number below",
+                resize(&stored, "agent", &["requests", "cpu"], json!(0.01)),
+                Some("requests.cpu is 0.01 after"),
+                &[],
+            ),
+            ("enforced raised", resize(&stored, "agent", &["requests", "cpu"], json!("500m")), None, &[]),
+            ("enforced as a number above", resize(&stored, "agent", &["requests", "cpu"], json!(1)), None, &[]),
+            (
+                "enforced memory in other units",
+                resize(&stored, "agent", &["requests", "memory"], json!("33554432")),
+                None,
+                &[],
+            ),
+            ("the app's container", resize(&stored, "web", &["requests", "cpu"], json!("1m")), None, &[]),
+            ("an ordinary template's sidecar", resize(&stored, "logs", &["requests", "cpu"], json!("1m")), None, &[]),
+            (
+                "an audit template's sidecar",
+                resize(&stored, "auditor", &["requests", "cpu"], json!("1m")),
+                None,
+                &["audit"],
+            ),
+        ];
+        for (case, new, refusal, audited) in cases {
+            let checked = validate_pod_update(&engine, &stored, &request(new, opted_in("shop", &[])));
+            match (refusal, &checked.verdict) {
+                (Some(fragment), Verdict::Denied(message)) => {
+                    assert!(message.contains(fragment), "{case}: {message}");
+                    assert!(message.contains("template enforced is enforced for this pod"), "{case}: {message}");
+                }
+                (None, Verdict::Allowed(warnings)) => {
+                    assert_eq!(warnings.len(), audited.len(), "{case}: {warnings:?}");
+                    if let Some(warning) = warnings.first() {
+                        assert!(warning.contains("enforced: audit") && warning.contains("\"auditor\""), "{warning}");
+                    }
+                }
+                (expected, verdict) => panic!("{case}: expected {expected:?}, got {verdict:?}"),
+            }
+            assert_eq!(checked.audited, audited, "{case}");
+        }
+        // Only what the update resizes is checked: an earlier shortfall does not block a label.
+        let mut relabelled = below_floor.clone();
+        relabelled["metadata"]["labels"] = json!({"team": "b"});
+        let checked = validate_pod_update(&engine, &below_floor, &request(relabelled, opted_in("shop", &[])));
+        assert_eq!(checked.verdict, Verdict::Allowed(Vec::new()));
+    }
+
+    #[test]
+    fn the_floor_is_the_templates_requests_and_limits() {
+        let container = json!({"resources": {"requests": {"cpu": "50m", "memory": 32}, "limits": {"memory": "64Mi"}, "claims": []}});
+        assert_eq!(
+            super::floor_of(&container),
+            vec![
+                ("requests", "cpu".to_owned(), "50m".to_owned()),
+                ("requests", "memory".to_owned(), "32".to_owned()),
+                ("limits", "memory".to_owned(), "64Mi".to_owned())
+            ]
+        );
+        assert!(super::floor_of(&json!({"name": "x"})).is_empty());
+
+        // What the enforcement policy checks without the injector: the floor equal for every pod.
+        let engine = engine(&[("enforced", ENFORCED)]);
+        let template = engine.templates.get("enforced").unwrap();
+        let data = crate::checks::enforce::Requirements::of(template, true).params_data();
+        assert_eq!(data["resources.agent"], "requests.cpu=50m requests.memory=32Mi limits.memory=64Mi");
+        let overridable = ENFORCED
+            .replace("podSelector: {}", "podSelector: {}\nvalues: {cpu: 50m}\noverridable: [cpu]")
+            .replace("cpu: 50m, memory", "cpu: \"{{ values.cpu }}\", memory");
+        let engine = self::engine(&[("enforced", &overridable)]);
+        let requirements = crate::checks::enforce::Requirements::of(engine.templates.get("enforced").unwrap(), true);
+        assert!(!requirements.params_data().contains_key("resources.agent"));
+        assert!(
+            requirements.unchecked.iter().any(|u| u.contains("\"agent\": resources is not the same for every pod")),
+            "{:?}",
+            requirements.unchecked
+        );
+    }
+}
