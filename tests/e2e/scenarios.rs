@@ -1395,6 +1395,9 @@ async fn enforced_resize(ctx: &mut Ctx) -> Result<()> {
     wait_for_binding(ctx, "floor", true).await?;
     let mut pod = pod("resized", json!({"tier": "floor"}), json!({}));
     pod["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m"}});
+    // Unscheduled: the API server refuses any resize of a pod bound to a node that does not declare
+    // in-place resize, as KWOK's nodes do not (the real-node suite resizes a running pod).
+    pod["spec"]["nodeSelector"] = json!({"e2e.example/unschedulable": "true"});
     // The injector serves the new template within seconds; until then the policy refuses the pod.
     let served = Instant::now();
     let created = loop {

@@ -186,8 +186,11 @@ pub struct RequiredContainer {
 pub const LIST_SEPARATOR: char = '\u{1f}';
 
 impl Requirements {
-    /// What `template` requires of every pod it is enforced for, with its sidecars native or not.
-    pub fn of(template: &Template, native: bool) -> Requirements {
+    /// What `template` requires of every pod it is enforced for, on a cluster whose nodes run
+    /// native sidecars or not (`native_sidecars`; the template's sidecar mode decides, as for an
+    /// injection).
+    pub fn of(template: &Template, native_sidecars: bool) -> Requirements {
+        let native = crate::injection::native::is_native(template.sidecar_mode, native_sidecars);
         let mut requirements = Requirements {
             template: template.name.to_string(),
             hash: template.hash.clone(),

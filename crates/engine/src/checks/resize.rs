@@ -284,6 +284,13 @@ inject:
         let template = engine.templates.get("enforced").unwrap();
         let data = crate::checks::enforce::Requirements::of(template, true).params_data();
         assert_eq!(data["resources.agent"], "requests.cpu=50m requests.memory=32Mi limits.memory=64Mi");
+        assert_eq!((data["initContainers"].as_str(), data["containers"].as_str()), ("agent", ""));
+        // A classic sidecar stays one on a cluster that runs native ones (its mode decides).
+        let classic = ENFORCED.replace("sidecarMode: native", "sidecarMode: container");
+        let engine = self::engine(&[("enforced", &classic)]);
+        let data =
+            crate::checks::enforce::Requirements::of(engine.templates.get("enforced").unwrap(), true).params_data();
+        assert_eq!((data["initContainers"].as_str(), data["containers"].as_str()), ("", "agent"));
         let overridable = ENFORCED
             .replace("podSelector: {}", "podSelector: {}\nvalues: {cpu: 50m}\noverridable: [cpu]")
             .replace("cpu: 50m, memory", "cpu: \"{{ values.cpu }}\", memory");
