@@ -185,6 +185,7 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
         ("n9_env_merge", n9_env_merge),
         ("n10_native_by_nodes", n10_native_by_nodes),
         ("n11_pod_level_resources", n11_pod_level_resources),
+        ("n12_enforced_resize", n12_enforced_resize),
         ("n4_drift_restart", n4_drift_restart),
         ("n5_injector_down", n5_injector_down),
         ("n6_attacks_on_the_pod", n6_attacks_on_the_pod),

@@ -750,6 +750,93 @@ spec:
     Ok(())
 }
 
+/// 12. In-place resizes (KEP-1287) of an enforced native sidecar on the real kubelet: below what
+///     its template sets the resize is refused; above it, and the app's own container, the kubelet
+///     applies it in place (no restart, same container).
+pub fn n12_enforced_resize(ctx: &mut Ctx) -> Result<()> {
+    ctx.apply(&format!(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: resize-templates
+  namespace: {INJECTOR_NS}
+  labels: {{sidecar-injector.io/templates: "true"}}
+data:
+  meter.yaml: |
+    description: A metering agent every tier=metered pod runs with its resources
+    enforced: true
+    podSelector: {{matchLabels: {{tier: metered}}}}
+    inject:
+      sidecars:
+        - name: meter
+          image: {BUSYBOX}
+          imagePullPolicy: Never
+          command: [/bin/sh, -c, 'trap "exit 0" TERM; while true; do sleep 1; done']
+          resources: {{requests: {{cpu: 50m, memory: 32Mi}}, limits: {{memory: 64Mi}}}}
+"#
+    ))?;
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: metered, namespace: {SHOP}, labels: {{tier: metered}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: app
+      image: {BUSYBOX}
+      imagePullPolicy: Never
+      resources: {{requests: {{cpu: 100m}}}}
+      command: [/bin/sh, -c, 'trap "exit 0" TERM; while true; do sleep 1; done']
+"#
+    );
+    // Every replica serves the template before the pod is created (six dry runs in a row).
+    let mut in_a_row = 0;
+    eventually("every replica serving the enforced template", Duration::from_secs(60), || {
+        let out = ctx.plane.kubectl_as(
+            &ctx.plane.admin_kubeconfig,
+            &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+            Some(&pod),
+        );
+        in_a_row = if out.is_ok_and(|o| o.contains(r#""name": "meter""#)) { in_a_row + 1 } else { 0 };
+        Ok((in_a_row >= 6).then_some(()))
+    })?;
+    ctx.apply(&pod)?;
+    ctx.kubectl(&["-n", SHOP, "wait", "--for=condition=Ready", "pod/metered", "--timeout=90s"])?;
+    let meter_status = |pod: &Value| -> Option<Value> {
+        pod["status"]["initContainerStatuses"].as_array()?.iter().find(|s| s["name"] == "meter").cloned()
+    };
+    let before = ctx.json(&["-n", SHOP, "get", "pod", "metered"])?;
+    let started = meter_status(&before).context("no native meter")?;
+    let resize = |list: &str, container: &str, cpu: &str| {
+        let patch = json!({"spec": {list: [{"name": container, "resources": {"requests": {"cpu": cpu}}}]}});
+        let args = ["-n", SHOP, "patch", "pod", "metered", "--subresource", "resize", "-p", &patch.to_string()];
+        ctx.kubectl(&args)
+    };
+    let refused = resize("initContainers", "meter", "10m").err().context("meter resized to 10m")?.to_string();
+    ensure!(refused.contains("below the 50m template meter sets"), "{refused}");
+    println!("      meter to cpu 10m refused: {}", refused.lines().last().unwrap_or_default());
+    resize("initContainers", "meter", "80m")?;
+    resize("containers", "app", "60m")?;
+    // The kubelet applies both in place: the allocated resources change, the containers do not.
+    let after = eventually("the kubelet applying the resizes", Duration::from_secs(60), || {
+        let pod = ctx.json(&["-n", SHOP, "get", "pod", "metered"])?;
+        let meter = meter_status(&pod).context("no meter status")?;
+        let app = pod["status"]["containerStatuses"].as_array().and_then(|s| s.first()).cloned().unwrap_or_default();
+        let applied = meter["resources"]["requests"]["cpu"] == "80m" && app["resources"]["requests"]["cpu"] == "60m";
+        Ok(applied.then_some(pod))
+    })?;
+    let meter = meter_status(&after).context("no meter status")?;
+    ensure!(
+        meter["containerID"] == started["containerID"] && meter["restartCount"] == 0,
+        "the meter was restarted: {meter} (was {started})"
+    );
+    ensure!(after["status"]["containerStatuses"][0]["restartCount"] == 0, "the app was restarted");
+    println!("      meter to cpu 80m and the app to 60m applied in place, no restart");
+    ctx.kubectl(&["-n", SHOP, "delete", "pod", "metered", "--wait=false"])?;
+    ctx.kubectl(&["-n", INJECTOR_NS, "delete", "configmap", "resize-templates"])?;
+    Ok(())
+}
+
 /// 4. A template edit in the ConfigMap → `drift` lists the Deployment's old pod → `drift --restart`
 ///    → a new pod Running and Ready with the new template, the old one gone.
 pub fn n4_drift_restart(ctx: &mut Ctx) -> Result<()> {
