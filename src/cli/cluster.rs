@@ -189,7 +189,9 @@ pub async fn explain(
     );
     // As the webhook decides native sidecars: by the kubelets of the nodes the pod can run on
     // (when the nodes can be listed).
-    let cluster = match Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()).list(&ListParams::default()).await
+    let cluster = match Api::<crate::engine::injection::nodes::NodeObject>::all(client.clone())
+        .list(&ListParams::default())
+        .await
     {
         Ok(nodes) => crate::engine::injection::nodes::NodePool::new(
             nodes.items.iter().map(crate::engine::injection::nodes::NodeFacts::of),

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -29,7 +29,7 @@ use kube::{Client, ResourceExt};
 
 use crate::engine::checks::validate::template_sources;
 use crate::engine::drift::pod_index::{PodIndex, drift_counts};
-use crate::engine::injection::nodes::{NodeFacts, NodePool};
+use crate::engine::injection::nodes::{NodeFacts, NodeObject, NodePool};
 use crate::engine::{ClusterFacts, NamespaceFacts, TemplateSource, names};
 use crate::state::{AppState, Readiness};
 use crate::telemetry::Metrics;
@@ -82,7 +82,7 @@ pub fn watch_namespaces(
 /// (`engine::injection::nodes`), and publishes a new pool to `state.nodes` whenever one of those changes
 /// (a node's status heartbeat changes nothing here, so it costs one comparison).
 pub fn watch_nodes(client: Client, state: Arc<AppState>) {
-    let stream = watcher(Api::<Node>::all(client), watcher::Config::default()).backoff(backoff());
+    let stream = watcher(Api::<NodeObject>::all(client), watcher::Config::default()).backoff(backoff());
     tokio::spawn(async move {
         futures::pin_mut!(stream);
         let mut nodes: BTreeMap<String, NodeFacts> = BTreeMap::new();

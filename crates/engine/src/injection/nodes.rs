@@ -13,13 +13,68 @@
 //! 4. and without any node whose kubelet version can be read, the API server's version.
 //!
 //! Pure: the pool is what `cluster::watch_nodes` keeps (per node only its name, labels and
-//! kubelet version).
+//! kubelet version). Nodes are read as [`NodeObject`], which deserializes only those fields: a
+//! real Node is 10-20 KiB of image lists and conditions that kubelets rewrite all the time, and
+//! the full typed `Node` cost a large deserializer in the binary and its work on every update.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::facts::{ClusterFacts, NativeRule};
+
+/// A Node as the injector reads it (from a watch, a list or a file): its metadata and kubelet
+/// version; every other field is skipped while reading.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NodeObject {
+    /// Name, labels, resource version (what the watch needs).
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// `status.nodeInfo.kubeletVersion`, when set.
+    #[serde(default)]
+    status: NodeObjectStatus,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeObjectStatus {
+    #[serde(default)]
+    node_info: Option<NodeObjectInfo>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeObjectInfo {
+    #[serde(default)]
+    kubelet_version: String,
+}
+
+impl kube_core::Resource for NodeObject {
+    type DynamicType = ();
+    type Scope = kube_core::ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("Node")
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("nodes")
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
 
 /// What the decision needs of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,8 +89,8 @@ pub struct NodeFacts {
 
 impl NodeFacts {
     /// What the decision needs of a Node object.
-    pub fn of(node: &k8s_openapi::api::core::v1::Node) -> Self {
-        let version = node.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| i.kubelet_version.as_str());
+    pub fn of(node: &NodeObject) -> Self {
+        let version = node.status.node_info.as_ref().map(|i| i.kubelet_version.as_str());
         let labels = node.metadata.labels.clone().unwrap_or_default();
         NodeFacts::new(node.metadata.name.clone().unwrap_or_default(), labels, version.unwrap_or_default())
     }
@@ -190,6 +245,34 @@ mod tests {
 
     fn node(name: &str, pool: &str, version: &str) -> NodeFacts {
         NodeFacts::new(name.into(), [("pool".to_owned(), pool.to_owned())].into(), version)
+    }
+
+    #[test]
+    fn a_node_is_read_for_its_name_labels_and_kubelet_only() {
+        let real = json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "worker-1", "resourceVersion": "42", "labels": {"pool": "a", "kubernetes.io/arch": "arm64"}},
+            "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}], "podCIDR": "10.0.1.0/24"},
+            "status": {
+                "nodeInfo": {"kubeletVersion": "v1.37.1", "containerRuntimeVersion": "containerd://2.2.0", "osImage": "Debian"},
+                "images": [{"names": ["registry.example/app@sha256:0", "registry.example/app:1"], "sizeBytes": 123}],
+                "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-11-25T00:00:00Z"}],
+                "allocatable": {"cpu": "4", "memory": "16Gi"}
+            }
+        });
+        let node: NodeObject = serde_json::from_value(real).unwrap();
+        assert_eq!(kube_core::ResourceExt::resource_version(&node).as_deref(), Some("42"));
+        let facts = NodeFacts::of(&node);
+        assert_eq!((facts.name.as_str(), facts.kubelet, facts.labels.len()), ("worker-1", Some((1, 37)), 2));
+        // A node that has not reported yet, and one whose status says nothing readable.
+        for bare in
+            [json!({"metadata": {"name": "new"}}), json!({"metadata": {"name": "odd"}, "status": {"nodeInfo": {}}})]
+        {
+            let node: NodeObject = serde_json::from_value(bare).unwrap();
+            assert_eq!(NodeFacts::of(&node).kubelet, None);
+        }
+        assert!(serde_json::from_value::<NodeObject>(json!({"metadata": {"labels": "x"}})).is_err());
+        assert_eq!(<NodeObject as kube_core::Resource>::url_path(&(), None), "/api/v1/nodes");
     }
 
     #[test]

@@ -97,7 +97,7 @@ pub fn node_pool(file: &str, text: &str) -> Result<NodePool, String> {
     }
     let nodes = nodes
         .into_iter()
-        .map(|node| serde_json::from_value::<k8s_openapi::api::core::v1::Node>(node.clone()))
+        .map(|node| serde_json::from_value::<crate::injection::nodes::NodeObject>(node.clone()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{file}: not a Node: {e}"))?;
     Ok(NodePool::new(nodes.iter().map(NodeFacts::of)))
