@@ -1412,10 +1412,18 @@ async fn enforced_resize(ctx: &mut Ctx) -> Result<()> {
     };
     ensure!(all_containers(&created).iter().any(|c| c.name == "meter"), "meter not injected");
 
-    fn resize(plane: &ControlPlane, container: &str, cpu: &str) -> Result<(), String> {
+    fn resize_as(plane: &ControlPlane, container: &str, cpu: &str, dry_run: bool) -> Result<(), String> {
         let patch = json!({"spec": {"containers": [{"name": container, "resources": {"requests": {"cpu": cpu}}}]}});
-        let args = ["-n", "e2e-shop", "patch", "pod", "resized", "--subresource", "resize", "-p", &patch.to_string()];
+        let mut args = vec!["-n", "e2e-shop", "patch", "pod", "resized", "--subresource", "resize"];
+        if dry_run {
+            args.push("--dry-run=server");
+        }
+        let patch = patch.to_string();
+        args.extend(["-p", &patch]);
         plane.kubectl(&args).map(|_| ()).map_err(|e| e.to_string())
+    }
+    fn resize(plane: &ControlPlane, container: &str, cpu: &str) -> Result<(), String> {
+        resize_as(plane, container, cpu, false)
     }
     fn stored_cpu(plane: &ControlPlane, container: &str) -> Result<String> {
         let path = format!("jsonpath={{.spec.containers[?(@.name==\"{container}\")].resources.requests.cpu}}");
@@ -1424,6 +1432,13 @@ async fn enforced_resize(ctx: &mut Ctx) -> Result<()> {
     for phase in ["injector up", "injector down"] {
         if phase == "injector down" {
             ctx.stop_injector();
+            // The API server enforces a new binding on its own cycle (a second or two after the
+            // injector wrote it): wait for its first refusal, probing with dry runs.
+            let start = Instant::now();
+            while resize_as(&ctx.plane, "meter", "1m", true).is_ok() {
+                ensure!(start.elapsed() < Duration::from_secs(20), "the enforcement binding never took effect");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
         let (below, above, app) = match phase {
             "injector up" => ("10m", "80m", "60m"),
