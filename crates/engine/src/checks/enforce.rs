@@ -178,7 +178,8 @@ pub struct RequiredContainer {
     pub command: Option<Vec<String>>,
     /// The args, likewise.
     pub args: Option<Vec<String>>,
-    /// What a resize may not go below (`resize::floor_of`), when the same for every pod.
+    /// What a resize may not go below (`resize::floor_of`, the entries the policy can compare),
+    /// when the same for every pod.
     pub resource_floor: Option<Vec<(&'static str, String, String)>>,
 }
 
@@ -229,6 +230,25 @@ impl Requirements {
                         Some(_) => None,
                     }
                 };
+                let resource_floor = match fields.get("resources") {
+                    None => Some(Vec::new()),
+                    Some(Some(resources)) => {
+                        // `requests.cpu=50m` in the params: names and quantities hold neither a
+                        // space nor '=', and `quantity()` fails the whole check on one it cannot
+                        // read.
+                        let (readable, unreadable): (Vec<_>, Vec<_>) =
+                            resize::floor_of(Some(resources)).into_iter().partition(|(_, resource, quantity)| {
+                                !resource.contains([' ', '=']) && resize::parses(quantity)
+                            });
+                        for (field, resource, quantity) in unreadable {
+                            requirements.unchecked.push(format!(
+                                "{kind} {name:?}: resources.{field}.{resource} is {quantity:?}, not a quantity the policy can compare"
+                            ));
+                        }
+                        Some(readable)
+                    }
+                    Some(None) => None,
+                };
                 let container = RequiredContainer {
                     image: match fields.get("image") {
                         Some(Some(Value::String(image))) => Some(image.clone()),
@@ -236,11 +256,7 @@ impl Requirements {
                     },
                     command: strings("command"),
                     args: strings("args"),
-                    resource_floor: match fields.get("resources") {
-                        None => Some(Vec::new()),
-                        Some(Some(resources)) => Some(resize::floor_of(&json!({ "resources": resources }))),
-                        Some(None) => None,
-                    },
+                    resource_floor,
                     native: native_sidecar,
                     name,
                 };
@@ -294,15 +310,9 @@ impl Requirements {
             if let Some(args) = &container.args {
                 data.insert(format!("args.{}", container.name), encode(args));
             }
-            // `requests.cpu=50m limits.memory=64Mi`: resource names and quantities hold neither
-            // a space nor '=', and `quantity()` fails the whole check on one it cannot read.
-            let floor = container.resource_floor.iter().flatten();
-            let entries = floor
-                .filter(|(_, resource, quantity)| !resource.contains([' ', '=']) && resize::parses(quantity))
-                .map(|(field, resource, quantity)| format!("{field}.{resource}={quantity}"))
-                .collect::<Vec<_>>();
-            if !entries.is_empty() {
-                data.insert(format!("resources.{}", container.name), entries.join(" "));
+            if let Some(floor) = container.resource_floor.as_ref().filter(|f| !f.is_empty()) {
+                let entries = floor.iter().map(|(field, resource, quantity)| format!("{field}.{resource}={quantity}"));
+                data.insert(format!("resources.{}", container.name), entries.collect::<Vec<_>>().join(" "));
             }
         }
         data

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::claims::status::InjectionStatus;
+use crate::claims::status::{InjectionStatus, ItemKind};
 use crate::claims::strip::strip_injection;
 use crate::injection::pod_resources;
 use crate::injection::render::{self, Subject};
@@ -41,20 +41,21 @@ pub struct Shortfall {
 /// names, in the containers whose resources changed from `old`.
 pub fn shortfalls(engine: &Engine, request: &PodRequest, old: &Value, status: &InjectionStatus) -> Vec<Shortfall> {
     let new = &*request.pod;
-    let injected: BTreeSet<&str> =
-        CONTAINER_LISTS.iter().flat_map(|l| (l.claimed)(status)).map(String::as_str).collect();
-    let resized: BTreeSet<&str> =
-        injected.iter().copied().filter(|name| resources(new, name) != resources(old, name)).collect();
-    if resized.is_empty() {
-        return Vec::new();
-    }
     let enforced = status
         .templates
         .iter()
         .filter_map(|t| engine.templates.get(&t.name))
         .filter(|t| t.enforced || t.audit)
         .collect::<Vec<_>>();
-    if enforced.is_empty() {
+    // The containers the injection added, and the pod's own exact copies that stood in for an
+    // enforced template's (recorded as skipped): the author may not starve those either.
+    let copies = status.skipped.iter().filter(|s| {
+        matches!(s.kind, ItemKind::Sidecar | ItemKind::InitContainer) && enforced.iter().any(|t| *t.name == *s.template)
+    });
+    let checked = CONTAINER_LISTS.iter().flat_map(|l| (l.claimed)(status)).chain(copies.map(|s| &s.name));
+    let resized: BTreeSet<&str> =
+        checked.map(String::as_str).filter(|name| resources(new, name) != resources(old, name)).collect();
+    if enforced.is_empty() || resized.is_empty() {
         return Vec::new();
     }
     // The template renders for the pod as its author wrote it, as at its creation.
@@ -78,7 +79,7 @@ pub fn shortfalls(engine: &Engine, request: &PodRequest, old: &Value, status: &I
             let Some(name) = container.get("name").and_then(Value::as_str).filter(|n| resized.contains(n)) else {
                 continue;
             };
-            for (field, resource, floor) in floor_of(container) {
+            for (field, resource, floor) in floor_of(container.get("resources")) {
                 let now = resources(new, name).and_then(|r| r.get(field)).and_then(|m| m.get(&resource));
                 let now_text = now.map(quantity_text);
                 let (Some(floor_nanos), now_nanos) =
@@ -99,11 +100,12 @@ pub fn shortfalls(engine: &Engine, request: &PodRequest, old: &Value, status: &I
     found
 }
 
-/// The floor a rendered container sets: each `requests` and `limits` entry with its quantity.
-pub fn floor_of(container: &Value) -> Vec<(&'static str, String, String)> {
+/// The floor a rendered container's `resources` set: each `requests` and `limits` entry with its
+/// quantity.
+pub fn floor_of(resources: Option<&Value>) -> Vec<(&'static str, String, String)> {
     let mut floor = Vec::new();
     for field in FLOOR_FIELDS {
-        let entries = container.get("resources").and_then(|r| r.get(field)).and_then(Value::as_object);
+        let entries = resources.and_then(|r| r.get(field)).and_then(Value::as_object);
         for (resource, quantity) in entries.into_iter().flatten() {
             floor.push((field, resource.clone(), quantity_text(quantity)));
         }
@@ -259,6 +261,25 @@ inject:
             }
             assert_eq!(checked.audited, audited, "{case}");
         }
+        // The pod's own exact copy of the enforced sidecar stood in for it: guarded the same way.
+        let exact = json!({"name": "agent", "image": "agent:1", "restartPolicy": "Always",
+                           "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}});
+        let mut own = stored.clone();
+        own["spec"]["initContainers"] = json!([exact]);
+        own["metadata"]["annotations"].as_object_mut().unwrap().clear();
+        own["metadata"]["labels"].as_object_mut().unwrap().clear();
+        own["spec"]["containers"] = json!([stored["spec"]["containers"][0]]);
+        let decision = engine.evaluate(&request(own.clone(), opted_in("shop", &[])));
+        let Outcome::Inject(injection) = decision.outcome else { panic!("not injected: {:?}", decision.outcome) };
+        assert!(injection.status.skipped.iter().any(|s| s.name == "agent"), "{:?}", injection.status);
+        let own = apply(&own, &injection.patch);
+        let starved = resize(&own, "agent", &["requests", "cpu"], json!("1m"));
+        let checked = validate_pod_update(&engine, &own, &request(starved, opted_in("shop", &[])));
+        assert!(
+            matches!(&checked.verdict, Verdict::Denied(m) if m.contains("\"agent\"'s resources.requests.cpu is 1m")),
+            "{checked:?}"
+        );
+
         // Only what the update resizes is checked: an earlier shortfall does not block a label.
         let mut relabelled = below_floor.clone();
         relabelled["metadata"]["labels"] = json!({"team": "b"});
@@ -268,16 +289,16 @@ inject:
 
     #[test]
     fn the_floor_is_the_templates_requests_and_limits() {
-        let container = json!({"resources": {"requests": {"cpu": "50m", "memory": 32}, "limits": {"memory": "64Mi"}, "claims": []}});
+        let resources = json!({"requests": {"cpu": "50m", "memory": 32}, "limits": {"memory": "64Mi"}, "claims": []});
         assert_eq!(
-            super::floor_of(&container),
+            super::floor_of(Some(&resources)),
             vec![
                 ("requests", "cpu".to_owned(), "50m".to_owned()),
                 ("requests", "memory".to_owned(), "32".to_owned()),
                 ("limits", "memory".to_owned(), "64Mi".to_owned())
             ]
         );
-        assert!(super::floor_of(&json!({"name": "x"})).is_empty());
+        assert!(super::floor_of(None).is_empty());
 
         // What the enforcement policy checks without the injector: the floor equal for every pod.
         let engine = engine(&[("enforced", ENFORCED)]);
@@ -299,6 +320,19 @@ inject:
         assert!(!requirements.params_data().contains_key("resources.agent"));
         assert!(
             requirements.unchecked.iter().any(|u| u.contains("\"agent\": resources is not the same for every pod")),
+            "{:?}",
+            requirements.unchecked
+        );
+        // A quantity the policy's `quantity()` could not read is left out, and said.
+        let unreadable = ENFORCED.replace("limits: {memory: 64Mi}", "limits: {memory: 64Mi, example.com/gpu: lots}");
+        let engine = self::engine(&[("enforced", &unreadable)]);
+        let requirements = crate::checks::enforce::Requirements::of(engine.templates.get("enforced").unwrap(), true);
+        assert_eq!(
+            requirements.params_data()["resources.agent"],
+            "requests.cpu=50m requests.memory=32Mi limits.memory=64Mi"
+        );
+        assert!(
+            requirements.unchecked.iter().any(|u| u.contains("resources.limits.example.com/gpu is \"lots\"")),
             "{:?}",
             requirements.unchecked
         );
