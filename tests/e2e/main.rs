@@ -131,6 +131,7 @@ async fn run(root: &Path) -> Result<bool> {
         s30_host_aliases,
         s31_port_collisions,
         s32_enforced_resize,
+        s33_resized_sidecar_stays_injected,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,

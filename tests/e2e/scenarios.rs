@@ -1467,3 +1467,67 @@ async fn enforced_resize(ctx: &mut Ctx) -> Result<()> {
     }
     Ok(())
 }
+
+const RESIZABLE: &str = r#"description: A native sidecar that vertical autoscalers resize in place
+sidecarMode: native
+podSelector:
+  matchLabels: {tier: resizable}
+inject:
+  sidecars:
+    - name: sizer
+      image: registry.example/sizer:1
+      resources: {requests: {cpu: 50m, memory: 32Mi}, limits: {memory: 64Mi}}
+"#;
+
+/// Scenario 33: an injected native sidecar carries `resizePolicy: NotRequired` for cpu and memory,
+/// resizes in place (`kubectl patch --subresource resize`), and stays injected: a pod created from
+/// the resized one's manifest (as `kubectl get -o yaml | kubectl create` does) is admitted as up
+/// to date by the injector and the validating webhook, its resized sidecar kept as it is.
+pub async fn s33_resized_sidecar_stays_injected(ctx: &mut Ctx) -> Result<()> {
+    set_template(ctx, "resizable.yaml", Some(RESIZABLE)).await.context("adding the template")?;
+    let result = resized_sidecar(ctx).await;
+    set_template(ctx, "resizable.yaml", None).await?;
+    for name in ["sized", "sized-copy"] {
+        let _ = ctx.pods("e2e-shop").delete(name, &DeleteParams::default()).await;
+    }
+    result
+}
+
+async fn resized_sidecar(ctx: &mut Ctx) -> Result<()> {
+    let mut pod = pod("sized", json!({"tier": "resizable"}), json!({}));
+    // Unscheduled: KWOK's nodes refuse resizes (see scenario 32).
+    pod["spec"]["nodeSelector"] = json!({"e2e.example/unschedulable": "true"});
+    let sizer = |pod: &Pod| -> Option<Value> {
+        let init = pod.spec.as_ref()?.init_containers.as_ref()?;
+        init.iter().find(|c| c.name == "sizer").map(|c| serde_json::to_value(c).unwrap_or_default())
+    };
+    // The injector serves the new template within seconds.
+    let served = Instant::now();
+    while ctx.dry_run_pod("e2e-shop", pod.clone()).await.ok().and_then(|p| sizer(&p)).is_none() {
+        ensure!(served.elapsed() < Duration::from_secs(15), "the resizable template was never served");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let created = ctx.create_pod("e2e-shop", pod).await.context("creating the pod")?;
+    let injected = sizer(&created).context("sizer not injected as a native sidecar")?;
+    let in_place = json!([{"resourceName": "cpu", "restartPolicy": "NotRequired"},
+        {"resourceName": "memory", "restartPolicy": "NotRequired"}]);
+    ensure!(injected["restartPolicy"] == "Always" && injected["resizePolicy"] == in_place, "stored as {injected}");
+
+    let patch = json!({"spec": {"initContainers": [{"name": "sizer", "resources": {"requests": {"cpu": "80m"}}}]}});
+    let args = ["-n", "e2e-shop", "patch", "pod", "sized", "--subresource", "resize", "-p", &patch.to_string()];
+    ctx.plane.kubectl(&args).context("resizing the sidecar in place")?;
+    let resized = ctx.pods("e2e-shop").get("sized").await?;
+    let cpu = |pod: &Pod| sizer(pod).map(|s| s["resources"]["requests"]["cpu"].clone());
+    ensure!(cpu(&resized) == Some(json!("80m")), "not resized: {:?}", cpu(&resized));
+    println!("      sizer resized in place to cpu 80m");
+
+    let mut copy = serde_json::to_value(&resized)?;
+    let metadata = &resized.metadata;
+    copy["metadata"] = json!({"name": "sized-copy", "labels": metadata.labels, "annotations": metadata.annotations});
+    copy.as_object_mut().context("a pod")?.remove("status");
+    let copied = ctx.create_pod("e2e-shop", copy).await.map_err(|e| anyhow::anyhow!(api_message(&e)))?;
+    ensure!(cpu(&copied) == Some(json!("80m")), "the copy's sidecar was rewritten: {:?}", cpu(&copied));
+    ensure!(status(&copied) == status(&resized), "the copy was re-injected: {:?}", status(&copied));
+    println!("      a copy of the resized pod admitted as up to date, its sidecar kept at cpu 80m");
+    Ok(())
+}

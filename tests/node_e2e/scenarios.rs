@@ -752,7 +752,8 @@ spec:
 
 /// 12. In-place resizes (KEP-1287) of an enforced native sidecar on the real kubelet: below what
 ///     its template sets the resize is refused; above it, and the app's own container, the kubelet
-///     applies it in place (no restart, same container).
+///     applies it in place (no restart, same container), as the `resizePolicy` the injection gave
+///     the sidecar says.
 pub fn n12_enforced_resize(ctx: &mut Ctx) -> Result<()> {
     ctx.apply(&format!(
         r#"apiVersion: v1
@@ -832,7 +833,14 @@ spec:
         "the meter was restarted: {meter} (was {started})"
     );
     ensure!(after["status"]["containerStatuses"][0]["restartCount"] == 0, "the app was restarted");
-    println!("      meter to cpu 80m and the app to 60m applied in place, no restart");
+    // The injection wrote the policy the kubelet followed: cpu and memory resize without a restart.
+    let meter_spec = after["spec"]["initContainers"].as_array().and_then(|l| l.iter().find(|c| c["name"] == "meter"));
+    let in_place = json!([{"resourceName": "cpu", "restartPolicy": "NotRequired"},
+        {"resourceName": "memory", "restartPolicy": "NotRequired"}]);
+    ensure!(meter_spec.is_some_and(|m| m["resizePolicy"] == in_place), "the meter's resizePolicy: {meter_spec:?}");
+    println!(
+        "      meter (resizePolicy NotRequired, written by the injection) to cpu 80m and the app to 60m applied in place, no restart"
+    );
     ctx.kubectl(&["-n", SHOP, "delete", "pod", "metered", "--wait=false"])?;
     ctx.kubectl(&["-n", INJECTOR_NS, "delete", "configmap", "resize-templates"])?;
     Ok(())

@@ -981,6 +981,51 @@ fn pod_level_resources_are_padded_and_recorded_and_taken_back_exactly() {
     assert!(injection.patch.iter().all(|op| !op.path().to_string().starts_with("/spec/resources")));
 }
 
+#[test]
+fn a_sidecar_resized_in_place_is_still_injected_and_up_to_date_and_never_rewritten() {
+    let engine = engine(&[("agent", BUDGETED)]);
+    let pod = budgeted_pod("128Mi");
+    let injection = inject(&engine, &pod);
+    let injected = apply(&pod, &injection.patch);
+    let sidecar = |pod: &Value| pod["spec"]["initContainers"][0].clone();
+    assert_eq!(sidecar(&injected)["resizePolicy"], injection::native::default_resize_policy());
+
+    // A vertical autoscaler lowers the sidecar in place, then the pod-level values are resized.
+    let mut resized = injected.clone();
+    resized["spec"]["initContainers"][0]["resources"] =
+        json!({"requests": {"cpu": "5m", "memory": "24Mi"}, "limits": {"memory": "48Mi"}});
+    let mut pod_level_resized = resized.clone();
+    pod_level_resized["spec"]["resources"]["requests"]["cpu"] = json!("210m");
+    for (case, pod) in [("sidecar resized", &resized), ("pod-level values resized too", &pod_level_resized)] {
+        let outcome = engine.evaluate(&request(pod.clone(), opted_in("shop", &[]))).outcome;
+        assert!(matches!(outcome, Outcome::UpToDate(_)), "{case}: {outcome:?}");
+        let verdict = validate::validate_pod(&engine, &request(pod.clone(), opted_in("shop", &[])));
+        assert!(matches!(verdict, validate::Verdict::Allowed(_)), "{case}: {verdict:?}");
+    }
+    // Strip takes back exactly the recorded padding (+10m cpu requests) from the resized values.
+    let stripped = crate::claims::strip::strip_injection(&pod_level_resized, &injection.status);
+    assert_eq!(stripped["spec"]["resources"]["requests"]["cpu"], json!("200m"));
+
+    // A new template version: the resized sidecar's resources may be the author's (the claim
+    // travels with copies), so it is kept as it is, not replaced, and the warning says why.
+    let (set, errors) = engine.templates.update(
+        [TemplateSource { name: "agent".into(), text: BUDGETED.replace("agent:1", "agent:2") }],
+        &template::InProcess,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let v2 = Engine::new(set, engine.excluded_namespaces.clone());
+    let decision = v2.evaluate(&request(resized.clone(), opted_in("shop", &[])));
+    let Outcome::Inject(reinjection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    let after = apply(&resized, &reinjection.patch);
+    assert_eq!(sidecar(&after), sidecar(&resized), "the resized sidecar is untouched");
+    assert!(decision.warnings.iter().any(|w| w.message.contains("was resized in place")), "{:?}", decision.warnings);
+    // The same sidecar as injected (not resized) is the injector's own and is replaced.
+    let Outcome::Inject(replaced) = v2.evaluate(&request(injected.clone(), opted_in("shop", &[]))).outcome else {
+        panic!("expected a re-injection")
+    };
+    assert_eq!(sidecar(&apply(&injected, &replaced.patch))["image"], "agent:2");
+}
+
 /// The skip of a pod the injection would have made invalid: left as written, but for the status
 /// annotation that says why (no template, the reason), so that the companion policy admits it;
 /// or, when even that does not fit, without it.

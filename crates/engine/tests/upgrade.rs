@@ -20,6 +20,7 @@ use serde_json::Value;
 use sidecar_injector_engine::checks::validate::{Verdict, validate_pod};
 use sidecar_injector_engine::claims::status::InjectionStatus;
 use sidecar_injector_engine::claims::strip::strip_injection;
+use sidecar_injector_engine::injection::native;
 use sidecar_injector_engine::{Engine, Outcome, PodRequest, TemplateSet, manifest, names, workload};
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/upgrade");
@@ -90,6 +91,14 @@ fn pods_injected_by_the_previous_release_are_up_to_date_validate_and_reinject_th
                 Outcome::Inject(injection) => {
                     let mut again = stripped;
                     json_patch::patch(&mut again, &injection.patch).unwrap();
+                    // Since the recorded release, a native sidecar is written with the default
+                    // resizePolicy (what the kubelet does without one); nothing else differs.
+                    let mut pod = pod.clone();
+                    let init =
+                        pod.pointer_mut("/spec/initContainers").and_then(Value::as_array_mut).into_iter().flatten();
+                    for sidecar in init.filter(|c| c["restartPolicy"] == "Always" && c.get("resizePolicy").is_none()) {
+                        sidecar["resizePolicy"] = native::default_resize_policy();
+                    }
                     if again != pod {
                         failures.push(format!(
                             "{at}: re-injecting the stripped pod gives\n{}\ninstead of\n{}",

@@ -13,6 +13,7 @@
 //! mutating call may have reached a replica whose cache is a second ahead of this one, and a
 //! validating check must not turn that race into a refused pod.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use serde_json::Value;
 use crate::checks::resize;
 use crate::claims::status::{InjectionStatus, TemplateRef};
 use crate::claims::strip::strip_injection;
-use crate::injection::compare::first_difference;
+use crate::injection::compare::{first_difference, without_resources};
 use crate::injection::env_merge;
 use crate::kinds::{APP_LISTS, CONTAINER_LISTS, INIT_CONTAINERS, POD_LISTS};
 use crate::templates::template::{PreCheck, TemplateError, TemplateSet, TemplateSource};
@@ -224,14 +225,18 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
     json_patch::patch(&mut expected, &injection.patch)
         .map_err(|e| format!("internal error recomputing the injection: {e}"))?;
     let actual = &*request.pod;
-    let containers = CONTAINER_LISTS.iter().map(|k| (k.noun, k.field, "name", (k.claimed)(&injection.status)));
-    let pod_lists = POD_LISTS.iter().map(|k| (k.kind.describe(), k.field, k.key, (k.claimed)(&injection.status)));
-    for (kind, list, key, names) in containers.into_iter().chain(pod_lists) {
+    // (what, list, key, names, whether resized in place: a container's resources are not compared)
+    let containers = CONTAINER_LISTS.iter().map(|k| (k.noun, k.field, "name", (k.claimed)(&injection.status), true));
+    let pod_lists =
+        POD_LISTS.iter().map(|k| (k.kind.describe(), k.field, k.key, (k.claimed)(&injection.status), false));
+    for (kind, list, key, names, resizable) in containers.into_iter().chain(pod_lists) {
         let (expected_items, actual_items) =
             (pod::list(&expected, list).ok().flatten(), pod::list(actual, list).ok().flatten());
         for name in names {
             let what = || format!("injected {kind} {name:?}");
-            compare(what, find_by(expected_items, key, name), find_by(actual_items, key, name))?;
+            let want = find_by(expected_items, key, name);
+            let want = want.map(|w| if resizable { Cow::Owned(without_resources(w)) } else { Cow::Borrowed(w) });
+            compare(what, want.as_deref(), find_by(actual_items, key, name))?;
         }
     }
     let expected_containers = pod::list(&expected, "containers").ok().flatten();
@@ -411,9 +416,11 @@ inject:
                 "env[0].value is \"x\"",
             ),
             (
-                "quantity changed",
-                Box::new(|p| p["spec"]["initContainers"][1]["resources"]["requests"]["cpu"] = json!("2")),
-                "resources.requests.cpu is \"2\"",
+                "resize policy changed",
+                Box::new(|p| {
+                    p["spec"]["initContainers"][1]["resizePolicy"][0]["restartPolicy"] = json!("RestartContainer")
+                }),
+                "resizePolicy[0].restartPolicy is \"RestartContainer\", the template sets \"NotRequired\"",
             ),
             (
                 "volume changed",
@@ -439,6 +446,10 @@ inject:
                 other => panic!("{case}: expected a denial, got {other:?}"),
             }
         }
+        // A sidecar resized in place is not altered: a resize is not a template change.
+        let mut resized = pod.clone();
+        resized["spec"]["initContainers"][1]["resources"]["requests"]["cpu"] = json!("2");
+        assert_eq!(verdict(&engine, resized), Verdict::Allowed(vec![]));
     }
 
     #[test]

@@ -20,10 +20,13 @@
 //!   `restartPolicy`. Required before an item may be *removed* or replaced, so that nothing the
 //!   author added to an item is ever lost.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 
 use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind};
-use crate::injection::compare::{first_difference, quantities_equal};
+use crate::injection::compare::{first_difference, is_implied, quantities_equal, without_resources};
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
 use crate::kinds::{APP_LISTS, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement};
@@ -57,11 +60,17 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
     let spec_list = |field: &str| pod.get("spec").and_then(|s| s.get(field)).and_then(Value::as_array);
     let find = |items: Option<&'p Vec<Value>>, key: &str, name: &str| find_in(items?, key, name);
 
+    // The claimed containers as their templates render them, which the pod-level padding is proven against.
+    let mut rendered_containers = BTreeMap::new();
     for list in &CONTAINER_LISTS {
         for name in (list.claimed)(claim) {
             let placement = Placement::of_claim(list, claim, name);
             let expected = renderings.iter().flatten().find_map(|r| r.placed_container(placement, name));
-            let found = judge(list.kind, name, None, expected, find(spec_list(list.field), "name", name));
+            if let Some(expected) = &expected {
+                rendered_containers.insert(name.as_str(), expected.clone());
+            }
+            let found =
+                judge(list.kind, name, None, expected.map(Resizable), find(spec_list(list.field), "name", name));
             found.record(name, (list.claimed_mut)(&mut present), (list.claimed_mut)(&mut owned));
             if placement == Placement::NativeSidecar {
                 found.record(name, &mut present.native_sidecars, &mut owned.native_sidecars);
@@ -72,7 +81,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
         for identity in (kind.claimed)(claim) {
             let expected = renderings.iter().flatten().find_map(|r| kind.find(r.pod_list(kind), identity).cloned());
             let actual = spec_list(kind.field).and_then(|items| kind.find(items, identity));
-            let found = judge(kind.kind, identity, None, expected, actual);
+            let found = judge(kind.kind, identity, None, expected.map(Fixed), actual);
             found.record(identity, (kind.claimed_mut)(&mut present), (kind.claimed_mut)(&mut owned));
         }
     }
@@ -85,7 +94,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             }
             let expected =
                 renderings.iter().flatten().find_map(|r| r.map(kind).get(key).map(|v| Value::String(v.clone())));
-            let found = judge(kind.kind, key, None, expected, metadata(kind.field).and_then(|m| m.get(key)));
+            let found = judge(kind.kind, key, None, expected.map(Fixed), metadata(kind.field).and_then(|m| m.get(key)));
             found.record(key, (kind.claimed_mut)(&mut present), (kind.claimed_mut)(&mut owned));
         }
     }
@@ -97,7 +106,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             for identity in (kind.claimed)(additions) {
                 let expected = renderings.iter().flatten().find_map(|r| kind.find(r.app_list(kind), identity).cloned());
                 let actual = list(kind.field).and_then(|items| kind.find(items, identity));
-                let found = judge(kind.kind, identity, Some(container), expected, actual);
+                let found = judge(kind.kind, identity, Some(container), expected.map(Fixed), actual);
                 found.record(identity, (kind.claimed_mut)(&mut here), (kind.claimed_mut)(&mut mine));
             }
         }
@@ -112,7 +121,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
                 (env_merge::key(&entry).as_ref() == Some(key)).then_some(entry)
             });
             let actual = list("env").and_then(|l| l.iter().rev().find(|e| env_merge::key(e).as_ref() == Some(key)));
-            let found = judge(ItemKind::EnvMerge, key, Some(container), expected, actual);
+            let found = judge(ItemKind::EnvMerge, key, Some(container), expected.map(Fixed), actual);
             found.record(key, &mut here.env_merges, &mut mine.env_merges);
         }
         for (status, additions) in [(&mut present, here), (&mut owned, mine)] {
@@ -123,10 +132,21 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
     }
     if let Some(claimed) = &claim.pod_resources {
         // The padding of pod-level resources: proven when it is exactly what the injected
-        // containers present account for.
-        match crate::injection::pod_resources::proves(pod, claimed, &present.init_containers, &present.containers) {
+        // containers present account for as their templates render them (not as resized since).
+        let injected = |name: &str| {
+            let present = present.init_containers.iter().chain(&present.containers).any(|n| n == name);
+            present.then(|| rendered_containers.get(name)).flatten()
+        };
+        match crate::injection::pod_resources::proves(pod, claimed, &injected) {
             true => {
-                owned.pod_resources = Some(claimed.clone());
+                // Taken back only with the containers it accounts for: a resized one kept as the
+                // pod's own keeps its share of the padding too.
+                let all_owned = |present: &[String], owned: &[String]| present.iter().all(|n| owned.contains(n));
+                if all_owned(&present.init_containers, &owned.init_containers)
+                    && all_owned(&present.containers, &owned.containers)
+                {
+                    owned.pod_resources = Some(claimed.clone());
+                }
                 present.pod_resources = Some(claimed.clone());
             }
             false => {
@@ -157,7 +177,7 @@ impl Judge<'_> {
         kind: ItemKind,
         name: &str,
         container: Option<&str>,
-        expected: Option<Value>,
+        expected: Option<Expected>,
         actual: Option<&Value>,
     ) -> Match {
         let what = match container {
@@ -179,7 +199,17 @@ impl Judge<'_> {
                 Match::None
             }
             (Some(expected), Some(actual)) => {
-                if let Some(difference) = first_difference(&expected, actual, "") {
+                let resizable = matches!(expected, Resizable(_));
+                let (Resizable(expected) | Fixed(expected)) = expected;
+                // A container's resources change by in-place resizes (`kubectl patch --subresource
+                // resize`, vertical autoscalers), which are not template changes: they are not
+                // compared for presence. Replacing or removing the container still needs them to
+                // be the template's, since they may be the author's under a copied claim.
+                let compared = match resizable {
+                    true => Cow::Owned(without_resources(&expected)),
+                    false => Cow::Borrowed(&expected),
+                };
+                if let Some(difference) = first_difference(&compared, actual, "") {
                     self.all_present = false;
                     self.altered.push(format!("{what} was changed after injection: {difference}"));
                     self.doubts.push(format!(
@@ -189,6 +219,11 @@ impl Judge<'_> {
                 }
                 if exact(&expected, actual) {
                     Match::Exact
+                } else if resizable && exact(&compared, &without_resources(actual)) {
+                    self.doubts.push(format!(
+                        "{what} was resized in place (its resources are not the template's): it counts as injected, and is kept as the pod's own rather than replaced"
+                    ));
+                    Match::Present
                 } else {
                     self.doubts.push(format!(
                         "{what} holds fields its template does not set; it is kept as the pod's own and not replaced"
@@ -199,6 +234,14 @@ impl Judge<'_> {
         }
     }
 }
+
+/// What a claimed template renders for an item, and whether its resources may have been resized
+/// in place since (a container's may).
+enum Expected {
+    Resizable(Value),
+    Fixed(Value),
+}
+use Expected::{Fixed, Resizable};
 
 /// How well a claimed item matches its template.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -281,8 +324,10 @@ fn exact_in(expected: &Value, actual: &Value, context: Context) -> bool {
                 (_, "volumeMounts") => Context::VolumeMounts,
                 _ => Context::Item,
             };
-            want.iter().all(|(key, w)| have.get(key).is_some_and(|h| exact_in(w, h, child(key))))
-                && have.iter().all(|(key, h)| want.contains_key(key) || is_api_default(key, h, have))
+            want.iter().all(|(key, w)| match have.get(key) {
+                Some(h) => exact_in(w, h, child(key)),
+                None => is_implied(key, w),
+            }) && have.iter().all(|(key, h)| want.contains_key(key) || is_api_default(key, h, have))
         }
         (Value::Array(want), Value::Array(have)) => {
             let have: Vec<&Value> = match context {

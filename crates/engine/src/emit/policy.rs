@@ -850,7 +850,8 @@ fn item_key(piece: &Piece, cx: &Cx<'_>, kind: ItemKind) -> Option<String> {
     }
 }
 
-/// A container as CEL, with `restartPolicy: Always` for a native sidecar and the service-account
+/// A container as CEL, with `restartPolicy: Always` (and the default `resizePolicy` unless the
+/// template gives one, as `native::make_native` writes them) for a native sidecar and the service-account
 /// token mount of `inject` (`variables.tokenMounts`) unless the template mounts that path itself.
 fn container_value(cx: &Cx<'_>, item: &SeqItem, native: bool) -> Result<String, String> {
     cx.guarded(item.when.as_ref(), || container_fields(cx, &item.piece, native))
@@ -883,6 +884,9 @@ fn container_fields(cx: &Cx<'_>, piece: &Piece, native: bool) -> Result<String, 
     }
     if native {
         fields.push(("restartPolicy".to_owned(), Val::Const(json!(crate::injection::native::RESTART_ALWAYS))));
+        if !fields.iter().any(|(k, _)| k == "resizePolicy") {
+            fields.push(("resizePolicy".to_owned(), Val::Const(crate::injection::native::default_resize_policy())));
+        }
     }
     let mounts = match (mounts, mounts_token_path) {
         (Some(v), true) => Some(v),

@@ -38,6 +38,7 @@ pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<
     };
     match (expected, actual) {
         (Value::Object(want), Value::Object(have)) => want.iter().find_map(|(key, w)| match have.get(key) {
+            None if is_implied(key, w) => None,
             None => Some(format!("{} was removed", here(&format!("{path}.{key}")))),
             Some(h) => first_difference(w, h, &format!("{path}.{key}")),
         }),
@@ -81,6 +82,24 @@ pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<
         (w, h) if w == h => None,
         (w, h) => Some(format!("{} is {h}, the template sets {}", here(path), shown(w))),
     }
+}
+
+/// Whether a field the template (or the injection) sets says what its absence says: a
+/// `resizePolicy` that restarts for nothing, as a container without one behaves (a native sidecar
+/// injected before the default one was written holds it).
+pub fn is_implied(key: &str, value: &Value) -> bool {
+    key == "resizePolicy" && crate::injection::native::restarts_nothing(value)
+}
+
+/// A container without its `resources`, for comparing an injected container with its template:
+/// its resources change by in-place resizes (`kubectl patch --subresource resize`, vertical
+/// autoscalers), which are not template changes.
+pub fn without_resources(container: &Value) -> Value {
+    let mut container = container.clone();
+    if let Value::Object(fields) = &mut container {
+        fields.remove("resources");
+    }
+    container
 }
 
 /// A value for a message, with pod-derived fields shown as such.

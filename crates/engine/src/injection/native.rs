@@ -8,6 +8,13 @@
 //! newer; an older kubelet would wait for the init container to finish, and the pod would never
 //! start. So `native` and `auto` make classic containers where the kubelets the pod may run on are
 //! older (see `nodes` for which kubelets count).
+//!
+//! A native sidecar also gets a `resizePolicy` that resizes cpu and memory in place
+//! (`NotRequired`) unless its template gives one: a vertical autoscaler or `kubectl patch
+//! --subresource resize` then never restarts it. The kubelet treats an absent `resizePolicy` the
+//! same way (the API server stopped writing it as a default in 1.33), so a native sidecar injected
+//! before it was written is the same sidecar: comparisons take an absent one for this default
+//! ([`restarts_nothing`]).
 
 use serde_json::Value;
 
@@ -68,9 +75,33 @@ pub enum Concern {
     ClassicInJob,
 }
 
-/// Makes a rendered sidecar a native sidecar (an init container that restarts always).
+/// The resources a native sidecar resizes in place unless its template says otherwise.
+const RESIZED_IN_PLACE: [&str; 2] = ["cpu", "memory"];
+
+/// The `resizePolicy` a native sidecar gets when its template gives none: cpu and memory resize
+/// without a restart.
+pub fn default_resize_policy() -> Value {
+    RESIZED_IN_PLACE
+        .iter()
+        .map(|resource| serde_json::json!({"resourceName": resource, "restartPolicy": "NotRequired"}))
+        .collect()
+}
+
+/// Makes a rendered sidecar a native sidecar (an init container that restarts always and, unless
+/// the template says otherwise, resizes in place).
 pub fn make_native(sidecar: &mut Value) {
     sidecar["restartPolicy"] = Value::from(RESTART_ALWAYS);
+    if sidecar.get("resizePolicy").is_none() {
+        sidecar["resizePolicy"] = default_resize_policy();
+    }
+}
+
+/// Whether a `resizePolicy` restarts the container for no resource: what a container without one
+/// does, so a container without one holds it.
+pub fn restarts_nothing(resize_policy: &Value) -> bool {
+    resize_policy.as_array().is_some_and(|entries| {
+        entries.iter().all(|entry| entry.get("restartPolicy").is_none_or(|policy| policy == "NotRequired"))
+    })
 }
 
 /// Whether an init container of a pod is a native sidecar.
@@ -95,5 +126,13 @@ mod tests {
         let mut sidecar = serde_json::json!({"name": "s"});
         make_native(&mut sidecar);
         assert!(is_native_sidecar(&sidecar));
+        assert_eq!(sidecar["resizePolicy"], default_resize_policy());
+        assert!(restarts_nothing(&sidecar["resizePolicy"]));
+        // The template's own policy is kept.
+        let own = serde_json::json!([{"resourceName": "memory", "restartPolicy": "RestartContainer"}]);
+        let mut sidecar = serde_json::json!({"name": "s", "resizePolicy": own});
+        make_native(&mut sidecar);
+        assert_eq!(sidecar["resizePolicy"], own);
+        assert!(!restarts_nothing(&own));
     }
 }

@@ -274,6 +274,13 @@ impl<'p> PodFound<'p> {
         additions: &Additions,
     ) -> Option<Result<Resized, Vec<String>>> {
         let now = pod_resources::PodLevel::of(pod)?;
+        // Only kept items, no container added: the kept padding stands as recorded, even where
+        // the kept containers were resized in place since (a resize is not an injection).
+        if let (None, Some(padding), true, true) =
+            (&previous.pod_resources, &kept.pod_resources, additions.init.is_empty(), additions.containers.is_empty())
+        {
+            return Some(Ok(Resized { padded: now.clone(), now, padding: padding.clone() }));
+        }
         let author: pod_resources::Containers = (
             staying(self.init_containers, &self.removed_init, &kept.init_containers, true),
             staying(Some(self.containers), &self.removed_containers, &kept.containers, true),

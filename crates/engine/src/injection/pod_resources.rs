@@ -203,22 +203,24 @@ pub fn padding(author: &PodLevel, before: &Containers<'_>, after: &Containers<'_
 }
 
 /// Whether `claimed` (a status annotation's padding) is exactly what the pod's injected
-/// containers (`injected_init`, `injected`: the names proven to be the injector's) account for:
-/// only then may it be taken back. A claim is the pod author's word otherwise, and taking it
-/// back would rewrite values the author wrote.
-pub fn proves(pod: &Value, claimed: &Padding, injected_init: &[String], injected: &[String]) -> bool {
+/// containers account for: only then may it be taken back. `injected` gives, for each container
+/// proven to be the injector's, its rendering: the padding was computed from that, and a container
+/// resized in place since (or the pod-level values resized, beta since 1.36) does not change it.
+/// A claim is the pod author's word otherwise, and taking it back would rewrite values the author
+/// wrote.
+pub fn proves<'r>(pod: &'r Value, claimed: &Padding, injected: &dyn Fn(&str) -> Option<&'r Value>) -> bool {
     let Some(now) = PodLevel::of(pod) else { return false };
     let Some(authors) = now.with(claimed, -1) else { return false };
     let list = |field: &str| -> Vec<&Value> {
         pod.get("spec").and_then(|s| s.get(field)).and_then(Value::as_array).into_iter().flatten().collect()
     };
+    let rendered = |c: &Value| c.get("name").and_then(Value::as_str).and_then(injected);
+    let author_only = |items: &[&'r Value]| items.iter().copied().filter(|c| rendered(c).is_none()).collect::<Vec<_>>();
+    let as_rendered = |items: &[&'r Value]| items.iter().map(|c| rendered(c).unwrap_or(c)).collect::<Vec<_>>();
     let (init, containers) = (list("initContainers"), list("containers"));
-    fn author_only<'p>(items: &[&'p Value], names: &[String]) -> Vec<&'p Value> {
-        let named = |c: &Value| c.get("name").and_then(Value::as_str).is_some_and(|n| names.iter().any(|x| x == n));
-        items.iter().copied().filter(|c| !named(c)).collect()
-    }
-    let before: Containers = (author_only(&init, injected_init), author_only(&containers, injected));
-    let recomputed = padding(&authors, &before, &(init, containers));
+    let before: Containers = (author_only(&init), author_only(&containers));
+    let after: Containers = (as_rendered(&init), as_rendered(&containers));
+    let recomputed = padding(&authors, &before, &after);
     // The amounts compared as quantities, not as text.
     let same = |a: &BTreeMap<String, String>, b: &BTreeMap<String, String>| {
         a.len() == b.len()

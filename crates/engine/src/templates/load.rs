@@ -186,6 +186,16 @@ enum Identified {
 pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -> Result<(), TemplateError> {
     use k8s_openapi::api::core::v1::Container;
 
+    // The API server refuses a resize policy on an init container that runs to completion.
+    if let Some(index) = rendered.init_containers.iter().position(|c| c.get("resizePolicy").is_some()) {
+        return Err(TemplateError::at(
+            &template.name,
+            0,
+            format!(
+                "inject.initContainers[{index}].resizePolicy: an init container that runs to completion cannot be resized in place (the API server refuses the field there); only sidecars take a resizePolicy"
+            ),
+        ));
+    }
     // (section, items, their type, what must identify each item)
     let section = |name: String, items, conforms, identified| Section { name, items, conforms, identified };
     let containers = [
@@ -281,6 +291,10 @@ mod tests {
             (
                 "inject:\n  sidecars:\n    - {name: Agent, image: i}\n",
                 "inject.sidecars[0].name is \"Agent\": a lowercase RFC 1123 label",
+            ),
+            (
+                "inject:\n  initContainers:\n    - {name: setup, image: i, resizePolicy: [{resourceName: cpu, restartPolicy: NotRequired}]}\n",
+                "inject.initContainers[0].resizePolicy: an init container that runs to completion cannot be resized in place",
             ),
             (
                 "inject:\n  hostAliases:\n    - {ip: db.internal, hostnames: [db]}\n",
