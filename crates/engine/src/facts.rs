@@ -37,6 +37,9 @@ pub struct ClusterFacts {
     pub native_sidecars: bool,
     /// What decided it (see `nodes`).
     pub rule: NativeRule,
+    /// Whether the API server accepts a `resizePolicy` on a native sidecar (1.33 or newer): only
+    /// then does one get the default policy (`native::make_native`).
+    pub sidecar_resize_policy: bool,
 }
 
 /// The rule that decided whether native sidecars start (`explain` says it).
@@ -96,7 +99,7 @@ impl Default for ClusterFacts {
 impl ClusterFacts {
     /// Facts decided by the API server's version.
     pub fn api_server(native_sidecars: bool) -> Self {
-        ClusterFacts { native_sidecars, rule: NativeRule::ApiServer }
+        ClusterFacts { native_sidecars, rule: NativeRule::ApiServer, sidecar_resize_policy: true }
     }
 
     /// Facts for a Kubernetes version, as reported by `/version` (`major` "1", `minor` "33" or
@@ -104,7 +107,10 @@ impl ClusterFacts {
     pub fn from_version(major: &str, minor: &str) -> Option<Self> {
         let major: u32 = major.trim().parse().ok()?;
         let minor: u32 = minor.trim().trim_end_matches('+').parse().ok()?;
-        Some(ClusterFacts::api_server(crate::injection::native::supported_by((major, minor))))
+        Some(ClusterFacts {
+            sidecar_resize_policy: (major, minor) >= crate::injection::native::SIDECAR_RESIZE_POLICY_SINCE,
+            ..ClusterFacts::api_server(crate::injection::native::supported_by((major, minor)))
+        })
     }
 
     /// Facts for a version written `1.33` or `v1.33.2`.
@@ -125,7 +131,12 @@ mod tests {
             let facts = ClusterFacts::from_version(major, minor);
             assert_eq!(facts.map(|f| f.native_sidecars).unwrap_or(false), native, "{major}.{minor}");
         }
-        assert_eq!(ClusterFacts::from_version_string("v1.28.3"), Some(ClusterFacts::api_server(false)));
+        // A resizePolicy on a native sidecar: accepted since 1.33.
+        for (minor, accepted) in [("32", false), ("33", true), ("37", true)] {
+            assert_eq!(ClusterFacts::from_version("1", minor).unwrap().sidecar_resize_policy, accepted, "1.{minor}");
+        }
+        let old = ClusterFacts { sidecar_resize_policy: false, ..ClusterFacts::api_server(false) };
+        assert_eq!(ClusterFacts::from_version_string("v1.28.3"), Some(old));
         assert_eq!(ClusterFacts::from_version_string("1.33"), Some(ClusterFacts::api_server(true)));
         assert_eq!(ClusterFacts::from_version_string("banana"), None);
     }

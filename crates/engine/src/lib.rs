@@ -200,7 +200,7 @@ impl Engine {
         selected: &[&Arc<Template>],
         choice: &Choice,
         render_one: &RenderFor<'_>,
-        native: &dyn Fn(&Template, &RenderedTemplate) -> bool,
+        to_plan: &dyn Fn(&Template, RenderedTemplate) -> PlannedTemplate,
         warnings: &mut Vec<Warning>,
     ) -> ClaimCheck {
         let base = Arc::new(claims::strip::strip_injection(pod, claim));
@@ -236,9 +236,7 @@ impl Engine {
             let planned: Vec<PlannedTemplate> = renderings
                 .into_iter()
                 .zip(selected)
-                .filter_map(|(r, t)| {
-                    r.map(|rendered| PlannedTemplate { native_sidecars: native(t, &rendered), rendered })
-                })
+                .filter_map(|(r, t)| r.map(|rendered| to_plan(t, rendered)))
                 .collect();
             if planned.len() == selected.len() {
                 let reason = planned.is_empty().then(|| choice.summary_of_none());
@@ -504,15 +502,20 @@ impl Engine {
                 false => injection::render::render(template, &subject, annotations, &request.namespace),
             }
         };
-        let native = |template: &Template, rendered: &RenderedTemplate| {
-            injection::native::is_native(sidecar_mode(template, rendered), request.cluster.native_sidecars)
+        let to_plan = |template: &Template, rendered: RenderedTemplate| PlannedTemplate {
+            native_sidecars: injection::native::is_native(
+                sidecar_mode(template, &rendered),
+                request.cluster.native_sidecars,
+            ),
+            sidecar_resize_policy: request.cluster.sidecar_resize_policy,
+            rendered,
         };
 
         // The status annotation is a claim (see `ownership`): what it proves decides what may go.
         let (owned, base) = match &claim {
             None => (InjectionStatus::default(), request.pod.clone()),
             Some(claim) => {
-                match self.check_claim(pod, claim, &selected, &choice, &render_one, &native, &mut warnings) {
+                match self.check_claim(pod, claim, &selected, &choice, &render_one, &to_plan, &mut warnings) {
                     ClaimCheck::Replace { owned, base } => (owned, base),
                     ClaimCheck::Decided(outcome) => return decision(Some(choice), outcome, warnings),
                 }
@@ -541,7 +544,7 @@ impl Engine {
                 Ok(mut rendered) => {
                     warnings.append(&mut rendered.warnings);
                     warnings.extend(sidecar_mode_warnings(template, &rendered, request.cluster, &owner));
-                    planned.push(PlannedTemplate { native_sidecars: native(template, &rendered), rendered });
+                    planned.push(to_plan(template, rendered));
                 }
                 Err(e) => {
                     return decision(Some(choice), Outcome::Denied(Denial::Render(e)), warnings);

@@ -990,6 +990,18 @@ fn a_sidecar_resized_in_place_is_still_injected_and_up_to_date_and_never_rewritt
     let sidecar = |pod: &Value| pod["spec"]["initContainers"][0].clone();
     assert_eq!(sidecar(&injected)["resizePolicy"], injection::native::default_resize_policy());
 
+    // An API server older than 1.33 refuses a resizePolicy on a native sidecar: none is written,
+    // and the pod is up to date for a newer one (no policy is what the default says).
+    let old_api_server = facts::ClusterFacts::from_version("1", "32").unwrap();
+    let mut on_old = request(pod.clone(), opted_in("shop", &[]));
+    on_old.cluster = old_api_server;
+    let Outcome::Inject(old_injection) = engine.evaluate(&on_old).outcome else { panic!("expected an injection") };
+    let injected_on_old = apply(&pod, &old_injection.patch);
+    assert_eq!(sidecar(&injected_on_old)["restartPolicy"], "Always");
+    assert_eq!(sidecar(&injected_on_old).get("resizePolicy"), None);
+    let outcome = engine.evaluate(&request(injected_on_old, opted_in("shop", &[]))).outcome;
+    assert!(matches!(outcome, Outcome::UpToDate(_)), "{outcome:?}");
+
     // A vertical autoscaler lowers the sidecar in place, then the pod-level values are resized.
     let mut resized = injected.clone();
     resized["spec"]["initContainers"][0]["resources"] =

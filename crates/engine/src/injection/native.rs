@@ -21,6 +21,9 @@ use serde_json::Value;
 /// The first Kubernetes version whose kubelet runs native sidecars.
 pub const NATIVE_SINCE: (u32, u32) = (1, 29);
 
+/// The first Kubernetes version whose API server accepts a `resizePolicy` on a native sidecar.
+pub const SIDECAR_RESIZE_POLICY_SINCE: (u32, u32) = (1, 33);
+
 /// The `restartPolicy` of an init container that makes it a native sidecar.
 pub const RESTART_ALWAYS: &str = "Always";
 

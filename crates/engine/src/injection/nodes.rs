@@ -150,6 +150,7 @@ impl NodePool {
         let facts = |version: (u32, u32), rule: fn((u32, u32), u32) -> NativeRule, nodes: usize| ClusterFacts {
             native_sidecars: crate::injection::native::supported_by(version),
             rule: rule(version, nodes as u32),
+            sidecar_resize_policy: api_server.sidecar_resize_policy,
         };
         if let Some(name) = spec.and_then(|s| s.get("nodeName")).and_then(Value::as_str)
             && let Some(version) = known.iter().find(|n| n.name == name).and_then(|n| n.kubelet)
@@ -283,7 +284,7 @@ mod tests {
             node("new-2", "new", "v1.31.0-eks-1"),
             node("odd", "new", "fake"),
         ]);
-        let api = ClusterFacts { native_sidecars: true, rule: NativeRule::ApiServer };
+        let api = ClusterFacts::api_server(true);
         let affinity = |terms: Value| json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}});
         // (case, pod spec, native, rule)
         let cases = [

@@ -45,6 +45,9 @@ pub struct PlannedTemplate {
     pub rendered: RenderedTemplate,
     /// Sidecars as init containers with `restartPolicy: Always`.
     pub native_sidecars: bool,
+    /// Whether native sidecars get the default `resizePolicy` where the template gives none (the
+    /// API server accepts one on them since 1.33: `ClusterFacts::sidecar_resize_policy`).
+    pub sidecar_resize_policy: bool,
 }
 
 /// The result of planning: the patch and the status it writes.
@@ -135,7 +138,11 @@ pub fn plan(
 
     // Claiming is over: the added items leave the templates.
     let mut take = |picks: Vec<Pick>| -> Vec<Value> {
-        picks.into_iter().map(|pick| whole_items[pick.template].take(pick.kind, pick.index)).collect()
+        let resize_policy = |template: usize| templates[template].sidecar_resize_policy;
+        picks
+            .into_iter()
+            .map(|pick| whole_items[pick.template].take(pick.kind, pick.index, resize_policy(pick.template)))
+            .collect()
     };
     let mut additions = Additions {
         init: take(picks.init),
@@ -989,8 +996,9 @@ impl WholeItems {
         }
     }
 
-    /// Moves one item out (each is added at most once: its name is claimed once).
-    fn take(&mut self, kind: WholeKind, index: usize) -> Value {
+    /// Moves one item out (each is added at most once: its name is claimed once), shaped for
+    /// where it goes; without the default `resizePolicy` where the API server would refuse it.
+    fn take(&mut self, kind: WholeKind, index: usize, sidecar_resize_policy: bool) -> Value {
         let list = match kind {
             WholeKind::Container(Placement::Init) => &mut self.init_containers,
             WholeKind::Container(_) => &mut self.sidecars,
@@ -998,7 +1006,14 @@ impl WholeItems {
         };
         let mut item = std::mem::take(&mut list[index]);
         if let WholeKind::Container(placement) = kind {
+            let own_policy = item.get("resizePolicy").is_some();
             placement.shape(&mut item);
+            if !sidecar_resize_policy
+                && !own_policy
+                && let Value::Object(fields) = &mut item
+            {
+                fields.remove("resizePolicy");
+            }
         }
         item
     }

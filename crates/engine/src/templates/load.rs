@@ -186,13 +186,14 @@ enum Identified {
 pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -> Result<(), TemplateError> {
     use k8s_openapi::api::core::v1::Container;
 
-    // The API server refuses a resize policy on an init container that runs to completion.
+    // An init container that runs to completion is never resized: a resize policy says nothing
+    // there (and the API server refuses `RestartContainer` on it since 1.36).
     if let Some(index) = rendered.init_containers.iter().position(|c| c.get("resizePolicy").is_some()) {
         return Err(TemplateError::at(
             &template.name,
             0,
             format!(
-                "inject.initContainers[{index}].resizePolicy: an init container that runs to completion cannot be resized in place (the API server refuses the field there); only sidecars take a resizePolicy"
+                "inject.initContainers[{index}].resizePolicy: an init container that runs to completion is never resized in place, so a resize policy means nothing there (the API server refuses RestartContainer on it); only sidecars take a resizePolicy"
             ),
         ));
     }
@@ -294,7 +295,7 @@ mod tests {
             ),
             (
                 "inject:\n  initContainers:\n    - {name: setup, image: i, resizePolicy: [{resourceName: cpu, restartPolicy: NotRequired}]}\n",
-                "inject.initContainers[0].resizePolicy: an init container that runs to completion cannot be resized in place",
+                "inject.initContainers[0].resizePolicy: an init container that runs to completion is never resized in place",
             ),
             (
                 "inject:\n  hostAliases:\n    - {ip: db.internal, hostnames: [db]}\n",
