@@ -14,7 +14,8 @@
 //!
 //! Two strengths of match, for two uses:
 //! - **present**: the pod's item holds every field the template sets (other mutators may have added
-//!   fields, as `/validate` allows). Enough to call a pod *up to date*, which removes nothing.
+//!   fields, as `/validate` allows), a container's `resources` apart (resized in place since, which
+//!   is not a template change). Enough to call a pod *up to date*, which removes nothing.
 //! - **owned**: the pod's item is exactly the rendering, apart from what the API server adds by
 //!   itself (field defaults, the service-account token mount) and the native-sidecar
 //!   `restartPolicy`. Required before an item may be *removed* or replaced, so that nothing the
