@@ -185,8 +185,9 @@ enum ClaimCheck {
     /// the missing items added.
     Decided(Outcome),
     /// A fresh injection, which may remove only `owned` (the provably injected items), rendered
-    /// for `base` (the pod without them).
-    Replace { owned: InjectionStatus, base: Arc<Value> },
+    /// for `base` (the pod without them); the containers named in `carried` keep the pod's
+    /// `resources` (resized in place since their injection; `None`: it has none).
+    Replace { owned: InjectionStatus, base: Arc<Value>, carried: BTreeMap<String, Option<Value>> },
 }
 
 impl Engine {
@@ -258,11 +259,71 @@ impl Engine {
             }
         }
         warnings.extend(doubted(assessed.doubts.iter().cloned()));
-        let base = match claims::ownership::owns_everything(&assessed, claim) {
+        let (owned, carried) =
+            self.carry_resized(assessed, claim, selected, &base, &base_annotations, render_one, warnings);
+        let base = match claims::ownership::owns_all(&owned, claim) {
             true => base,
-            false => Arc::new(claims::strip::strip_injection(pod, &assessed.owned)),
+            false => Arc::new(claims::strip::strip_injection(pod, &owned)),
         };
-        ClaimCheck::Replace { owned: assessed.owned, base }
+        ClaimCheck::Replace { owned, base, carried }
+    }
+
+    /// Which containers resized in place since their injection (`Ownership::resized`) are
+    /// replaced by their templates' current versions with the pod's `resources` carried over:
+    /// those a current version renders with the same resources as the claimed one did, when that
+    /// makes every claimed item the injector's own (so the versions rendered here, for the pod
+    /// without the claimed items, are the ones planned). The resources may be the author's (the
+    /// claim travels with copies), so they stay; a container whose template now sets other
+    /// resources is kept as the pod's own, with a warning.
+    #[allow(clippy::too_many_arguments)]
+    fn carry_resized(
+        &self,
+        assessed: claims::ownership::Ownership,
+        claim: &InjectionStatus,
+        selected: &[&Arc<Template>],
+        base: &Arc<Value>,
+        base_annotations: &BTreeMap<String, String>,
+        render_one: &RenderFor<'_>,
+        warnings: &mut Vec<Warning>,
+    ) -> (InjectionStatus, BTreeMap<String, Option<Value>>) {
+        let mut owned = assessed.owned;
+        let mut carried = BTreeMap::new();
+        if !assessed.resized.is_empty() {
+            let current: Vec<RenderedTemplate> =
+                selected.iter().filter_map(|t| render_one(t, base, base_annotations).ok()).collect();
+            let mut with_carried = owned.clone();
+            for resized in &assessed.resized {
+                let renders_the_same = current.iter().any(|rendered| {
+                    let mut containers = rendered.init_containers.iter().chain(&rendered.sidecars);
+                    containers.any(|c| {
+                        c.get("name").and_then(Value::as_str) == Some(&resized.name)
+                            && c.get("resources") == resized.rendered_resources.as_ref()
+                    })
+                });
+                if renders_the_same {
+                    resized.placement.record(&mut with_carried, &resized.name);
+                    carried.insert(resized.name.clone(), resized.resources.clone());
+                }
+            }
+            match claims::ownership::owns_all(&with_carried, claim) {
+                true => {
+                    with_carried.pod_resources = assessed.present.pod_resources;
+                    owned = with_carried;
+                }
+                false => carried.clear(),
+            }
+        }
+        for resized in assessed.resized.iter().filter(|r| !carried.contains_key(&r.name)) {
+            warnings.push(Warning::new(
+                WarningCode::ClaimDoubted,
+                format!(
+                    "{} {:?} was resized in place (its resources are not the template's) and its template now renders it otherwise: it counts as injected, and is kept as the pod's own rather than replaced",
+                    resized.placement.item_kind().describe(),
+                    resized.name
+                ),
+            ));
+        }
+        (owned, carried)
     }
 }
 
@@ -295,6 +356,24 @@ fn refuse_or_admit(
             Outcome::Inject(injection::plan::Injection { skipped_as: Some(reason), ..recorded })
         }
         _ => Outcome::OutOfScope(reason),
+    }
+}
+
+/// Gives the containers named in `carried` the resources they had in the pod (see
+/// `Engine::carry_resized`).
+fn carry_resources(rendered: &mut RenderedTemplate, carried: &BTreeMap<String, Option<Value>>) {
+    if carried.is_empty() {
+        return;
+    }
+    for container in rendered.init_containers.iter_mut().chain(&mut rendered.sidecars) {
+        let name = container.get("name").and_then(Value::as_str);
+        let Some(resources) = name.and_then(|n| carried.get(n)).cloned() else { continue };
+        if let Value::Object(fields) = container {
+            match resources {
+                Some(resources) => drop(fields.insert("resources".to_owned(), resources)),
+                None => drop(fields.remove("resources")),
+            }
+        }
     }
 }
 
@@ -512,11 +591,11 @@ impl Engine {
         };
 
         // The status annotation is a claim (see `ownership`): what it proves decides what may go.
-        let (owned, base) = match &claim {
-            None => (InjectionStatus::default(), request.pod.clone()),
+        let (owned, base, carried) = match &claim {
+            None => (InjectionStatus::default(), request.pod.clone(), BTreeMap::new()),
             Some(claim) => {
                 match self.check_claim(pod, claim, &selected, &choice, &render_one, &to_plan, &mut warnings) {
-                    ClaimCheck::Replace { owned, base } => (owned, base),
+                    ClaimCheck::Replace { owned, base, carried } => (owned, base, carried),
                     ClaimCheck::Decided(outcome) => return decision(Some(choice), outcome, warnings),
                 }
             }
@@ -542,6 +621,7 @@ impl Engine {
             }
             match render_one(template, &base, &base_annotations) {
                 Ok(mut rendered) => {
+                    carry_resources(&mut rendered, &carried);
                     warnings.append(&mut rendered.warnings);
                     warnings.extend(sidecar_mode_warnings(template, &rendered, request.cluster, &owner));
                     planned.push(to_plan(template, rendered));

@@ -982,7 +982,7 @@ fn pod_level_resources_are_padded_and_recorded_and_taken_back_exactly() {
 }
 
 #[test]
-fn a_sidecar_resized_in_place_is_still_injected_and_up_to_date_and_never_rewritten() {
+fn a_sidecar_resized_in_place_stays_injected_and_keeps_its_resources() {
     let engine = engine(&[("agent", BUDGETED)]);
     let pod = budgeted_pod("128Mi");
     let injection = inject(&engine, &pod);
@@ -1018,24 +1018,40 @@ fn a_sidecar_resized_in_place_is_still_injected_and_up_to_date_and_never_rewritt
     let stripped = crate::claims::strip::strip_injection(&pod_level_resized, &injection.status);
     assert_eq!(stripped["spec"]["resources"]["requests"]["cpu"], json!("200m"));
 
-    // A new template version: the resized sidecar's resources may be the author's (the claim
-    // travels with copies), so it is kept as it is, not replaced, and the warning says why.
-    let (set, errors) = engine.templates.update(
-        [TemplateSource { name: "agent".into(), text: BUDGETED.replace("agent:1", "agent:2") }],
-        &template::InProcess,
-    );
-    assert!(errors.is_empty(), "{errors:?}");
-    let v2 = Engine::new(set, engine.excluded_namespaces.clone());
-    let decision = v2.evaluate(&request(resized.clone(), opted_in("shop", &[])));
-    let Outcome::Inject(reinjection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    // A new template version with a new image: the resized sidecar is replaced, its resources
+    // carried over (they may be the author's: the claim travels with copies), and the padding is
+    // what the carried resources add.
+    let edited = |text: String| {
+        let (set, errors) =
+            engine.templates.update([TemplateSource { name: "agent".into(), text }], &template::InProcess);
+        assert!(errors.is_empty(), "{errors:?}");
+        Engine::new(set, engine.excluded_namespaces.clone())
+    };
+    let v2 = edited(BUDGETED.replace("agent:1", "agent:2"));
+    let Outcome::Inject(reinjection) = v2.evaluate(&request(resized.clone(), opted_in("shop", &[]))).outcome else {
+        panic!("expected a re-injection")
+    };
     let after = apply(&resized, &reinjection.patch);
-    assert_eq!(sidecar(&after), sidecar(&resized), "the resized sidecar is untouched");
-    assert!(decision.warnings.iter().any(|w| w.message.contains("was resized in place")), "{:?}", decision.warnings);
-    // The same sidecar as injected (not resized) is the injector's own and is replaced.
+    assert_eq!(sidecar(&after)["image"], "agent:2");
+    assert_eq!(sidecar(&after)["resources"], sidecar(&resized)["resources"]);
+    assert_eq!(after["spec"]["resources"]["requests"]["cpu"], "105m", "100m the author's, 5m the sidecar's");
+    assert_eq!(
+        crate::claims::strip::strip_injection(&after, &reinjection.status)["spec"]["resources"],
+        pod["spec"]["resources"]
+    );
+    // The same sidecar as injected (not resized) is replaced with the template's resources.
     let Outcome::Inject(replaced) = v2.evaluate(&request(injected.clone(), opted_in("shop", &[]))).outcome else {
         panic!("expected a re-injection")
     };
-    assert_eq!(sidecar(&apply(&injected, &replaced.patch))["image"], "agent:2");
+    assert_eq!(sidecar(&apply(&injected, &replaced.patch))["resources"], sidecar(&injected)["resources"]);
+
+    // A version that sets other resources: the resized ones may be the author's, so the sidecar
+    // is kept as it is, not replaced, and the warning says why.
+    let v3 = edited(BUDGETED.replace("cpu: 10m", "cpu: 20m"));
+    let decision = v3.evaluate(&request(resized.clone(), opted_in("shop", &[])));
+    let Outcome::Inject(reinjection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    assert_eq!(sidecar(&apply(&resized, &reinjection.patch)), sidecar(&resized), "the resized sidecar is untouched");
+    assert!(decision.warnings.iter().any(|w| w.message.contains("was resized in place")), "{:?}", decision.warnings);
 }
 
 /// The skip of a pod the injection would have made invalid: left as written, but for the status

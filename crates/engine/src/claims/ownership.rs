@@ -48,6 +48,23 @@ pub struct Ownership {
     pub altered: Vec<String>,
     /// Why claimed items are not treated as the injector's own, one sentence each.
     pub doubts: Vec<String>,
+    /// Claimed containers that are exactly their template's but for their `resources` (resized in
+    /// place since): present, not owned. The engine replaces one only with its resources carried
+    /// over (`Engine::check_claim`).
+    pub resized: Vec<ResizedContainer>,
+}
+
+/// A claimed container resized in place since its injection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResizedContainer {
+    /// Its name.
+    pub name: String,
+    /// Where the claim says it was put.
+    pub placement: Placement,
+    /// Its `resources` in the pod (`None`: it has none).
+    pub resources: Option<Value>,
+    /// The `resources` the claimed template version renders for it.
+    pub rendered_resources: Option<Value>,
 }
 
 /// Checks every item `claim` names against the pod and the claimed templates' renderings (one per
@@ -55,14 +72,13 @@ pub struct Ownership {
 pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<&RenderedTemplate>]) -> Ownership {
     let mut owned = InjectionStatus { templates: claim.templates.clone(), ..InjectionStatus::default() };
     let mut present = owned.clone();
-    let mut judged = Judge { claim, doubts: Vec::new(), altered: Vec::new(), all_present: true };
-    let mut judge =
-        |kind, name: &str, container, expected, actual| judged.judge(kind, name, container, expected, actual);
+    let mut judged = Judge { claim, doubts: Vec::new(), altered: Vec::new(), all_present: true, resized: false };
     let spec_list = |field: &str| pod.get("spec").and_then(|s| s.get(field)).and_then(Value::as_array);
     let find = |items: Option<&'p Vec<Value>>, key: &str, name: &str| find_in(items?, key, name);
 
     // The claimed containers as their templates render them, which the pod-level padding is proven against.
     let mut rendered_containers = BTreeMap::new();
+    let mut resized = Vec::new();
     for list in &CONTAINER_LISTS {
         for name in (list.claimed)(claim) {
             let placement = Placement::of_claim(list, claim, name);
@@ -70,8 +86,19 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             if let Some(expected) = &expected {
                 rendered_containers.insert(name.as_str(), expected.clone());
             }
-            let found =
-                judge(list.kind, name, None, expected.map(Resizable), find(spec_list(list.field), "name", name));
+            let actual = find(spec_list(list.field), "name", name);
+            let found = judged.judge(list.kind, name, None, expected.map(Resizable), actual);
+            if std::mem::take(&mut judged.resized) {
+                resized.push(ResizedContainer {
+                    name: name.clone(),
+                    placement,
+                    resources: actual.and_then(|c| c.get("resources")).cloned(),
+                    rendered_resources: rendered_containers
+                        .get(name.as_str())
+                        .and_then(|c| c.get("resources"))
+                        .cloned(),
+                });
+            }
             found.record(name, (list.claimed_mut)(&mut present), (list.claimed_mut)(&mut owned));
             if placement == Placement::NativeSidecar {
                 found.record(name, &mut present.native_sidecars, &mut owned.native_sidecars);
@@ -82,7 +109,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
         for identity in (kind.claimed)(claim) {
             let expected = renderings.iter().flatten().find_map(|r| kind.find(r.pod_list(kind), identity).cloned());
             let actual = spec_list(kind.field).and_then(|items| kind.find(items, identity));
-            let found = judge(kind.kind, identity, None, expected.map(Fixed), actual);
+            let found = judged.judge(kind.kind, identity, None, expected.map(Fixed), actual);
             found.record(identity, (kind.claimed_mut)(&mut present), (kind.claimed_mut)(&mut owned));
         }
     }
@@ -95,7 +122,8 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             }
             let expected =
                 renderings.iter().flatten().find_map(|r| r.map(kind).get(key).map(|v| Value::String(v.clone())));
-            let found = judge(kind.kind, key, None, expected.map(Fixed), metadata(kind.field).and_then(|m| m.get(key)));
+            let found =
+                judged.judge(kind.kind, key, None, expected.map(Fixed), metadata(kind.field).and_then(|m| m.get(key)));
             found.record(key, (kind.claimed_mut)(&mut present), (kind.claimed_mut)(&mut owned));
         }
     }
@@ -107,7 +135,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             for identity in (kind.claimed)(additions) {
                 let expected = renderings.iter().flatten().find_map(|r| kind.find(r.app_list(kind), identity).cloned());
                 let actual = list(kind.field).and_then(|items| kind.find(items, identity));
-                let found = judge(kind.kind, identity, Some(container), expected.map(Fixed), actual);
+                let found = judged.judge(kind.kind, identity, Some(container), expected.map(Fixed), actual);
                 found.record(identity, (kind.claimed_mut)(&mut here), (kind.claimed_mut)(&mut mine));
             }
         }
@@ -122,7 +150,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
                 (env_merge::key(&entry).as_ref() == Some(key)).then_some(entry)
             });
             let actual = list("env").and_then(|l| l.iter().rev().find(|e| env_merge::key(e).as_ref() == Some(key)));
-            let found = judge(ItemKind::EnvMerge, key, Some(container), expected.map(Fixed), actual);
+            let found = judged.judge(ItemKind::EnvMerge, key, Some(container), expected.map(Fixed), actual);
             found.record(key, &mut here.env_merges, &mut mine.env_merges);
         }
         for (status, additions) in [(&mut present, here), (&mut owned, mine)] {
@@ -160,7 +188,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
         }
     }
     let Judge { all_present, altered, doubts, .. } = judged;
-    Ownership { owned, present, all_present, altered, doubts }
+    Ownership { owned, present, all_present, altered, doubts, resized }
 }
 
 /// Judges claimed items one by one, collecting why any is not the injector's own.
@@ -169,6 +197,8 @@ struct Judge<'c> {
     doubts: Vec<String>,
     altered: Vec<String>,
     all_present: bool,
+    /// Whether the item just judged is a container resized in place (see [`Ownership::resized`]).
+    resized: bool,
 }
 
 impl Judge<'_> {
@@ -221,9 +251,7 @@ impl Judge<'_> {
                 if exact(&expected, actual) {
                     Match::Exact
                 } else if resizable && exact(&compared, &without_resources(actual)) {
-                    self.doubts.push(format!(
-                        "{what} was resized in place (its resources are not the template's): it counts as injected, and is kept as the pod's own rather than replaced"
-                    ));
+                    self.resized = true;
                     Match::Present
                 } else {
                     self.doubts.push(format!(
@@ -295,6 +323,11 @@ pub fn includes_items_of(status: &InjectionStatus, other: &InjectionStatus) -> b
 
 /// Whether every claimed item was proven to be the injector's own.
 pub fn owns_everything(ownership: &Ownership, claim: &InjectionStatus) -> bool {
+    owns_all(&ownership.owned, claim)
+}
+
+/// Whether `owned` names every item `claim` names.
+pub fn owns_all(owned: &InjectionStatus, claim: &InjectionStatus) -> bool {
     let count = |s: &InjectionStatus| {
         s.containers.len()
             + s.init_containers.len()
@@ -302,7 +335,7 @@ pub fn owns_everything(ownership: &Ownership, claim: &InjectionStatus) -> bool {
             + MAPS.iter().map(|kind| (kind.claimed)(s).iter().filter(|k| *k != kind.own_key).count()).sum::<usize>()
             + s.app_containers.values().map(AppContainerAdditions::len).sum::<usize>()
     };
-    count(&ownership.owned) == count(claim)
+    count(owned) == count(claim)
 }
 
 /// Whether `actual` is `expected` exactly, apart from what the API server adds by itself.
