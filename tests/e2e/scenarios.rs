@@ -1482,7 +1482,8 @@ inject:
 /// Scenario 33: an injected native sidecar carries `resizePolicy: NotRequired` for cpu and memory,
 /// resizes in place (`kubectl patch --subresource resize`), and stays injected: a pod created from
 /// the resized one's manifest (as `kubectl get -o yaml | kubectl create` does) is admitted as up
-/// to date by the injector and the validating webhook, its resized sidecar kept as it is.
+/// to date by the injector and the validating webhook, its resized sidecar kept as it is; after an
+/// image edit of the template, a copy gets the new image with the resized resources carried over.
 pub async fn s33_resized_sidecar_stays_injected(ctx: &mut Ctx) -> Result<()> {
     set_template(ctx, "resizable.yaml", Some(RESIZABLE)).await.context("adding the template")?;
     let result = resized_sidecar(ctx).await;
@@ -1529,5 +1530,23 @@ async fn resized_sidecar(ctx: &mut Ctx) -> Result<()> {
     ensure!(cpu(&copied) == Some(json!("80m")), "the copy's sidecar was rewritten: {:?}", cpu(&copied));
     ensure!(status(&copied) == status(&resized), "the copy was re-injected: {:?}", status(&copied));
     println!("      a copy of the resized pod admitted as up to date, its sidecar kept at cpu 80m");
+
+    // A new image for the sidecar: a copy made now gets the new version, its resized cpu carried over.
+    set_template(ctx, "resizable.yaml", Some(&RESIZABLE.replace("sizer:1", "sizer:2"))).await?;
+    let image = |pod: &Pod| sizer(pod).map(|s| s["image"].clone());
+    let served = Instant::now();
+    let mut copy = serde_json::to_value(&resized)?;
+    copy["metadata"] = json!({"name": "sized-copy-2", "labels": metadata.labels, "annotations": metadata.annotations});
+    copy.as_object_mut().context("a pod")?.remove("status");
+    let upgraded = loop {
+        let copied = ctx.dry_run_pod("e2e-shop", copy.clone()).await.map_err(|e| anyhow::anyhow!(api_message(&e)))?;
+        if image(&copied) == Some(json!("registry.example/sizer:2")) {
+            break copied;
+        }
+        ensure!(served.elapsed() < Duration::from_secs(15), "the new sizer image was never served");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    ensure!(cpu(&upgraded) == Some(json!("80m")), "the resized cpu was not carried over: {:?}", cpu(&upgraded));
+    println!("      after an image edit, a copy gets sizer:2 with the resized cpu 80m carried over");
     Ok(())
 }
