@@ -132,6 +132,7 @@ async fn run(root: &Path) -> Result<bool> {
         s31_port_collisions,
         s32_enforced_resize,
         s33_resized_sidecar_stays_injected,
+        s34_positions,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,

@@ -1550,3 +1550,68 @@ async fn resized_sidecar(ctx: &mut Ctx) -> Result<()> {
     println!("      after an image edit, a copy gets sizer:2 with the resized cpu 80m carried over");
     Ok(())
 }
+
+const POSITIONED: &str = r#"description: A secrets agent that starts before the app, and a setup step after the pod's own
+sidecarMode: container
+podSelector:
+  matchLabels: {tier: positioned}
+inject:
+  initContainers:
+    - {name: secrets-setup, image: registry.example/vault:1, position: last}
+  sidecars:
+    - {name: secrets-agent, image: registry.example/vault:1, position: first}
+"#;
+
+/// Scenario 34: `position:` on the real API server: the classic sidecar is stored before the
+/// app's containers, the init container after the pod's own, and the pod names its app as
+/// `kubectl logs`' default container (the author's own choice stands).
+pub async fn s34_positions(ctx: &mut Ctx) -> Result<()> {
+    set_template(ctx, "positioned.yaml", Some(POSITIONED)).await.context("adding the template")?;
+    let result = positioned(ctx).await;
+    set_template(ctx, "positioned.yaml", None).await?;
+    for name in ["positioned", "positioned-chosen"] {
+        let _ = ctx.pods("e2e-shop").delete(name, &DeleteParams::default()).await;
+    }
+    result
+}
+
+async fn positioned(ctx: &mut Ctx) -> Result<()> {
+    let mut pod = pod("positioned", json!({"tier": "positioned"}), json!({}));
+    pod["spec"]["initContainers"] = json!([{"name": "migrate", "image": "registry.example/migrate:1"}]);
+    pod["spec"]["containers"]
+        .as_array_mut()
+        .context("containers")?
+        .push(json!({"name": "worker", "image": "registry.example/worker:1"}));
+    pod["spec"]["nodeSelector"] = json!({"e2e.example/unschedulable": "true"});
+    let names = |list: Option<&Vec<k8s_openapi::api::core::v1::Container>>| -> Vec<String> {
+        list.into_iter().flatten().map(|c| c.name.clone()).collect()
+    };
+    let served = Instant::now();
+    while ctx
+        .dry_run_pod("e2e-shop", pod.clone())
+        .await
+        .ok()
+        .is_none_or(|p| !names(p.spec.as_ref().map(|s| &s.containers)).contains(&"secrets-agent".to_owned()))
+    {
+        ensure!(served.elapsed() < Duration::from_secs(15), "the positioned template was never served");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let created = ctx.create_pod("e2e-shop", pod.clone()).await.map_err(|e| anyhow::anyhow!(api_message(&e)))?;
+    let spec = created.spec.as_ref().context("no spec")?;
+    let (containers, init) = (names(Some(&spec.containers)), names(spec.init_containers.as_ref()));
+    ensure!(containers == ["secrets-agent", "app", "worker"], "containers stored as {containers:?}");
+    ensure!(init == ["migrate", "secrets-setup"], "init containers stored as {init:?}");
+    let default = |pod: &Pod| {
+        pod.metadata.annotations.as_ref().and_then(|a| a.get("kubectl.kubernetes.io/default-container")).cloned()
+    };
+    ensure!(default(&created).as_deref() == Some("app"), "default container: {:?}", default(&created));
+    println!("      stored: containers {containers:?}, init containers {init:?}, default container app");
+
+    let mut chosen = pod;
+    chosen["metadata"]["name"] = json!("positioned-chosen");
+    chosen["metadata"]["annotations"] = json!({"kubectl.kubernetes.io/default-container": "worker"});
+    let created = ctx.create_pod("e2e-shop", chosen).await.map_err(|e| anyhow::anyhow!(api_message(&e)))?;
+    ensure!(default(&created).as_deref() == Some("worker"), "the author's default container: {:?}", default(&created));
+    println!("      the author's default container (worker) stands");
+    Ok(())
+}

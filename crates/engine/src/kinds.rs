@@ -491,6 +491,28 @@ impl Placement {
     }
 }
 
+/// Where a template's init container or classic sidecar goes in its list (`position:`): an init
+/// container by default before the pod's own, a classic sidecar after the app's. A native
+/// sidecar always goes before the pod's init containers, which may need it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContainerPosition {
+    /// At the front of the list.
+    First,
+    /// At the end of the list.
+    Last,
+}
+
+impl ContainerPosition {
+    /// Reads the template key's value.
+    pub fn parse(text: &str) -> Option<ContainerPosition> {
+        match text {
+            "first" => Some(ContainerPosition::First),
+            "last" => Some(ContainerPosition::Last),
+            _ => None,
+        }
+    }
+}
+
 /// The description of a spec-list kind, if `kind` is one.
 pub fn pod_list_of(kind: ItemKind) -> Option<&'static PodListKind> {
     POD_LISTS.iter().find(|k| k.kind == kind)

@@ -7,6 +7,10 @@ pub const INJECTOR_NAMESPACE: &str = "sidecar-injector";
 /// Prefix of every label and annotation the injector reads or writes.
 pub const PREFIX: &str = "sidecar-injector.io/";
 
+/// The annotation `kubectl logs` and `kubectl exec` read for a pod's default container (else the
+/// first in `spec.containers`).
+pub const DEFAULT_CONTAINER_ANNOTATION: &str = "kubectl.kubernetes.io/default-container";
+
 /// Namespace label that opts a namespace in (`enabled`) and pod label that opts a pod out (`disabled`).
 pub const INJECT_LABEL: &str = "sidecar-injector.io/inject";
 /// Value of [`INJECT_LABEL`] on a namespace that opts in.

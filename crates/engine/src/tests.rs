@@ -1054,6 +1054,40 @@ fn a_sidecar_resized_in_place_stays_injected_and_keeps_its_resources() {
     assert!(decision.warnings.iter().any(|w| w.message.contains("was resized in place")), "{:?}", decision.warnings);
 }
 
+const POSITIONED: &str = r#"
+default: true
+sidecarMode: container
+inject:
+  initContainers:
+    - {name: setup, image: "setup:1", position: last}
+  sidecars:
+    - {name: agent, image: "agent:1", position: first}
+"#;
+
+#[test]
+fn positions_put_containers_where_the_template_says_and_re_injection_keeps_them_there() {
+    let v1 = engine(&[("agent", POSITIONED)]);
+    let pod = web_pod();
+    let injected = apply(&pod, &inject(&v1, &pod).patch);
+    assert_eq!(names(&injected["spec"]["containers"]), ["agent", "web", "worker"]);
+    assert_eq!(names(&injected["spec"]["initContainers"]), ["migrate", "setup"]);
+    // `kubectl logs pod/web` still shows the app.
+    assert_eq!(injected["metadata"]["annotations"][names::DEFAULT_CONTAINER_ANNOTATION], "web");
+    // The app container's own additions went to it, not to the sidecar now before it.
+    assert_eq!(injected["spec"]["containers"][1], pod["spec"]["containers"][0]);
+
+    let (set, errors) = v1.templates.update(
+        [TemplateSource { name: "agent".into(), text: POSITIONED.replace("agent:1", "agent:2") }],
+        &template::InProcess,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let v2 = Engine::new(set, v1.excluded_namespaces.clone());
+    let reinjected = apply(&injected, &inject(&v2, &injected).patch);
+    assert_eq!(reinjected, apply(&pod, &inject(&v2, &pod).patch), "re-injection equals a fresh injection");
+    assert_eq!(reinjected["spec"]["containers"][0]["image"], "agent:2");
+    assert_eq!(crate::claims::strip::strip_injection(&reinjected, &inject(&v2, &pod).status), pod);
+}
+
 /// The skip of a pod the injection would have made invalid: left as written, but for the status
 /// annotation that says why (no template, the reason), so that the companion policy admits it;
 /// or, when even that does not fit, without it.

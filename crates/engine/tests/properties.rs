@@ -163,19 +163,29 @@ fn template() -> impl Strategy<Value = String> {
             if volume.is_empty() {
                 app_lists[VOLUME_MOUNTS.index].clear();
             }
+            // Some containers say where they go (`position:`), as their name's length decides.
+            let positioned = |mut items: Value| {
+                for item in items.as_array_mut().unwrap() {
+                    let position = ["", "first", "last"][item["name"].as_str().unwrap().len() % 3];
+                    if !position.is_empty() {
+                        item["position"] = json!(position);
+                    }
+                }
+                items
+            };
             let mut doc = json!({
                 "default": true,
                 "sidecarMode": mode,
                 "values": {"v": value},
                 "inject": {
-                    "initContainers": named(&init, "i-"),
-                    "sidecars": Value::Array(sidecars.iter().map(|n| json!({
+                    "initContainers": positioned(named(&init, "i-")),
+                    "sidecars": positioned(Value::Array(sidecars.iter().map(|n| json!({
                         "name": format!("c-{n}"),
                         "image": "{{ values.v }}",
                         "args": ["{{ workload.name }}", "{{ pod.spec.containers | length }}", "{{ namespace.name }}"],
                         "volumeMounts": if sidecars_mount { json!([{"name": volume, "mountPath": "/shared"}]) } else { json!([]) },
                         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}},
-                    })).collect()),
+                    })).collect())),
                     "appContainers": {},
                 },
             });

@@ -767,6 +767,9 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
             if when.as_deref() == Some("false") {
                 continue;
             }
+            if container.is_some() && item.position.is_some() {
+                return Err("a container's position is not in the policy subset (the policy puts init containers before the pod's own and sidecars after the app's)".to_owned());
+            }
             let value = match container {
                 Some(placement) => container_value(cx, item, placement == Placement::NativeSidecar)?,
                 None => cx.guarded(item.when.as_ref(), || piece_val(cx, &item.piece))?.cel(),

@@ -33,8 +33,8 @@ use crate::injection::ports::{self, Running};
 use crate::injection::render::RenderedTemplate;
 use crate::injection::{api_limits, env_merge, native, pod_resources};
 use crate::kinds::{
-    APP_LISTS, CONTAINER_LISTS, ENV, Identity, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList, Placement, PodListKind,
-    VOLUMES, WhenHeld,
+    APP_LISTS, CONTAINER_LISTS, ContainerPosition, ENV, Identity, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList,
+    Placement, PodListKind, VOLUMES, WhenHeld,
 };
 use crate::pod::{self, PodShapeError, shape_error};
 
@@ -136,18 +136,39 @@ pub fn plan(
     }
     let Decisions { mut status, picks, added_to_maps, app_containers, merges } = claims.decide();
 
-    // Claiming is over: the added items leave the templates.
-    let mut take = |picks: Vec<Pick>| -> Vec<Value> {
-        let resize_policy = |template: usize| templates[template].sidecar_resize_policy;
-        picks
-            .into_iter()
-            .map(|pick| whole_items[pick.template].take(pick.kind, pick.index, resize_policy(pick.template)))
-            .collect()
+    // Claiming is over: the added items leave the templates, each with the position its template
+    // gives it when that moves it from where its list's additions go by default.
+    let mut take = |pick: Pick| -> (Value, bool) {
+        let planned = &templates[pick.template];
+        let item = whole_items[pick.template].take(pick.kind, pick.index, planned.sidecar_resize_policy);
+        let position = item.get("name").and_then(Value::as_str).and_then(|n| planned.rendered.positions.get(n));
+        let moved = match pick.kind {
+            WholeKind::Container(Placement::Init) => position == Some(&ContainerPosition::Last),
+            WholeKind::Container(Placement::Sidecar) => position == Some(&ContainerPosition::First),
+            _ => false,
+        };
+        (item, moved)
     };
+    // Init containers: before the pod's own, then the moved ones after them; classic sidecars:
+    // the moved ones before the app's, then the others after them.
+    let (mut init, mut init_last): (Vec<Value>, Vec<Value>) = (Vec::new(), Vec::new());
+    for (item, moved) in picks.init.into_iter().map(&mut take) {
+        if moved { init_last.push(item) } else { init.push(item) }
+    }
+    let init_at_end = init_last.len();
+    init.append(&mut init_last);
+    let (mut containers, mut containers_after): (Vec<Value>, Vec<Value>) = (Vec::new(), Vec::new());
+    for (item, moved) in picks.containers.into_iter().map(&mut take) {
+        if moved { containers.push(item) } else { containers_after.push(item) }
+    }
+    let containers_at_front = containers.len();
+    containers.append(&mut containers_after);
     let mut additions = Additions {
-        init: take(picks.init),
-        containers: take(picks.containers),
-        lists: picks.lists.map(&mut take),
+        init,
+        init_at_end,
+        containers,
+        containers_at_front,
+        lists: picks.lists.map(|list| list.into_iter().map(|pick| take(pick).0).collect()),
         maps: added_to_maps,
         pod_level: Vec::new(),
     };
@@ -292,8 +313,13 @@ impl<'p> PodFound<'p> {
             staying(self.init_containers, &self.removed_init, &kept.init_containers, true),
             staying(Some(self.containers), &self.removed_containers, &kept.containers, true),
         );
+        let (init_first, init_last) = additions.init.split_at(additions.init.len() - additions.init_at_end);
         let mut after: pod_resources::Containers = (
-            additions.init.iter().chain(staying(self.init_containers, &self.removed_init, &[], false)).collect(),
+            init_first
+                .iter()
+                .chain(staying(self.init_containers, &self.removed_init, &[], false))
+                .chain(init_last)
+                .collect(),
             staying(Some(self.containers), &self.removed_containers, &[], false),
         );
         after.1.extend(additions.containers.iter());
@@ -585,8 +611,14 @@ fn record_app_additions(status: &mut InjectionStatus, app_containers: &[AppConta
 
 /// What the patch adds, once claiming is over.
 struct Additions {
+    /// Init containers and native sidecars, in order: the last `init_at_end` go after the pod's
+    /// own, the others before them.
     init: Vec<Value>,
+    init_at_end: usize,
+    /// Classic sidecars, in order: the first `containers_at_front` go before the app's
+    /// containers, the others after them.
     containers: Vec<Value>,
+    containers_at_front: usize,
     lists: PerPodList<Vec<Value>>,
     maps: PerMap<BTreeMap<String, String>>,
     /// Pod-level resources: each changed value's path and new value.
@@ -630,7 +662,11 @@ fn write_patch<'a>(
     let init_path = ["spec", "initContainers"];
     let init_left =
         builder.removals(&init_path, &found.removed_init, found.init_names.len(), additions.init.is_empty());
-    builder.insert_front(&init_path, init_left, additions.init);
+    let mut init = additions.init;
+    let init_last = init.split_off(init.len() - additions.init_at_end);
+    let init_exists = init_left || !init.is_empty();
+    builder.insert_front(&init_path, init_left, init);
+    builder.append(&init_path, init_exists, init_last);
 
     // The app containers stay, so the list is never removed whole.
     builder.removals(&["spec", "containers"], &found.removed_containers, usize::MAX, false);
@@ -643,7 +679,11 @@ fn write_patch<'a>(
             builder.append(&path, left, list.added.iter().filter(|a| !a.kept).map(|a| a.item.clone()).collect());
         }
     }
-    builder.append(&["spec", "containers"], true, additions.containers);
+    // After the app containers' own operations, which address them by their index before these.
+    let mut containers_first = additions.containers;
+    let containers_after = containers_first.split_off(additions.containers_at_front);
+    builder.append(&["spec", "containers"], true, containers_after);
+    builder.insert_front(&["spec", "containers"], true, containers_first);
 
     for (list, new) in found.lists.iter().zip(additions.lists) {
         let path = ["spec", list.kind.field];

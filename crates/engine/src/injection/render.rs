@@ -27,7 +27,8 @@ use crate::findings::{Warning, WarningCode};
 use crate::injection::compare::POD_DERIVED;
 use crate::injection::env_merge::EnvMerge;
 use crate::kinds::{
-    APP_LISTS, AppListKind, ENV, MAPS, MapKind, PerAppList, PerMap, PerPodList, Placement, PodListKind,
+    ANNOTATIONS, APP_LISTS, AppListKind, ContainerPosition, ENV, MAPS, MapKind, PerAppList, PerMap, PerPodList,
+    Placement, PodListKind,
 };
 use crate::names;
 use crate::templates::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
@@ -53,6 +54,8 @@ pub struct RenderedTemplate {
     pub init_containers: Vec<Value>,
     /// Sidecar containers (native or classic is decided when planning).
     pub sidecars: Vec<Value>,
+    /// The `position:` the template gives its init containers and sidecars, by name.
+    pub positions: BTreeMap<String, ContainerPosition>,
     /// The items of each kind of spec list (`kinds::POD_LISTS`), see
     /// [`RenderedTemplate::pod_list`].
     pub pod_lists: PerPodList<Vec<Value>>,
@@ -236,8 +239,9 @@ fn render_with(
             false => renderer.items(items).map_err(err)?,
         };
     }
-    let mut init_containers = renderer.items(&spec.init_containers).map_err(err)?;
-    let mut sidecars = renderer.items(&spec.sidecars).map_err(err)?;
+    let mut positions = BTreeMap::new();
+    let mut init_containers = renderer.containers(&spec.init_containers, &mut positions).map_err(err)?;
+    let mut sidecars = renderer.containers(&spec.sidecars, &mut positions).map_err(err)?;
     // `podResources: share` in a pod that sets pod-level resources: the containers run inside the
     // pod's budget, without requests or limits of their own.
     if template.pod_resources == PodResources::Share && sets_pod_level_resources(&subject.pod) {
@@ -255,6 +259,22 @@ fn render_with(
     for (kind, rendered) in MAPS.iter().zip(&mut maps) {
         *rendered = renderer.string_map(&spec.maps[kind.index], kind.section).map_err(err)?;
     }
+    // A classic sidecar put first would be `kubectl logs`' and `exec`'s default container: the
+    // pod names its first app container instead (the template's or the pod's own key wins).
+    let first_sidecar = sidecars.iter().any(|s| {
+        let name = s.get("name").and_then(Value::as_str).unwrap_or_default();
+        positions.get(name) == Some(&ContainerPosition::First)
+    });
+    let annotations = &mut maps[ANNOTATIONS.index];
+    if first_sidecar && !annotations.contains_key(names::DEFAULT_CONTAINER_ANNOTATION) {
+        let first_app =
+            subject.pod.get_attr("spec").and_then(|s| s.get_attr("containers")).and_then(|c| c.get_item_by_index(0));
+        if let Some(name) =
+            first_app.ok().and_then(|c| c.get_attr("name").ok()).and_then(|n| n.as_str().map(str::to_owned))
+        {
+            annotations.insert(names::DEFAULT_CONTAINER_ANNOTATION.to_owned(), name);
+        }
+    }
     let mut pod_lists = PerPodList::<Vec<Value>>::default();
     for (rendered, items) in pod_lists.iter_mut().zip(&spec.pod_lists) {
         *rendered = renderer.items(items).map_err(err)?;
@@ -265,6 +285,7 @@ fn render_with(
         maps,
         init_containers,
         sidecars,
+        positions,
         app_lists,
         env_merges,
         pod_lists,
@@ -541,6 +562,28 @@ impl Renderer<'_> {
                 entries.iter().map(|(k, p)| Ok((k.clone(), self.piece(p)?))).collect::<Result<_, TemplateError>>()?,
             ),
         })
+    }
+
+    /// Init containers or sidecars, noting the `position:` of those that have one by name.
+    fn containers(
+        &mut self,
+        items: &[SeqItem],
+        positions: &mut BTreeMap<String, ContainerPosition>,
+    ) -> Result<Vec<Value>, TemplateError> {
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            if let Some(when) = &item.when
+                && self.text(when)? != "true"
+            {
+                continue;
+            }
+            let rendered = self.piece(&item.piece)?;
+            if let (Some(position), Some(name)) = (item.position, rendered.get("name").and_then(Value::as_str)) {
+                positions.insert(name.to_owned(), position);
+            }
+            out.push(rendered);
+        }
+        Ok(out)
     }
 
     /// `appContainers.env`: the items, and the `merge:` of those that have one, by rendered name.

@@ -21,7 +21,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::injection::env_merge::{EnvMerge, Position};
-use crate::kinds::{APP_LISTS, ENV, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList};
+use crate::kinds::{APP_LISTS, ContainerPosition, ENV, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList};
 use crate::templates::expression::{self, CompiledText};
 use crate::templates::yaml::{MapEntry, SourceNode, SourceValue};
 
@@ -185,6 +185,19 @@ pub(crate) struct SeqItem {
     pub(crate) piece: Piece,
     /// `merge:` of an `appContainers.env` item (see `env_merge`); `None` everywhere else.
     pub(crate) merge: Option<EnvMerge>,
+    /// `position:` of an init container or sidecar (`kinds::ContainerPosition`); `None` elsewhere.
+    pub(crate) position: Option<ContainerPosition>,
+}
+
+/// Which keys of a list's items belong to the injector rather than to the rendered item.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ItemKeys {
+    /// None: the item is rendered whole.
+    Plain,
+    /// `merge:` (an `appContainers.env` item).
+    Env,
+    /// `position:` (an init container or sidecar).
+    Container,
 }
 
 /// What a template injects, compiled.
@@ -711,20 +724,21 @@ impl<'a> Compiler<'a> {
                     spec.maps[kind.index] = self.string_map(child, kind.section)?
                 }
                 "initContainers" => {
-                    spec.init_containers = self.items(child, "inject.initContainers", &["name"], false)?
+                    spec.init_containers = self.items(child, "inject.initContainers", &["name"], ItemKeys::Container)?
                 }
-                "sidecars" => spec.sidecars = self.items(child, "inject.sidecars", &["name"], false)?,
+                "sidecars" => spec.sidecars = self.items(child, "inject.sidecars", &["name"], ItemKeys::Container)?,
                 field if POD_LISTS.iter().any(|k| k.field == field) => {
                     let kind = POD_LISTS.iter().find(|k| k.field == field).expect("matched above");
-                    spec.pod_lists[kind.index] = self.items(child, &kind.section(), &[kind.key], false)?
+                    spec.pod_lists[kind.index] = self.items(child, &kind.section(), &[kind.key], ItemKeys::Plain)?
                 }
                 "appContainers" => {
                     for MapEntry { key, key_line, value: grandchild } in self.mapping(child, "inject.appContainers")? {
                         match key.as_str() {
                             field if APP_LISTS.iter().any(|k| k.field == field) => {
                                 let kind = APP_LISTS.iter().find(|k| k.field == field).expect("matched above");
+                                let keys = if kind.index == ENV.index { ItemKeys::Env } else { ItemKeys::Plain };
                                 spec.app_lists[kind.index] =
-                                    self.items(grandchild, &kind.section(), kind.required, kind.index == ENV.index)?
+                                    self.items(grandchild, &kind.section(), kind.required, keys)?
                             }
                             "containers" => {
                                 spec.targets.only = Some(self.names(grandchild, "inject.appContainers.containers")?)
@@ -821,7 +835,7 @@ impl<'a> Compiler<'a> {
         node: &SourceNode,
         what: &str,
         required: &[&str],
-        env: bool,
+        keys: ItemKeys,
     ) -> Result<Vec<SeqItem>, TemplateError> {
         let items = match &node.value {
             SourceValue::Seq(items) => items.as_slice(),
@@ -845,32 +859,54 @@ impl<'a> Compiler<'a> {
                     return Err(self.err(item.line, format!("an item of {what} has no {key}")));
                 }
             }
-            let mut seq_item = self.seq_item(item, env)?;
-            if env {
-                seq_item.merge = self.env_merge(item)?;
+            let mut seq_item = self.seq_item(item, keys)?;
+            match keys {
+                ItemKeys::Env => seq_item.merge = self.env_merge(item)?,
+                ItemKeys::Container => seq_item.position = self.position(item)?,
+                ItemKeys::Plain => {}
             }
             out.push(seq_item);
         }
         Ok(out)
     }
 
-    /// An item of a list; `env_item`: an `appContainers.env` item, whose `merge:` is not part of
-    /// the rendered item.
-    fn seq_item(&mut self, item: &SourceNode, env_item: bool) -> Result<SeqItem, TemplateError> {
+    /// An item of a list, without `when:` and the injector's own keys (`keys`), which are not
+    /// part of the rendered item.
+    fn seq_item(&mut self, item: &SourceNode, keys: ItemKeys) -> Result<SeqItem, TemplateError> {
         let SourceValue::Map(entries) = &item.value else {
-            return Ok(SeqItem { when: None, piece: self.piece(item)?, merge: None });
+            return Ok(SeqItem { when: None, piece: self.piece(item)?, merge: None, position: None });
         };
         let mut when = None;
         let mut rest = Vec::with_capacity(entries.len());
         for entry in entries {
+            let injectors = match keys {
+                ItemKeys::Env => entry.key == "merge",
+                ItemKeys::Container => entry.key == "position",
+                ItemKeys::Plain => false,
+            };
             if entry.key == "when" {
                 when = Some(self.condition(&entry.value)?);
-            } else if !(env_item && entry.key == "merge") {
+            } else if !injectors {
                 rest.push(entry.clone());
             }
         }
         let piece = self.piece(&SourceNode { line: item.line, value: SourceValue::Map(rest) })?;
-        Ok(SeqItem { when, piece, merge: None })
+        Ok(SeqItem { when, piece, merge: None, position: None })
+    }
+
+    /// The `position:` of an init container or sidecar: `first` or `last`, literal.
+    fn position(&mut self, item: &SourceNode) -> Result<Option<ContainerPosition>, TemplateError> {
+        let SourceValue::Map(entries) = &item.value else { return Ok(None) };
+        let Some(entry) = entries.iter().find(|e| e.key == "position") else { return Ok(None) };
+        match &entry.value.value {
+            SourceValue::String(text) => ContainerPosition::parse(text)
+                .map(Some)
+                .ok_or_else(|| self.err(entry.value.line, format!("position must be first or last, not {text:?}"))),
+            _ => {
+                Err(self
+                    .err(entry.value.line, format!("position must be first or last, not {}", entry.value.type_name())))
+            }
+        }
     }
 
     /// The `merge:` of an `appContainers.env` item: `{append: "<separator>"}` or
@@ -931,7 +967,7 @@ impl<'a> Compiler<'a> {
                 }
             },
             SourceValue::Seq(items) => {
-                let items = items.iter().map(|i| self.seq_item(i, false)).collect::<Result<Vec<_>, _>>()?;
+                let items = items.iter().map(|i| self.seq_item(i, ItemKeys::Plain)).collect::<Result<Vec<_>, _>>()?;
                 if items.iter().all(|i| i.when.is_none() && matches!(i.piece, Piece::Literal(_))) {
                     Piece::Literal(Value::Array(
                         items
@@ -1224,6 +1260,12 @@ mod tests {
             ("unknown top-level key", "description: x\nsidecar:\n  - name: a\n", Some(2), "unknown key \"sidecar\""),
             ("default not bool", "default: yes please\n", Some(1), "default must be true or false"),
             ("bad sidecarMode", "sidecarMode: sometimes\n", Some(1), "sidecarMode must be native, container or auto"),
+            (
+                "bad position",
+                "inject:\n  sidecars:\n    - name: a\n      image: a\n      position: middle\n",
+                Some(5),
+                "position must be first or last, not \"middle\"",
+            ),
             (
                 "a label key the API server refuses",
                 "inject:\n  labels:\n    Example.com/team: a\n",
