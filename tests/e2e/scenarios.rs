@@ -1469,6 +1469,7 @@ async fn enforced_resize(ctx: &mut Ctx) -> Result<()> {
 }
 
 const RESIZABLE: &str = r#"description: A native sidecar that vertical autoscalers resize in place
+default: true
 sidecarMode: native
 podSelector:
   matchLabels: {tier: resizable}
@@ -1495,7 +1496,8 @@ pub async fn s33_resized_sidecar_stays_injected(ctx: &mut Ctx) -> Result<()> {
 }
 
 async fn resized_sidecar(ctx: &mut Ctx) -> Result<()> {
-    let mut pod = pod("sized", json!({"tier": "resizable"}), json!({}));
+    // Only this template (the shop's log-shipper renders the pod's name, which a copy changes).
+    let mut pod = pod("sized", json!({"tier": "resizable"}), json!({"sidecar-injector.io/templates": "resizable"}));
     // Unscheduled: KWOK's nodes refuse resizes (see scenario 32).
     pod["spec"]["nodeSelector"] = json!({"e2e.example/unschedulable": "true"});
     let sizer = |pod: &Pod| -> Option<Value> {
@@ -1504,8 +1506,16 @@ async fn resized_sidecar(ctx: &mut Ctx) -> Result<()> {
     };
     // The injector serves the new template within seconds.
     let served = Instant::now();
-    while ctx.dry_run_pod("e2e-shop", pod.clone()).await.ok().and_then(|p| sizer(&p)).is_none() {
-        ensure!(served.elapsed() < Duration::from_secs(15), "the resizable template was never served");
+    loop {
+        let said = match ctx.dry_run_pod("e2e-shop", pod.clone()).await {
+            Ok(p) if sizer(&p).is_some() => break,
+            Ok(p) => format!(
+                "no native sizer: {:?}",
+                p.spec.map(|s| s.containers.into_iter().map(|c| c.name).collect::<Vec<_>>())
+            ),
+            Err(e) => api_message(&e),
+        };
+        ensure!(served.elapsed() < Duration::from_secs(15), "the resizable template was never served: {said}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let created = ctx.create_pod("e2e-shop", pod).await.context("creating the pod")?;
@@ -1543,7 +1553,11 @@ async fn resized_sidecar(ctx: &mut Ctx) -> Result<()> {
         if image(&copied) == Some(json!("registry.example/sizer:2")) {
             break copied;
         }
-        ensure!(served.elapsed() < Duration::from_secs(15), "the new sizer image was never served");
+        ensure!(
+            served.elapsed() < Duration::from_secs(15),
+            "the new sizer image was never served: {:?}",
+            sizer(&copied)
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     ensure!(cpu(&upgraded) == Some(json!("80m")), "the resized cpu was not carried over: {:?}", cpu(&upgraded));
@@ -1552,6 +1566,7 @@ async fn resized_sidecar(ctx: &mut Ctx) -> Result<()> {
 }
 
 const POSITIONED: &str = r#"description: A secrets agent that starts before the app, and a setup step after the pod's own
+default: true
 sidecarMode: container
 podSelector:
   matchLabels: {tier: positioned}
@@ -1576,7 +1591,8 @@ pub async fn s34_positions(ctx: &mut Ctx) -> Result<()> {
 }
 
 async fn positioned(ctx: &mut Ctx) -> Result<()> {
-    let mut pod = pod("positioned", json!({"tier": "positioned"}), json!({}));
+    let mut pod =
+        pod("positioned", json!({"tier": "positioned"}), json!({"sidecar-injector.io/templates": "positioned"}));
     pod["spec"]["initContainers"] = json!([{"name": "migrate", "image": "registry.example/migrate:1"}]);
     pod["spec"]["containers"]
         .as_array_mut()
@@ -1609,7 +1625,7 @@ async fn positioned(ctx: &mut Ctx) -> Result<()> {
 
     let mut chosen = pod;
     chosen["metadata"]["name"] = json!("positioned-chosen");
-    chosen["metadata"]["annotations"] = json!({"kubectl.kubernetes.io/default-container": "worker"});
+    chosen["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] = json!("worker");
     let created = ctx.create_pod("e2e-shop", chosen).await.map_err(|e| anyhow::anyhow!(api_message(&e)))?;
     ensure!(default(&created).as_deref() == Some("worker"), "the author's default container: {:?}", default(&created));
     println!("      the author's default container (worker) stands");

@@ -1328,3 +1328,33 @@ fn a_templates_own_sidecars_that_share_a_port_are_a_load_warning() {
     let template = template::Template::load("pair", &apart).unwrap();
     assert!(!template.warnings.iter().any(|w| w.contains("collide")), "{:?}", template.warnings);
 }
+
+#[test]
+fn a_stored_sidecar_with_the_api_token_mount_is_replaced_and_a_resized_one_keeps_its_resources() {
+    // A sidecar without mounts of its own: the ServiceAccount plugin's token mount is all it has
+    // in the stored pod (found by e2e s33: such sidecars were kept, not replaced).
+    let text = "default: true\nsidecarMode: native\ninject:\n  sidecars:\n    - name: sizer\n      image: sizer:1\n      resources: {requests: {cpu: 50m}}\n";
+    let v1 = engine(&[("resizable", text)]);
+    let pod = pod_with_token_mounted();
+    let mut stored = apply(&pod, &inject(&v1, &pod).patch);
+    service_account_plugin(&mut stored);
+    let (set, errors) = v1.templates.update(
+        [TemplateSource { name: "resizable".into(), text: text.replace("sizer:1", "sizer:2") }],
+        &template::InProcess,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let v2 = Engine::new(set, v1.excluded_namespaces.clone());
+    let mut resized = stored.clone();
+    resized["spec"]["initContainers"][0]["resources"]["requests"]["cpu"] = json!("80m");
+    for (case, pod, cpu) in [("as injected", &stored, "50m"), ("resized", &resized, "80m")] {
+        let decision = v2.evaluate(&request(pod.clone(), opted_in("shop", &[])));
+        assert!(decision.warnings.is_empty(), "{case}: {:?}", decision.warnings);
+        let Outcome::Inject(injection) = decision.outcome else { panic!("{case}: expected a re-injection") };
+        let sizer = &apply(pod, &injection.patch)["spec"]["initContainers"][0];
+        assert_eq!(
+            (sizer["image"].as_str(), sizer["resources"]["requests"]["cpu"].as_str()),
+            (Some("sizer:2"), Some(cpu)),
+            "{case}"
+        );
+    }
+}

@@ -414,6 +414,8 @@ fn is_api_default(key: &str, value: &Value, parent: &serde_json::Map<String, Val
         "defaultMode" => number(420),
         "type" => parent.contains_key("path") && is(""),
         "resources" => value.as_object().is_some_and(|m| m.is_empty()),
+        // The ServiceAccount plugin's token mount, on a container without mounts of its own.
+        "volumeMounts" => value.as_array().is_some_and(|m| !m.is_empty() && m.iter().all(is_plugin_token_mount)),
         _ => false,
     }
 }
@@ -450,6 +452,14 @@ mod tests {
             change(&mut actual);
             assert!(!exact(&rendered, &actual), "{case}");
         }
+        // A container without mounts of its own gets the plugin's token mount, and only that.
+        let unmounted = json!({"name": "x", "image": "x:1"});
+        let token = json!({"name": "kube-api-access-abcde", "readOnly": true, "mountPath": SERVICE_ACCOUNT_TOKEN_PATH});
+        assert!(exact(&unmounted, &json!({"name": "x", "image": "x:1", "volumeMounts": [token]})));
+        assert!(!exact(
+            &unmounted,
+            &json!({"name": "x", "image": "x:1", "volumeMounts": [token, {"name": "v", "mountPath": "/v"}]})
+        ));
         let latest = json!({"name": "x", "image": "busybox"});
         assert!(exact(&latest, &json!({"name": "x", "image": "busybox", "imagePullPolicy": "Always"})));
         assert!(!exact(&latest, &json!({"name": "x", "image": "busybox", "imagePullPolicy": "IfNotPresent"})));
