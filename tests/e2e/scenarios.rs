@@ -683,6 +683,25 @@ pub(crate) async fn set_template(ctx: &Ctx, key: &str, text: Option<&str>) -> Re
     Ok(())
 }
 
+/// Dry-runs `pod` in e2e-shop until the answer has what `served` looks for (a template edit
+/// reaches the injector within seconds), and returns that answer; after 15 s, fails naming `what`
+/// and the last answer.
+pub(crate) async fn dry_run_until(ctx: &Ctx, pod: &Value, what: &str, served: impl Fn(&Pod) -> bool) -> Result<Pod> {
+    let start = Instant::now();
+    loop {
+        let said = match ctx.dry_run_pod("e2e-shop", pod.clone()).await {
+            Ok(answer) if served(&answer) => return Ok(answer),
+            Ok(answer) => {
+                let names: Vec<String> = all_containers(&answer).into_iter().map(|c| c.name).collect();
+                format!("answered with containers {names:?}")
+            }
+            Err(e) => api_message(&e),
+        };
+        ensure!(start.elapsed() < Duration::from_secs(15), "{what} was never served: {said}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Waits until the enforcement binding of `template` exists (`true`) or is gone (`false`).
 pub(crate) async fn wait_for_binding(ctx: &Ctx, template: &str, present: bool) -> Result<Duration> {
     let start = Instant::now();
@@ -726,15 +745,9 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     println!("      enforcement binding written {took:?} after the template edit");
     let prod_opted_out = json!({"app": "web", "tier": "prod", "sidecar-injector.io/inject": "disabled"});
     // The webhook serves the new template a moment after the edit: wait for it.
-    let served = Instant::now();
-    while !ctx
-        .dry_run_pod("e2e-shop", pod("probe", prod_opted_out.clone(), json!({})))
-        .await
-        .is_ok_and(|p| all_containers(&p).iter().any(|c| c.name == "audit-agent"))
-    {
-        ensure!(served.elapsed() < Duration::from_secs(15), "the enforced template was not served");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let probe = pod("probe", prod_opted_out.clone(), json!({}));
+    dry_run_until(ctx, &probe, "the enforced template", |p| all_containers(p).iter().any(|c| c.name == "audit-agent"))
+        .await?;
 
     // Injector up: the pod cannot skip it.
     let opted_out = ctx.create_pod("e2e-shop", pod("enforced-opted-out", prod_opted_out.clone(), json!({}))).await?;
@@ -1056,16 +1069,10 @@ pub async fn s26_enforcement_audit(ctx: &mut Ctx) -> Result<()> {
     ])?;
     ensure!(actions.contains("Warn") && actions.contains("Audit") && !actions.contains("Deny"), "{actions}");
     let labels = json!({"tier": "audit-dry-run"});
-    let served = Instant::now();
     let named = json!({"sidecar-injector.io/templates": "dry"});
-    while !ctx
-        .dry_run_pod("e2e-shop", pod("probe", labels.clone(), named.clone()))
-        .await
-        .is_ok_and(|p| all_containers(&p).iter().any(|c| c.name == "dry-agent"))
-    {
-        ensure!(served.elapsed() < Duration::from_secs(15), "the audited template was not served");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let probe = pod("probe", labels.clone(), named.clone());
+    dry_run_until(ctx, &probe, "the audited template", |p| all_containers(p).iter().any(|c| c.name == "dry-agent"))
+        .await?;
     let counted = |text: &str| -> f64 {
         let series = "sidecar_injector_enforcement_audit_total{template=\"dry\"}";
         text.lines().find_map(|l| l.strip_prefix(series)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
@@ -1505,19 +1512,7 @@ async fn resized_sidecar(ctx: &mut Ctx) -> Result<()> {
         init.iter().find(|c| c.name == "sizer").map(|c| serde_json::to_value(c).unwrap_or_default())
     };
     // The injector serves the new template within seconds.
-    let served = Instant::now();
-    loop {
-        let said = match ctx.dry_run_pod("e2e-shop", pod.clone()).await {
-            Ok(p) if sizer(&p).is_some() => break,
-            Ok(p) => format!(
-                "no native sizer: {:?}",
-                p.spec.map(|s| s.containers.into_iter().map(|c| c.name).collect::<Vec<_>>())
-            ),
-            Err(e) => api_message(&e),
-        };
-        ensure!(served.elapsed() < Duration::from_secs(15), "the resizable template was never served: {said}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    dry_run_until(ctx, &pod, "the resizable template (a native sizer)", |p| sizer(p).is_some()).await?;
     let created = ctx.create_pod("e2e-shop", pod).await.context("creating the pod")?;
     let injected = sizer(&created).context("sizer not injected as a native sidecar")?;
     let in_place = json!([{"resourceName": "cpu", "restartPolicy": "NotRequired"},
@@ -1536,7 +1531,7 @@ async fn resized_sidecar(ctx: &mut Ctx) -> Result<()> {
     let metadata = &resized.metadata;
     copy["metadata"] = json!({"name": "sized-copy", "labels": metadata.labels, "annotations": metadata.annotations});
     copy.as_object_mut().context("a pod")?.remove("status");
-    let copied = ctx.create_pod("e2e-shop", copy).await.map_err(|e| anyhow::anyhow!(api_message(&e)))?;
+    let copied = ctx.create_pod("e2e-shop", copy.clone()).await.map_err(|e| anyhow::anyhow!(api_message(&e)))?;
     ensure!(cpu(&copied) == Some(json!("80m")), "the copy's sidecar was rewritten: {:?}", cpu(&copied));
     ensure!(status(&copied) == status(&resized), "the copy was re-injected: {:?}", status(&copied));
     println!("      a copy of the resized pod admitted as up to date, its sidecar kept at cpu 80m");
@@ -1544,22 +1539,10 @@ async fn resized_sidecar(ctx: &mut Ctx) -> Result<()> {
     // A new image for the sidecar: a copy made now gets the new version, its resized cpu carried over.
     set_template(ctx, "resizable.yaml", Some(&RESIZABLE.replace("sizer:1", "sizer:2"))).await?;
     let image = |pod: &Pod| sizer(pod).map(|s| s["image"].clone());
-    let served = Instant::now();
-    let mut copy = serde_json::to_value(&resized)?;
-    copy["metadata"] = json!({"name": "sized-copy-2", "labels": metadata.labels, "annotations": metadata.annotations});
-    copy.as_object_mut().context("a pod")?.remove("status");
-    let upgraded = loop {
-        let copied = ctx.dry_run_pod("e2e-shop", copy.clone()).await.map_err(|e| anyhow::anyhow!(api_message(&e)))?;
-        if image(&copied) == Some(json!("registry.example/sizer:2")) {
-            break copied;
-        }
-        ensure!(
-            served.elapsed() < Duration::from_secs(15),
-            "the new sizer image was never served: {:?}",
-            sizer(&copied)
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    copy["metadata"]["name"] = json!("sized-copy-2");
+    let upgraded =
+        dry_run_until(ctx, &copy, "the new sizer image", |p| image(p) == Some(json!("registry.example/sizer:2")))
+            .await?;
     ensure!(cpu(&upgraded) == Some(json!("80m")), "the resized cpu was not carried over: {:?}", cpu(&upgraded));
     println!("      after an image edit, a copy gets sizer:2 with the resized cpu 80m carried over");
     Ok(())
@@ -1602,16 +1585,10 @@ async fn positioned(ctx: &mut Ctx) -> Result<()> {
     let names = |list: Option<&Vec<k8s_openapi::api::core::v1::Container>>| -> Vec<String> {
         list.into_iter().flatten().map(|c| c.name.clone()).collect()
     };
-    let served = Instant::now();
-    while ctx
-        .dry_run_pod("e2e-shop", pod.clone())
-        .await
-        .ok()
-        .is_none_or(|p| !names(p.spec.as_ref().map(|s| &s.containers)).contains(&"secrets-agent".to_owned()))
-    {
-        ensure!(served.elapsed() < Duration::from_secs(15), "the positioned template was never served");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    dry_run_until(ctx, &pod, "the positioned template", |p| {
+        all_containers(p).iter().any(|c| c.name == "secrets-agent")
+    })
+    .await?;
     let created = ctx.create_pod("e2e-shop", pod.clone()).await.map_err(|e| anyhow::anyhow!(api_message(&e)))?;
     let spec = created.spec.as_ref().context("no spec")?;
     let (containers, init) = (names(Some(&spec.containers)), names(spec.init_containers.as_ref()));

@@ -151,18 +151,14 @@ pub fn plan(
     };
     // Init containers: before the pod's own, then the moved ones after them; classic sidecars:
     // the moved ones before the app's, then the others after them.
-    let (mut init, mut init_last): (Vec<Value>, Vec<Value>) = (Vec::new(), Vec::new());
-    for (item, moved) in picks.init.into_iter().map(&mut take) {
-        if moved { init_last.push(item) } else { init.push(item) }
-    }
+    let (init_last, mut init): (Vec<_>, Vec<_>) = picks.init.into_iter().map(&mut take).partition(|(_, m)| *m);
     let init_at_end = init_last.len();
-    init.append(&mut init_last);
-    let (mut containers, mut containers_after): (Vec<Value>, Vec<Value>) = (Vec::new(), Vec::new());
-    for (item, moved) in picks.containers.into_iter().map(&mut take) {
-        if moved { containers.push(item) } else { containers_after.push(item) }
-    }
+    init.extend(init_last);
+    let (mut containers, after): (Vec<_>, Vec<_>) = picks.containers.into_iter().map(&mut take).partition(|(_, m)| *m);
     let containers_at_front = containers.len();
-    containers.append(&mut containers_after);
+    containers.extend(after);
+    let (init, containers) =
+        (init.into_iter().map(|(i, _)| i).collect(), containers.into_iter().map(|(c, _)| c).collect());
     let mut additions = Additions {
         init,
         init_at_end,
