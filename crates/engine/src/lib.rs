@@ -270,11 +270,11 @@ impl Engine {
 
     /// Which containers resized in place since their injection (`Ownership::resized`) are
     /// replaced by their templates' current versions with the pod's `resources` carried over:
-    /// those a current version renders with the same resources as the claimed one did, when that
-    /// makes every claimed item the injector's own (so the versions rendered here, for the pod
-    /// without the claimed items, are the ones planned). The resources may be the author's (the
-    /// claim travels with copies), so they stay; a container whose template now sets other
-    /// resources is kept as the pod's own, with a warning.
+    /// those a current version still renders, when that makes every claimed item the injector's
+    /// own (so the versions rendered here, for the pod without the claimed items, are the ones
+    /// planned). A template edit does not undo a resize, and the resources may be the author's
+    /// (the claim travels with copies), so they stay whatever the new version sets. Any other
+    /// resized container is kept as the pod's own, with a warning.
     #[allow(clippy::too_many_arguments)]
     fn carry_resized(
         &self,
@@ -293,14 +293,11 @@ impl Engine {
                 selected.iter().filter_map(|t| render_one(t, base, base_annotations).ok()).collect();
             let mut with_carried = owned.clone();
             for resized in &assessed.resized {
-                let renders_the_same = current.iter().any(|rendered| {
+                let still_rendered = current.iter().any(|rendered| {
                     let mut containers = rendered.init_containers.iter().chain(&rendered.sidecars);
-                    containers.any(|c| {
-                        c.get("name").and_then(Value::as_str) == Some(&resized.name)
-                            && c.get("resources") == resized.rendered_resources.as_ref()
-                    })
+                    containers.any(|c| c.get("name").and_then(Value::as_str) == Some(&resized.name))
                 });
-                if renders_the_same {
+                if still_rendered {
                     resized.placement.record(&mut with_carried, &resized.name);
                     carried.insert(resized.name.clone(), resized.resources.clone());
                 }
@@ -317,7 +314,7 @@ impl Engine {
             warnings.push(Warning::new(
                 WarningCode::ClaimDoubted,
                 format!(
-                    "{} {:?} was resized in place (its resources are not the template's) and its template now renders it otherwise: it counts as injected, and is kept as the pod's own rather than replaced",
+                    "{} {:?} was resized in place (its resources are not the template's) and cannot be replaced with them carried over (its template no longer renders it, or other claimed items are not provably the injector's): it is kept as the pod's own",
                     resized.placement.item_kind().describe(),
                     resized.name
                 ),

@@ -1045,12 +1045,25 @@ fn a_sidecar_resized_in_place_stays_injected_and_keeps_its_resources() {
     };
     assert_eq!(sidecar(&apply(&injected, &replaced.patch))["resources"], sidecar(&injected)["resources"]);
 
-    // A version that sets other resources: the resized ones may be the author's, so the sidecar
-    // is kept as it is, not replaced, and the warning says why.
-    let v3 = edited(BUDGETED.replace("cpu: 10m", "cpu: 20m"));
+    // A version that sets other resources does not undo the resize either: the new version, with
+    // the pod's resources.
+    let v3 = edited(BUDGETED.replace("cpu: 10m", "cpu: 20m").replace("agent:1", "agent:3"));
     let decision = v3.evaluate(&request(resized.clone(), opted_in("shop", &[])));
+    assert!(decision.warnings.is_empty(), "{:?}", decision.warnings);
     let Outcome::Inject(reinjection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
-    assert_eq!(sidecar(&apply(&resized, &reinjection.patch)), sidecar(&resized), "the resized sidecar is untouched");
+    let after = apply(&resized, &reinjection.patch);
+    assert_eq!(
+        (&sidecar(&after)["image"], &sidecar(&after)["resources"]),
+        (&json!("agent:3"), &sidecar(&resized)["resources"])
+    );
+    // A version without the sidecar: the resized one may be the author's, so it is kept, with
+    // its share of the padding, and the warning says why.
+    let v4 = edited("default: true\ninject:\n  labels: {a: b}\n".to_owned());
+    let decision = v4.evaluate(&request(resized.clone(), opted_in("shop", &[])));
+    let Outcome::Inject(reinjection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    let after = apply(&resized, &reinjection.patch);
+    assert_eq!(sidecar(&after), sidecar(&resized), "the resized sidecar is untouched");
+    assert_eq!(after["spec"]["resources"], resized["spec"]["resources"]);
     assert!(decision.warnings.iter().any(|w| w.message.contains("was resized in place")), "{:?}", decision.warnings);
 }
 

@@ -63,8 +63,6 @@ pub struct ResizedContainer {
     pub placement: Placement,
     /// Its `resources` in the pod (`None`: it has none).
     pub resources: Option<Value>,
-    /// The `resources` the claimed template version renders for it.
-    pub rendered_resources: Option<Value>,
 }
 
 /// Checks every item `claim` names against the pod and the claimed templates' renderings (one per
@@ -93,10 +91,6 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
                     name: name.clone(),
                     placement,
                     resources: actual.and_then(|c| c.get("resources")).cloned(),
-                    rendered_resources: rendered_containers
-                        .get(name.as_str())
-                        .and_then(|c| c.get("resources"))
-                        .cloned(),
                 });
             }
             found.record(name, (list.claimed_mut)(&mut present), (list.claimed_mut)(&mut owned));
