@@ -70,23 +70,24 @@ pub struct ResizedContainer {
 pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<&RenderedTemplate>]) -> Ownership {
     let mut owned = InjectionStatus { templates: claim.templates.clone(), ..InjectionStatus::default() };
     let mut present = owned.clone();
-    let mut judged = Judge { claim, doubts: Vec::new(), altered: Vec::new(), all_present: true, resized: false };
+    let mut judged = Judge { claim, doubts: Vec::new(), altered: Vec::new(), all_present: true };
     let spec_list = |field: &str| pod.get("spec").and_then(|s| s.get(field)).and_then(Value::as_array);
     let find = |items: Option<&'p Vec<Value>>, key: &str, name: &str| find_in(items?, key, name);
 
-    // The claimed containers as their templates render them, which the pod-level padding is proven against.
+    // The claimed containers as their templates render them, which a claimed pod-level padding is
+    // proven against.
     let mut rendered_containers = BTreeMap::new();
     let mut resized = Vec::new();
     for list in &CONTAINER_LISTS {
         for name in (list.claimed)(claim) {
             let placement = Placement::of_claim(list, claim, name);
             let expected = renderings.iter().flatten().find_map(|r| r.placed_container(placement, name));
-            if let Some(expected) = &expected {
+            if let Some(expected) = expected.as_ref().filter(|_| claim.pod_resources.is_some()) {
                 rendered_containers.insert(name.as_str(), expected.clone());
             }
             let actual = find(spec_list(list.field), "name", name);
             let found = judged.judge(list.kind, name, None, expected.map(Resizable), actual);
-            if std::mem::take(&mut judged.resized) {
+            if found == Match::Resized {
                 resized.push(ResizedContainer {
                     name: name.clone(),
                     placement,
@@ -191,8 +192,6 @@ struct Judge<'c> {
     doubts: Vec<String>,
     altered: Vec<String>,
     all_present: bool,
-    /// Whether the item just judged is a container resized in place (see [`Ownership::resized`]).
-    resized: bool,
 }
 
 impl Judge<'_> {
@@ -245,8 +244,7 @@ impl Judge<'_> {
                 if exact(&expected, actual) {
                     Match::Exact
                 } else if resizable && exact(&compared, &without_resources(actual)) {
-                    self.resized = true;
-                    Match::Present
+                    Match::Resized
                 } else {
                     self.doubts.push(format!(
                         "{what} holds fields its template does not set; it is kept as the pod's own and not replaced"
@@ -273,6 +271,9 @@ enum Match {
     None,
     /// Holds every field the template sets, and more.
     Present,
+    /// Exactly the rendering but for its `resources` (a container resized in place): present,
+    /// not owned (see [`Ownership::resized`]).
+    Resized,
     /// Exactly the rendering.
     Exact,
 }

@@ -77,12 +77,18 @@ fn read<T: serde::de::DeserializeOwned>(item: &Value, unknown: &mut Option<Strin
 /// in bounded time (with the path found so far).
 const MOST_LOCATING_READS: usize = 256;
 
+/// Most bytes of items [`locate`] reads in all: a large item (rendered output may reach
+/// `render::MAX_TEMPLATE_OUTPUT`) gets fewer reads.
+const MOST_LOCATING_BYTES: usize = 16 * 1024 * 1024;
+
 /// The field path of `error` in `item` (empty: the item itself). serde's error names no path, so
 /// it is found from the outside: the field (or list entry) whose removal changes the error holds
 /// it, and the search goes on inside it. Only the load check of an item that fails comes here.
 fn locate<T: serde::de::DeserializeOwned>(item: &Value, error: &str) -> String {
     let mut scratch = item.clone();
     let mut steps: Vec<Step> = Vec::new();
+    let size = serde_json::to_vec(item).map_or(usize::MAX, |bytes| bytes.len().max(1));
+    let most_reads = (MOST_LOCATING_BYTES / size).clamp(1, MOST_LOCATING_READS);
     let mut reads = 0;
     'descend: loop {
         let candidates: Vec<Step> = match node(&mut scratch, &steps) {
@@ -92,7 +98,7 @@ fn locate<T: serde::de::DeserializeOwned>(item: &Value, error: &str) -> String {
         };
         for step in candidates {
             reads += 1;
-            if reads > MOST_LOCATING_READS {
+            if reads > most_reads {
                 break 'descend;
             }
             let taken = step.take(node(&mut scratch, &steps));
@@ -204,5 +210,15 @@ mod tests {
         args.push(json!(1));
         let error = conforms::<Container>(&json!({"name": "a", "args": args})).unwrap_err();
         assert_eq!(error, "args: invalid type: integer `1`, expected a string");
+        // A large item gets fewer reads: a megabyte argument leaves room for 16, not 256.
+        let mut args = vec![json!("x".repeat(1024 * 1024))];
+        args.extend((0..30).map(|i| json!(i.to_string())));
+        args.push(json!(1));
+        let error = conforms::<Container>(&json!({"name": "a", "args": args.clone()})).unwrap_err();
+        assert_eq!(error, "args: invalid type: integer `1`, expected a string");
+        args.truncate(5);
+        args.push(json!(1));
+        let error = conforms::<Container>(&json!({"name": "a", "args": args})).unwrap_err();
+        assert_eq!(error, "args[5]: invalid type: integer `1`, expected a string");
     }
 }
