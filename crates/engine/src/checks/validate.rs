@@ -20,8 +20,9 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::checks::resize;
-use crate::claims::status::{InjectionStatus, TemplateRef};
+use crate::claims::status::{InjectionStatus, ItemKind, TemplateRef};
 use crate::claims::strip::strip_injection;
+use crate::drift::in_place;
 use crate::injection::compare::{first_difference, without_resources};
 use crate::injection::env_merge;
 use crate::kinds::{APP_LISTS, CONTAINER_LISTS, INIT_CONTAINERS, POD_LISTS};
@@ -100,54 +101,43 @@ impl From<Verdict> for UpdateVerdict {
 }
 
 /// Checks a pod UPDATE (`old` → `request.pod`), the in-place resizes of `pods/resize` included:
-/// what an injection added changes only by a new injection, which happens at CREATE. The status
-/// annotation and the `injected` label stay as written (a pod that rewrote them would mislead
-/// `drift` and every later check), the image of every container the status names as injected, or
-/// that an enforced template requires, stays (images are the one container field a pod UPDATE may
+/// what an injection added changes only by a new injection, which happens at CREATE, or by the
+/// one update that brings a stale pod to the template versions in service (`drift::in_place`:
+/// images and the status annotation, exactly as computed here). Otherwise the status annotation
+/// and the `injected` label stay as written (a pod that rewrote them would mislead `drift` and
+/// every later check), the image of every container the status names as injected, or that an
+/// enforced template requires, stays (images are the one container field a pod UPDATE may
 /// change), and an enforced template's containers are not resized below what it sets (`resize`).
 pub fn validate_pod_update(engine: &Engine, old: &Value, request: &PodRequest) -> UpdateVerdict {
     let new = &*request.pod;
-    let metadata = |pod: &Value, field: &str, key: &str| {
-        pod.get("metadata")
-            .and_then(|m| m.get(field))
-            .and_then(|m| m.get(key))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
-    let advice = "an injection changes only when the pod is created again (delete it, or restart its workload with `sidecar-injector drift --restart`)";
-    for (field, key) in [("annotations", names::STATUS_ANNOTATION), ("labels", names::INJECTED_LABEL)] {
-        let (before, after) = (metadata(old, field, key), metadata(new, field, key));
-        if before != after {
-            let show = |v: &Option<String>| v.as_ref().map_or("absent".to_owned(), |v| format!("{v:?}"));
-            return UpdateVerdict::from(Verdict::Denied(format!(
-                "the {} {key} cannot be changed by an update ({} before, {} after): {advice}",
-                &field[..field.len() - 1],
-                show(&before),
-                show(&after)
-            )));
+    let advice = "an injection changes only when the pod is created again (delete it, or restart its workload with `sidecar-injector drift --restart`), or by an update to the template versions in service that changes only images (`sidecar-injector drift --in-place`)";
+    let old_status =
+        old.get("metadata").and_then(|m| m.get("annotations")).and_then(|a| a.get(names::STATUS_ANNOTATION));
+    let Some(status) = old_status.and_then(Value::as_str).and_then(|s| InjectionStatus::parse(s).ok()) else {
+        return match unchanged_injection(old, new, None, advice) {
+            Ok(()) => Verdict::Allowed(Vec::new()),
+            Err(denied) => Verdict::Denied(denied),
         }
-    }
-    let Some(status) =
-        metadata(old, "annotations", names::STATUS_ANNOTATION).and_then(|s| InjectionStatus::parse(&s).ok())
-    else {
-        return Verdict::Allowed(Vec::new()).into();
+        .into();
     };
-    let enforced_skips = status.skipped.iter().filter(|s| {
-        matches!(s.kind, crate::claims::status::ItemKind::Sidecar | crate::claims::status::ItemKind::InitContainer)
-            && engine.templates.get(&s.template).is_some_and(|t| t.enforced)
-    });
-    let guarded = status.containers.iter().chain(&status.init_containers).chain(enforced_skips.map(|s| &s.name));
-    fn image<'p>(pod: &'p Value, name: &str) -> Option<&'p str> {
-        pod::container(pod, name).and_then(|c| c.get("image")).and_then(Value::as_str)
-    }
-    for name in guarded {
-        let (before, after) = (image(old, name), image(new, name));
-        if before != after {
-            return UpdateVerdict::from(Verdict::Denied(format!(
-                "the image of injected container {name:?} cannot be changed by an update ({} before, {} after): {advice}",
-                before.unwrap_or("none"),
-                after.unwrap_or("none")
-            )));
+    if let Err(denied) = unchanged_injection(old, new, Some((engine, &status)), advice) {
+        // The one update of what was injected there is: to the versions in service, images only.
+        let old_request = PodRequest { pod: Arc::new(old.clone()), ..request.clone() };
+        match in_place::in_place_update(engine, &old_request) {
+            Ok(update) if is_exactly(&update, &status, old, new) => {}
+            Ok(update) => {
+                return Verdict::Denied(format!(
+                    "{denied} (the one update to the versions in service is {}, with their status annotation)",
+                    update.describe()
+                ))
+                .into();
+            }
+            Err(reason) => {
+                return Verdict::Denied(format!(
+                    "{denied} (no update to the versions in service is possible: {reason})"
+                ))
+                .into();
+            }
         }
     }
     let (audited, refused): (Vec<_>, Vec<_>) =
@@ -172,6 +162,81 @@ pub fn validate_pod_update(engine: &Engine, old: &Value, request: &PodRequest) -
     let mut audited: Vec<String> = audited.into_iter().map(|s| s.template).collect();
     audited.dedup();
     UpdateVerdict { verdict: Verdict::Allowed(warnings), audited }
+}
+
+/// `Err` naming the first change `new` makes to what the injection wrote: the status annotation,
+/// the `injected` label, the image of a container the status names as injected or that an
+/// enforced template requires (when `claim` gives the status and the engine).
+fn unchanged_injection(
+    old: &Value,
+    new: &Value,
+    claim: Option<(&Engine, &InjectionStatus)>,
+    advice: &str,
+) -> Result<(), String> {
+    let metadata = |pod: &Value, field: &str, key: &str| {
+        pod.get("metadata")
+            .and_then(|m| m.get(field))
+            .and_then(|m| m.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    for (field, key) in [("annotations", names::STATUS_ANNOTATION), ("labels", names::INJECTED_LABEL)] {
+        let (before, after) = (metadata(old, field, key), metadata(new, field, key));
+        if before != after {
+            let show = |v: &Option<String>| v.as_ref().map_or("absent".to_owned(), |v| format!("{v:?}"));
+            return Err(format!(
+                "the {} {key} cannot be changed by an update ({} before, {} after): {advice}",
+                &field[..field.len() - 1],
+                show(&before),
+                show(&after)
+            ));
+        }
+    }
+    let Some((engine, status)) = claim else { return Ok(()) };
+    for name in guarded_containers(engine, status) {
+        let (before, after) = (image(old, name), image(new, name));
+        if before != after {
+            return Err(format!(
+                "the image of injected container {name:?} cannot be changed by an update ({} before, {} after): {advice}",
+                before.unwrap_or("none"),
+                after.unwrap_or("none")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The containers whose image only the injection sets: those the status names as injected, and
+/// the pod's own copies of an enforced template's (skipped as conflicts).
+fn guarded_containers<'s>(engine: &Engine, status: &'s InjectionStatus) -> impl Iterator<Item = &'s String> {
+    let enforced_skips = status.skipped.iter().filter(move |s| {
+        matches!(s.kind, ItemKind::Sidecar | ItemKind::InitContainer)
+            && engine.templates.get(&s.template).is_some_and(|t| t.enforced)
+    });
+    status.containers.iter().chain(&status.init_containers).chain(enforced_skips.map(|s| &s.name))
+}
+
+fn image<'p>(pod: &'p Value, name: &str) -> Option<&'p str> {
+    pod::container(pod, name).and_then(|c| c.get("image")).and_then(Value::as_str)
+}
+
+/// Whether `old` → `new` is exactly `update` in what the injection wrote: the status annotation
+/// it gives, and every injected container's image its own or the update's.
+fn is_exactly(update: &in_place::InPlaceUpdate, status: &InjectionStatus, old: &Value, new: &Value) -> bool {
+    let status_after = new
+        .get("metadata")
+        .and_then(|m| m.get("annotations"))
+        .and_then(|a| a.get(names::STATUS_ANNOTATION))
+        .and_then(Value::as_str);
+    let label = |pod: &Value| {
+        pod.get("metadata").and_then(|m| m.get("labels")).and_then(|l| l.get(names::INJECTED_LABEL)).cloned()
+    };
+    status_after == Some(update.status.as_str())
+        && label(old) == label(new)
+        && status.containers.iter().chain(&status.init_containers).all(|name| {
+            let expected = update.images.iter().find(|c| c.container == *name).map(|c| c.to.as_str());
+            image(new, name) == expected.or(image(old, name))
+        })
 }
 
 fn describe_refs(refs: &[TemplateRef]) -> String {

@@ -5,6 +5,7 @@
 //! current cheaply; and which workload to restart for it. `pod_index` keeps, for every pod of the
 //! cluster, exactly what [`classify`] reads.
 
+pub mod in_place;
 pub mod pod_index;
 
 use std::collections::BTreeMap;

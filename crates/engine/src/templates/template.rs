@@ -332,6 +332,9 @@ pub struct Template {
     /// although the Kubernetes types it reads items as do not know them: fields newer than
     /// `load::CHECKED_KUBERNETES_VERSION` (`uncheckedFields`).
     pub unchecked_fields: Vec<String>,
+    /// The YAML text it was loaded from: an earlier version differing only in images is rebuilt
+    /// from it (`drift::in_place`).
+    pub(crate) source: Arc<str>,
     pub(crate) inject: InjectSpec,
     pub(crate) expressions: expression::Expressions,
 }
@@ -345,7 +348,9 @@ pub(crate) fn compile(name: &str, source: &str) -> Result<Template, TemplateErro
         line: e.line,
         message: e.message,
     })?;
-    Compiler::new(name).template(&root)
+    let mut template = Compiler::new(name).template(&root)?;
+    template.source = source.into();
+    Ok(template)
 }
 
 fn validate_template_name(name: &str) -> Result<(), TemplateError> {
@@ -406,6 +411,7 @@ impl<'a> Compiler<'a> {
             warnings: Vec::new(),
             hash: content_hash(root),
             unchecked_fields: Vec::new(),
+            source: "".into(),
             inject: InjectSpec::default(),
             expressions: expression::Expressions::default(),
         };
@@ -1075,7 +1081,7 @@ pub(crate) fn resource_warnings(spec: &InjectSpec) -> Vec<String> {
     warnings
 }
 
-fn content_hash(root: &SourceNode) -> String {
+pub(crate) fn content_hash(root: &SourceNode) -> String {
     let canonical = root.to_json().to_string();
     let digest = Sha256::digest(canonical.as_bytes());
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
