@@ -4,7 +4,9 @@
 //! - injecting the patched pod again yields no patch (idempotence);
 //! - re-injecting an injection made with other templates equals injecting the original pod;
 //! - whatever status annotation a pod carries (copied, edited, forged), nothing of the pod that an
-//!   earlier injection did not provably add is ever removed or changed.
+//!   earlier injection did not provably add is ever removed or changed;
+//! - an in-place update after a template edit exists when the edit changed only images, and gives
+//!   exactly what injecting the author's pod with the new versions gives.
 //!
 //! Deterministic in `make test`: every property runs [`FIXED_CASES`] cases from [`FIXED_SEED`],
 //! the same cases on every run, after every regression persisted in
@@ -19,7 +21,9 @@ use json_patch::PatchOperation;
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use serde_json::{Map, Value, json};
+use sidecar_injector_engine::checks::validate::{Verdict, validate_pod_update};
 use sidecar_injector_engine::claims::status::InjectionStatus;
+use sidecar_injector_engine::drift::in_place::in_place_update;
 use sidecar_injector_engine::injection::compare::first_difference;
 use sidecar_injector_engine::injection::pod_resources;
 use sidecar_injector_engine::kinds::{
@@ -324,16 +328,16 @@ fn with_claim(
     pod
 }
 
+/// The opted-in namespace of every generated pod.
+fn shop() -> NamespaceFacts {
+    NamespaceFacts::known("shop", [("sidecar-injector.io/inject".into(), "enabled".into())].into(), Default::default())
+}
+
 fn evaluate(engine: &Engine, pod: &Value, native: bool) -> Outcome {
-    let namespace = NamespaceFacts::known(
-        "shop",
-        [("sidecar-injector.io/inject".into(), "enabled".into())].into(),
-        Default::default(),
-    );
     engine
         .evaluate(&PodRequest {
             pod: Arc::new(pod.clone()),
-            namespace,
+            namespace: shop(),
             cluster: ClusterFacts::api_server(native),
             workload: None,
         })
@@ -458,6 +462,62 @@ proptest! {
             other => panic!("{other:?}"),
         };
         prop_assert_eq!(normalize(&reinjected), normalize(&expected));
+    }
+
+    /// After a template edit, an in-place update (`drift --in-place`) exists where the edit
+    /// changed only the value every sidecar's image is, on a replica that served the old version
+    /// and (when the old text can be rebuilt) in the CLI; and whenever one is made, the pod is
+    /// exactly what injecting its author's pod with the new versions gives, up to date by
+    /// re-admission and accepted as an UPDATE by `/validate`.
+    #[test]
+    fn an_in_place_update_gives_exactly_the_new_injection(
+        pod in pod(),
+        old in proptest::collection::vec(template(), 1..=2),
+        images in proptest::collection::vec("[a-z]{1,4}(:[0-9]\\.[0-9])?", 2),
+        other in proptest::option::of(template()),
+        native in any::<bool>(),
+    ) {
+        let old_engine = engine(&old);
+        let (injected, _) = patched(&pod, evaluate(&old_engine, &pod, native));
+        let mut new: Vec<String> = old.iter().zip(&images).map(|(text, image)| {
+            let mut doc = manifest::read(text).unwrap().remove(0);
+            doc["values"]["v"] = json!(image);
+            manifest::write(&[doc])
+        }).collect();
+        let images_only = other.is_none();
+        if let Some(other) = other {
+            new[0] = other;
+        }
+        let replica = edited(&old_engine, &new);
+        let cli = engine(&new);
+        let expected = match evaluate(&replica, &pod, native) {
+            outcome @ Outcome::Inject(_) => patched(&pod, outcome).0,
+            outcome => panic!("{outcome:?}"),
+        };
+        let stale = expected["metadata"]["annotations"]["sidecar-injector.io/status"]
+            != injected["metadata"]["annotations"]["sidecar-injector.io/status"];
+        let request = PodRequest {
+            pod: Arc::new(injected.clone()),
+            namespace: shop(),
+            cluster: ClusterFacts::api_server(native),
+            workload: None,
+        };
+        for (engine, which) in [(&replica, "replica"), (&cli, "cli")] {
+            let update = match in_place_update(engine, &request) {
+                Ok(update) => update,
+                Err(why) => {
+                    let expected_refusal = !stale || !images_only || (which == "cli" && why.contains("changed more than images since"));
+                    prop_assert!(expected_refusal, "{}: {}", which, why);
+                    continue;
+                }
+            };
+            let mut updated = injected.clone();
+            json_patch::patch(&mut updated, &update.patch()).expect("the update applies");
+            prop_assert_eq!(normalize(&updated), normalize(&expected), "{}", which);
+            prop_assert!(matches!(evaluate(engine, &updated, native), Outcome::UpToDate(_)), "{}", which);
+            let checked = PodRequest { pod: Arc::new(updated), ..request.clone() };
+            prop_assert_eq!(validate_pod_update(engine, &injected, &checked).verdict, Verdict::Allowed(Vec::new()), "{}", which);
+        }
     }
 
     #[test]

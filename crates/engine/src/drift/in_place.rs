@@ -225,7 +225,7 @@ fn image_pairs(pod: &Value, claim: &InjectionStatus, rendered: &RenderedTemplate
             let had = pod::container(pod, name).and_then(|c| c.get("image")).and_then(Value::as_str);
             if let (Some(new), Some(had)) = (image_of(rendered, name), had)
                 && new != had
-                && !pairs.iter().any(|(n, _)| n == new)
+                && !pairs.iter().any(|(n, o)| n == new && o == had)
             {
                 pairs.push((new.to_owned(), had.to_owned()));
             }
@@ -245,20 +245,33 @@ fn rebuilt_with_images(current: &Template, hash: &str, pairs: &[(String, String)
     }
     let root = SourceNode::parse(&current.source).ok()?;
     let candidates: [Substitution; 3] = [|new, old| (new.to_owned(), old.to_owned()), after_repository, differing_part];
-    for candidate in candidates {
-        let substitutions: Vec<(String, String)> = pairs.iter().map(|(new, old)| candidate(new, old)).collect();
-        if substitutions.iter().any(|(new, _)| new.is_empty()) {
-            continue;
-        }
-        let mut text = root.clone();
-        substitute(&mut text, &substitutions);
-        if content_hash(&text) == hash {
-            let version = Template::load(&current.name, &text.to_json().to_string()).ok()?;
-            return (version.hash == hash).then(|| Arc::new(version));
+    // The pairs of other templates' containers may be among them (a pod's claim does not say
+    // which template injected which container): every subset is tried, the largest first.
+    let pairs = &pairs[..pairs.len().min(MOST_IMAGE_PAIRS)];
+    let mut subsets: Vec<Vec<&(String, String)>> = (1..1u32 << pairs.len())
+        .map(|bits| pairs.iter().enumerate().filter(|(i, _)| bits & (1 << i) != 0).map(|(_, p)| p).collect())
+        .collect();
+    subsets.sort_by_key(|subset| std::cmp::Reverse(subset.len()));
+    for subset in subsets {
+        // Each part as a whole value first (`values: {tag: "1.3"}`), then inside longer text.
+        for (candidate, whole) in candidates.into_iter().flat_map(|c| [(c, true), (c, false)]) {
+            let substitutions: Vec<(String, String)> = subset.iter().map(|(new, old)| candidate(new, old)).collect();
+            if substitutions.iter().any(|(new, _)| new.is_empty()) {
+                continue;
+            }
+            let mut text = root.clone();
+            substitute(&mut text, &substitutions, whole);
+            if content_hash(&text) == hash {
+                let version = Template::load(&current.name, &text.to_json().to_string()).ok()?;
+                return (version.hash == hash).then(|| Arc::new(version));
+            }
         }
     }
     None
 }
+
+/// How many (new image, old image) pairs a rebuild tries subsets of (2^n - 1 subsets, 6 texts each).
+const MOST_IMAGE_PAIRS: usize = 4;
 
 /// Which parts of a (new image, old image) pair to put back in a template's text.
 type Substitution = fn(&str, &str) -> (String, String);
@@ -295,14 +308,18 @@ fn common_prefix(a: &str, b: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// Replaces, in every string value of the tree (and in every number written the same way, as a
-/// tag `1.3` is), each `new` by its `old`.
-fn substitute(node: &mut SourceNode, substitutions: &[(String, String)]) {
+/// Replaces, in the string values of the tree (and in every number written the same way, as a
+/// tag `1.3` is), each `new` by its `old`: values that are `new` (`whole`), or every occurrence.
+fn substitute(node: &mut SourceNode, substitutions: &[(String, String)], whole: bool) {
     match &mut node.value {
         SourceValue::String(text) => {
-            for (new, old) in substitutions {
-                if text.contains(new.as_str()) {
-                    *text = text.replace(new.as_str(), old);
+            if let Some((_, old)) = substitutions.iter().find(|(new, _)| new == text) {
+                *text = old.clone();
+            } else if !whole {
+                for (new, old) in substitutions {
+                    if text.contains(new.as_str()) {
+                        *text = text.replace(new.as_str(), old);
+                    }
                 }
             }
         }
@@ -314,8 +331,10 @@ fn substitute(node: &mut SourceNode, substitutions: &[(String, String)]) {
                 };
             }
         }
-        SourceValue::Seq(items) => items.iter_mut().for_each(|item| substitute(item, substitutions)),
-        SourceValue::Map(entries) => entries.iter_mut().for_each(|entry| substitute(&mut entry.value, substitutions)),
+        SourceValue::Seq(items) => items.iter_mut().for_each(|item| substitute(item, substitutions, whole)),
+        SourceValue::Map(entries) => {
+            entries.iter_mut().for_each(|entry| substitute(&mut entry.value, substitutions, whole))
+        }
         SourceValue::Null | SourceValue::Bool(_) => {}
     }
 }
