@@ -205,6 +205,7 @@ pub async fn explain(
         label: label.clone(),
         namespace: namespace.to_owned(),
         decision: engine.evaluate(&request),
+        in_place: None,
         pod: request.pod,
         field_prefix: String::new(),
     };

@@ -210,8 +210,10 @@ impl Engine {
             .templates
             .iter()
             .map(|claimed| {
-                let template = self.templates.version(&claimed.name, &claimed.hash)?;
-                render_one(template, &base, &base_annotations).ok()
+                let template = claims::versions::claimed_version(&self.templates, claimed, pod, claim, |now| {
+                    render_one(now, &base, &base_annotations).ok()
+                })?;
+                render_one(&template, &base, &base_annotations).ok()
             })
             .collect();
         let assessed =

@@ -50,9 +50,26 @@ pub struct Explanation {
     /// sidecars).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sidecars: Option<String>,
+    /// For a pod injected with template versions no longer in service: whether an update of the
+    /// running pod brings it to them (`drift --in-place`), and how or why not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_place: Option<String>,
     /// Warnings (ignored overrides and the like).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+}
+
+/// `explain`'s sentence on a stale pod's in-place update (see `drift::in_place`).
+pub fn in_place_sentence(in_place: &Result<crate::drift::in_place::InPlaceUpdate, String>) -> String {
+    match in_place {
+        Ok(update) => format!(
+            "an update of the running pod brings it to the template versions in service ({}; sidecar-injector drift --in-place)",
+            update.describe()
+        ),
+        Err(why) => format!(
+            "no update of the running pod brings it to the template versions in service: {why}; restart it (sidecar-injector drift --restart)"
+        ),
+    }
 }
 
 fn choice_json(choice: &Choice) -> Value {
@@ -117,6 +134,7 @@ pub fn one(found: PodDecision, labels_known: bool) -> Explanation {
     if !labels_known && !matches!(decision.outcome, Outcome::OutOfScope(_)) {
         warnings.push("namespace labels not given (--namespace-labels): the namespace counts as opted in".to_owned());
     }
+    let in_place = found.in_place.as_ref().map(in_place_sentence);
     Explanation {
         object: found.label,
         namespace: found.namespace,
@@ -128,6 +146,7 @@ pub fn one(found: PodDecision, labels_known: bool) -> Explanation {
         value_sources,
         merge_notes,
         sidecars,
+        in_place,
         warnings,
     }
 }
@@ -229,6 +248,9 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>], webhook_only
                 out.push_str(&format!("    {}\n", skip.describe()));
             }
         }
+        if let Some(in_place) = &e.in_place {
+            out.push_str(&format!("  in place: {in_place}\n"));
+        }
         for warning in &e.warnings {
             out.push_str(&format!("  warning: {warning}\n"));
         }
@@ -274,6 +296,7 @@ pub fn explain(
             value_sources: Vec::new(),
             merge_notes: Vec::new(),
             sidecars: None,
+            in_place: None,
             warnings: Vec::new(),
         });
     }

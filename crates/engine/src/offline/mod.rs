@@ -118,6 +118,9 @@ pub struct PodDecision {
     pub field_prefix: String,
     /// Whether native sidecars start where the pod runs, and the rule that said so.
     pub cluster: ClusterFacts,
+    /// For a pod injected with template versions no longer in service: the update that brings it
+    /// to them in place (`drift::in_place`), or why there is none.
+    pub in_place: Option<Result<crate::drift::in_place::InPlaceUpdate, String>>,
 }
 
 impl PodDecision {
@@ -179,6 +182,7 @@ pub fn decide_all(
                 workload: workload::Workload::of_document(doc),
             };
             let decision = engine.evaluate(&request);
+            let in_place = crate::drift::in_place::for_stale(&engine, &request);
             let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default().to_owned();
             visit(
                 doc,
@@ -188,6 +192,7 @@ pub fn decide_all(
                     pod: request.pod,
                     cluster: request.cluster,
                     decision,
+                    in_place,
                     field_prefix: workload::field_prefix(&kind),
                 }),
             );
