@@ -203,10 +203,11 @@ mod tests {
             let pod =
                 |image: &str| json!({"spec": {"containers": [{"name": "app"}, {"name": "proxy", "image": image}]}});
             let rendered = |t: &Template| {
-                let mut r = RenderedTemplate::default();
-                r.sidecars =
-                    vec![json!({"name": "proxy", "image": if t.hash == old.hash { "proxy:1.0" } else { "proxy:1.1" }})];
-                Some(r)
+                let image = if t.hash == old.hash { "proxy:1.0" } else { "proxy:1.1" };
+                Some(RenderedTemplate {
+                    sidecars: vec![json!({"name": "proxy", "image": image})],
+                    ..Default::default()
+                })
             };
             let found = claimed_version(&now.templates, &claim.templates[0], &pod("proxy:1.0"), &claim, rendered);
             assert_eq!(found.map(|t| t.hash.clone()), rebuilt.then(|| old.hash.clone()), "{padding} bytes of padding");
