@@ -308,7 +308,12 @@ mod tests {
         let constraints = &enforcement["spec"]["matchConstraints"];
         assert_eq!(constraints.get("namespaceSelector"), None, "the enforcement policy");
         assert_eq!(constraints.get("objectSelector"), None, "the enforcement policy");
-        assert_eq!(conditions(enforcement["spec"].get("matchConditions")), [mirror()], "the enforcement policy");
+        let enforcement_conditions = conditions(enforcement["spec"].get("matchConditions"));
+        assert_eq!(enforcement_conditions[0], mirror(), "the enforcement policy");
+        // Difference: a second condition narrows UPDATEs to resizes and image changes.
+        assert_eq!(enforcement_conditions.len(), 2, "the enforcement policy");
+        assert_eq!(enforcement_conditions[1].0, "create-resize-or-an-image-update");
+        assert!(enforcement_conditions[1].1.starts_with(r#"request.operation == "CREATE" ||"#));
         let enforced = engine(&[(
             "e",
             "enforced: true\nnamespaceSelector: {matchLabels: {env: prod}}\npodSelector: {matchLabels: {app: web}}\ninject:\n  sidecars:\n    - {name: e, image: i}\n",
