@@ -2,7 +2,9 @@
 //!
 //! Everything is read, never written, except by `drift --restart` (without `--dry-run`), which
 //! patches a workload's pod template the way `kubectl rollout restart` does — one workload at a
-//! time, waiting for each rollout — and never touches bare pods.
+//! time, waiting for each rollout — and never touches bare pods; and by `drift --in-place`, which
+//! updates stale pods whose template change is images only (`engine::drift::in_place`): a few pods
+//! at a time, one workload after the other, waiting for the new containers to run.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -292,6 +294,7 @@ impl ClusterExplanation {
 
 /// Options of `drift`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("action").args(["restart", "in_place"])))]
 pub struct DriftArgs {
     /// Only this namespace (default: all).
     #[arg(long)]
@@ -300,14 +303,24 @@ pub struct DriftArgs {
     /// `kubectl rollout restart`), one at a time.
     #[arg(long)]
     pub restart: bool,
-    /// With --restart: print the plan, change nothing.
-    #[arg(long, requires = "restart")]
+    /// Update stale pods in place where their templates changed only images: each injected
+    /// container gets its new image (kubelet restarts only that container, not the app) and the
+    /// status annotation its new versions; any other change is left to --restart, saying why.
+    #[arg(long)]
+    pub in_place: bool,
+    /// With --restart or --in-place: print the plan, change nothing.
+    #[arg(long, requires = "action")]
     pub dry_run: bool,
-    /// With --restart: pause between two workloads, in seconds.
-    #[arg(long, default_value_t = 0, requires = "restart")]
+    /// With --restart or --in-place: pause between two workloads, in seconds.
+    #[arg(long, default_value_t = 0, requires = "action")]
     pub interval: u64,
-    /// With --restart: how long to wait for each rollout, in seconds (0: do not wait).
-    #[arg(long, default_value_t = 300, requires = "restart")]
+    /// With --in-place: how many pods of a workload are updated at once (the next ones wait until
+    /// their new containers run).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "in_place")]
+    pub max_updating: u32,
+    /// With --restart: how long to wait for each rollout; with --in-place, for each group of pods
+    /// to run their new containers; in seconds (0: do not wait).
+    #[arg(long, default_value_t = 300, requires = "action")]
     pub rollout_timeout: u64,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
@@ -335,8 +348,16 @@ pub struct DriftedWorkload {
     action: RestartAction,
 }
 
-async fn drifted(client: &Client, args: &DriftArgs) -> Result<Vec<DriftedWorkload>> {
-    let (engine, _, errors) = live_engine(client, &args.injector).await?;
+/// What `drift` found, and what it judged with.
+struct Drifted {
+    workloads: Vec<DriftedWorkload>,
+    engine: Engine,
+    cluster: ClusterFacts,
+    namespaces: BTreeMap<String, NamespaceFacts>,
+}
+
+async fn drifted(client: &Client, args: &DriftArgs) -> Result<Drifted> {
+    let (engine, cluster, errors) = live_engine(client, &args.injector).await?;
     for error in errors {
         eprintln!("warning: template not loaded: {error}");
     }
@@ -437,7 +458,7 @@ async fn drifted(client: &Client, args: &DriftArgs) -> Result<Vec<DriftedWorkloa
             workload.action = RestartAction::Manual { advice: advice.to_owned() };
         }
     }
-    Ok(workloads.into_values().collect())
+    Ok(Drifted { workloads: workloads.into_values().collect(), engine, cluster, namespaces })
 }
 
 /// Why a pod is listed by `drift`.
@@ -449,11 +470,12 @@ enum DriftKind {
     EnforcementAudit,
 }
 
-/// `drift [--restart]`.
+/// `drift [--restart | --in-place]`.
 pub async fn drift(client: &Client, args: &DriftArgs) -> Result<String> {
-    let workloads = drifted(client, args).await?;
+    let drifted = drifted(client, args).await?;
+    let workloads = &drifted.workloads;
     let mut out = String::new();
-    if args.output == OutputFormat::Json && !args.restart {
+    if args.output == OutputFormat::Json && !args.restart && !args.in_place {
         return Ok(serde_json::to_string_pretty(&workloads)? + "\n");
     }
     if workloads.is_empty() {
@@ -463,7 +485,7 @@ pub async fn drift(client: &Client, args: &DriftArgs) -> Result<String> {
             "{:<20} {:<32} {:>5} {:>12} {:>9} {:>5}  {:<28} ACTION\n",
             "NAMESPACE", "WORKLOAD", "STALE", "NOT INJECTED", "CONFLICTS", "AUDIT", "TEMPLATES"
         ));
-        for w in &workloads {
+        for w in workloads {
             let action = match &w.action {
                 RestartAction::Restart => "restart".to_owned(),
                 RestartAction::NextRun => "none: its next run gets them".to_owned(),
@@ -482,7 +504,10 @@ pub async fn drift(client: &Client, args: &DriftArgs) -> Result<String> {
         }
     }
     if args.restart {
-        out.push_str(&restart(client, args, &workloads).await?);
+        out.push_str(&restart(client, args, workloads).await?);
+    }
+    if args.in_place {
+        out.push_str(&in_place(client, args, &drifted).await?);
     }
     Ok(out)
 }
@@ -544,6 +569,144 @@ async fn restart(client: &Client, args: &DriftArgs, workloads: &[DriftedWorkload
         }
     }
     Ok(out)
+}
+
+/// `drift --in-place`: each workload's stale pods, `--max-updating` at a time.
+async fn in_place(client: &Client, args: &DriftArgs, drifted: &Drifted) -> Result<String> {
+    let mut out = String::new();
+    let plan: Vec<&DriftedWorkload> = drifted.workloads.iter().filter(|w| !w.stale_pods.is_empty()).collect();
+    out.push_str(&match args.dry_run {
+        true => format!(
+            "\nplan (dry run, nothing changed): the stale pods of {} workload(s), in place where only images changed\n",
+            plan.len()
+        ),
+        false => {
+            format!("\nupdating the stale pods of {} workload(s) in place where only images changed\n", plan.len())
+        }
+    });
+    let (mut updated, mut left) = (0, 0);
+    for (index, w) in plan.iter().enumerate() {
+        if index > 0 && args.interval > 0 && !args.dry_run {
+            tokio::time::sleep(Duration::from_secs(args.interval)).await;
+        }
+        out.push_str(&format!("{} in {}:\n", w.workload, w.namespace));
+        let api: Api<Pod> = Api::namespaced(client.clone(), &w.namespace);
+        let namespace =
+            drifted.namespaces.get(&w.namespace).cloned().unwrap_or_else(|| NamespaceFacts::unknown(&w.namespace));
+        for group in w.stale_pods.chunks(args.max_updating as usize) {
+            let mut waiting = Vec::new();
+            for name in group {
+                let Some(pod) = api.get_opt(name).await? else {
+                    out.push_str(&format!("  pod/{name}: gone\n"));
+                    continue;
+                };
+                let pod = serde_json::to_value(&pod)?;
+                let running_before = running_containers(&pod);
+                let request = PodRequest {
+                    pod: Arc::new(pod),
+                    namespace: namespace.clone(),
+                    cluster: drifted.cluster,
+                    workload: None,
+                };
+                let update = match drift::in_place::in_place_update(&drifted.engine, &request) {
+                    Ok(update) => update,
+                    Err(why) => {
+                        left += 1;
+                        out.push_str(&format!("  pod/{name}: left for --restart: {why}\n"));
+                        continue;
+                    }
+                };
+                if args.dry_run {
+                    out.push_str(&format!("  pod/{name}: would update in place: {}\n", update.describe()));
+                    continue;
+                }
+                match api.patch(name, &PatchParams::default(), &Patch::Json::<()>(update.patch())).await {
+                    Ok(_) => {
+                        updated += 1;
+                        out.push_str(&format!("  pod/{name}: updated in place: {}\n", update.describe()));
+                        waiting.push((name.clone(), update, running_before));
+                    }
+                    Err(e) => {
+                        left += 1;
+                        out.push_str(&format!("  pod/{name}: not updated: {}\n", api_error_message(&e)));
+                    }
+                }
+            }
+            if args.rollout_timeout > 0 && !waiting.is_empty() {
+                let took = wait_for_images(&api, &waiting, Duration::from_secs(args.rollout_timeout)).await?;
+                out.push_str(&format!("  their new containers run after {:.0} s\n", took.as_secs_f64()));
+            }
+        }
+    }
+    out.push_str(&match args.dry_run {
+        true => "no pod was changed (dry run)\n".to_owned(),
+        false => format!("{updated} pod(s) updated in place, {left} left for --restart or not updated\n"),
+    });
+    Ok(out)
+}
+
+/// What the API server said, without the client's wrapping.
+fn api_error_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(response) => response.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The running containers of a pod (init containers included), by name, with their container ID.
+fn running_containers(pod: &Value) -> BTreeMap<String, String> {
+    let statuses = ["initContainerStatuses", "containerStatuses"].into_iter();
+    statuses
+        .flat_map(|field| pod["status"][field].as_array().cloned().unwrap_or_default())
+        .filter(|s| s["state"].get("running").is_some())
+        .filter_map(|s| Some((s["name"].as_str()?.to_owned(), s["containerID"].as_str()?.to_owned())))
+        .collect()
+}
+
+/// Waits until, in every updated pod, every container whose image changed and that was running
+/// before the update runs again in a new container (the kubelet replaced it) or with the new image.
+/// A container that was not running (a pod not started yet, a run-to-completion init container)
+/// starts with its new image whenever it starts.
+async fn wait_for_images(
+    api: &Api<Pod>,
+    updated: &[(String, drift::in_place::InPlaceUpdate, BTreeMap<String, String>)],
+    timeout: Duration,
+) -> Result<Duration> {
+    let started = Instant::now();
+    loop {
+        let mut pending = Vec::new();
+        for (name, update, running_before) in updated {
+            let Some(pod) = api.get_opt(name).await? else { continue };
+            let running_now = running_containers(&serde_json::to_value(&pod)?);
+            let statuses = pod
+                .status
+                .iter()
+                .flat_map(|s| s.init_container_statuses.iter().flatten().chain(s.container_statuses.iter().flatten()));
+            for change in update.images.iter().filter(|c| running_before.contains_key(&c.container)) {
+                let status = statuses.clone().find(|s| s.name == change.container);
+                let new_image =
+                    status.is_some_and(|s| s.image == change.to || s.image.ends_with(&format!("/{}", change.to)));
+                let replaced = running_now
+                    .get(&change.container)
+                    .is_some_and(|id| Some(id) != running_before.get(&change.container));
+                let serving = status.is_some_and(|s| s.started != Some(false));
+                if !(running_now.contains_key(&change.container) && serving && (replaced || new_image)) {
+                    pending.push(format!("{name}/{}", change.container));
+                }
+            }
+        }
+        if pending.is_empty() {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > timeout {
+            bail!(
+                "{} did not run its new image within {} s; stopping here (later pods were not updated)",
+                pending.join(", "),
+                timeout.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// Waits until the workload's controller reports every replica updated and available.

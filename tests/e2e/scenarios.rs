@@ -806,8 +806,11 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     let swap = json!({"spec": {"initContainers": [{"name": "audit-agent", "image": "evil/not-audit"}]}});
     let refused = pods.patch("enforced-opted-out", &params, &patch(swap)).await;
     let message = refused.as_ref().err().map(api_message).unwrap_or_default();
+    // Refused by the enforcement policy (which the API server runs before the webhooks) or by
+    // `/validate`, whichever answers first.
     ensure!(
-        message.contains("the image of injected container \"audit-agent\" cannot be changed by an update"),
+        message.contains("the image of injected container \"audit-agent\" cannot be changed by an update")
+            || message.contains("an update may change the image of its audit-agent only to the template's"),
         "image swap not refused: {message:?}"
     );
     let forged = json!({"metadata": {"annotations": {"sidecar-injector.io/status": "{\"templates\":[]}"}}});
@@ -1606,5 +1609,191 @@ async fn positioned(ctx: &mut Ctx) -> Result<()> {
     let created = ctx.create_pod("e2e-shop", chosen).await.map_err(|e| anyhow::anyhow!(api_message(&e)))?;
     ensure!(default(&created).as_deref() == Some("worker"), "the author's default container: {:?}", default(&created));
     println!("      the author's default container (worker) stands");
+    Ok(())
+}
+
+/// A native agent whose image is a value, and an enforced classic shipper with a literal image,
+/// for pods labelled `tier=upgradable`.
+const UPGRADABLE_AGENT: &str = r#"description: An agent upgraded in place
+default: true
+sidecarMode: native
+podSelector:
+  matchLabels: {tier: upgradable}
+values: {image: "registry.example/agent:1"}
+inject:
+  sidecars:
+    - {name: agent, image: "{{ values.image }}", args: [--serve]}
+"#;
+const UPGRADABLE_SHIPPER: &str = r#"description: An enforced shipper upgraded in place
+enforced: true
+sidecarMode: container
+podSelector:
+  matchLabels: {tier: upgradable}
+inject:
+  sidecars:
+    - {name: shipper, image: "registry.example/shipper:1", args: [--ship]}
+"#;
+
+/// Scenario 35: `drift --in-place` on the real API server. After an image edit of both templates,
+/// the dry run names each pod's image changes and changes nothing; `/validate` refuses an update
+/// that is not exactly the in-place one (saying what that is); the in-place run updates the pods
+/// (same pods: the same UIDs), which are then current (drift lists none, their status names the
+/// versions in service), and the enforcement policy, bound by the enforced shipper, accepts the
+/// new image. With the injector down the policy still refuses another image for the enforced
+/// shipper. An edit of more than images is left to `--restart`, and the run says why.
+pub async fn s35_in_place_upgrade(ctx: &mut Ctx) -> Result<()> {
+    set_template(ctx, "upgradable-agent.yaml", Some(UPGRADABLE_AGENT)).await.context("adding the templates")?;
+    set_template(ctx, "upgradable-shipper.yaml", Some(UPGRADABLE_SHIPPER)).await?;
+    let result = in_place_upgrade(ctx).await;
+    if ctx.injector.is_none() {
+        ctx.start_injector()?;
+        wait_for_injection(ctx, "e2e-shop").await?;
+    }
+    set_template(ctx, "upgradable-agent.yaml", None).await?;
+    set_template(ctx, "upgradable-shipper.yaml", None).await?;
+    wait_for_binding(ctx, "upgradable-shipper", false).await?;
+    for name in ["upgrade-a", "upgrade-b"] {
+        let _ = ctx.pods("e2e-shop").delete(name, &DeleteParams::default()).await;
+    }
+    result
+}
+
+async fn in_place_upgrade(ctx: &mut Ctx) -> Result<()> {
+    let pods = ctx.pods("e2e-shop");
+    let template_pod = |name: &str| {
+        let mut pod =
+            pod(name, json!({"tier": "upgradable"}), json!({"sidecar-injector.io/templates": "upgradable-agent"}));
+        pod["spec"]["nodeSelector"] = json!({"e2e.example/unschedulable": "true"});
+        pod
+    };
+    let image = |pod: &Pod, name: &str| all_containers(pod).into_iter().find(|c| c.name == name).and_then(|c| c.image);
+    dry_run_until(ctx, &template_pod("probe"), "the upgradable templates", |p| {
+        image(p, "agent").is_some() && image(p, "shipper").is_some()
+    })
+    .await?;
+    wait_for_binding(ctx, "upgradable-shipper", true).await?;
+    let mut before = Vec::new();
+    for name in ["upgrade-a", "upgrade-b"] {
+        before
+            .push(ctx.create_pod("e2e-shop", template_pod(name)).await.map_err(|e| anyhow::anyhow!(api_message(&e)))?);
+    }
+    set_template(ctx, "upgradable-agent.yaml", Some(&UPGRADABLE_AGENT.replace("agent:1", "agent:2"))).await?;
+    set_template(ctx, "upgradable-shipper.yaml", Some(&UPGRADABLE_SHIPPER.replace("shipper:1", "shipper:2"))).await?;
+    dry_run_until(ctx, &template_pod("probe"), "the new images", |p| {
+        image(p, "agent").as_deref() == Some("registry.example/agent:2")
+            && image(p, "shipper").as_deref() == Some("registry.example/shipper:2")
+    })
+    .await?;
+
+    let plan = cli(ctx, &["drift", "--namespace", "e2e-shop", "--in-place", "--dry-run"])?;
+    for name in ["upgrade-a", "upgrade-b"] {
+        let line = format!(
+            "pod/{name}: would update in place: shipper: registry.example/shipper:1 → registry.example/shipper:2, agent: registry.example/agent:1 → registry.example/agent:2"
+        );
+        ensure!(plan.contains(&line), "no {line:?} in:\n{plan}");
+    }
+    ensure!(
+        image(&pods.get("upgrade-a").await?, "agent").as_deref() == Some("registry.example/agent:1"),
+        "a dry run changed a pod"
+    );
+    println!("      drift --in-place --dry-run names both pods' image changes");
+
+    // An update that is not exactly the in-place one: the new status with another agent image.
+    // (Dry runs may be refused for a second or two, until the enforcement policy has the new
+    // shipper image.)
+    let new_images = |p: &Pod| image(p, "agent").as_deref() == Some("registry.example/agent:2");
+    let current = status(&dry_run_until(ctx, &template_pod("probe"), "the new versions", new_images).await?)
+        .context("no status")?;
+    let mut forged = status(&before[1]).context("no status")?;
+    forged.templates = current.templates.clone();
+    let patch = json!({
+        "metadata": {"annotations": {"sidecar-injector.io/status": forged.to_annotation()}},
+        "spec": {"initContainers": [{"name": "agent", "image": "registry.example/evil:1"}]},
+    });
+    let refused =
+        pods.patch("upgrade-b", &kube::api::PatchParams::default(), &kube::api::Patch::Strategic(patch)).await;
+    let message = refused.as_ref().err().map(api_message).unwrap_or_default();
+    ensure!(
+        message.contains(
+            "the one update to the versions in service is shipper: registry.example/shipper:1 → registry.example/shipper:2, agent: registry.example/agent:1 → registry.example/agent:2"
+        ),
+        "not refused as expected: {message:?}"
+    );
+    println!("      /validate refuses an update that is not the in-place one, naming it");
+
+    // The enforcement policy's params follow the template edit within about a second: the run is
+    // retried until the API server has them (the run reports a refusal and leaves the pod).
+    let start = Instant::now();
+    loop {
+        let done = cli(ctx, &["drift", "--namespace", "e2e-shop", "--in-place", "--rollout-timeout", "0"])?;
+        if done.contains("2 pod(s) updated in place") {
+            break;
+        }
+        ensure!(start.elapsed() < Duration::from_secs(20), "drift --in-place did not update both pods:\n{done}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for old in &before {
+        let name = old.metadata.name.as_deref().unwrap_or_default();
+        let now = pods.get(name).await?;
+        ensure!(now.metadata.uid == old.metadata.uid, "{name} was replaced, not updated");
+        ensure!(
+            image(&now, "agent").as_deref() == Some("registry.example/agent:2"),
+            "{name}: agent {:?}",
+            image(&now, "agent")
+        );
+        ensure!(
+            image(&now, "shipper").as_deref() == Some("registry.example/shipper:2"),
+            "{name}: shipper {:?}",
+            image(&now, "shipper")
+        );
+        ensure!(
+            status(&now).map(|s| s.templates) == Some(current.templates.clone()),
+            "{name}: status {:?}",
+            status(&now)
+        );
+    }
+    let report: Value = serde_json::from_str(&cli(ctx, &["drift", "--namespace", "e2e-shop", "-o", "json"])?)?;
+    let listed: Vec<&Value> = report
+        .as_array()
+        .context("a list")?
+        .iter()
+        .filter(|w| w["workload"]["name"].as_str().is_some_and(|n| n.starts_with("upgrade-")))
+        .collect();
+    ensure!(listed.is_empty(), "still drifted after the in-place update: {listed:?}");
+    println!("      drift --in-place updated both pods (same UIDs); drift lists neither any more");
+
+    // Injector down: the enforcement policy alone refuses another image for the enforced shipper.
+    ctx.stop_injector();
+    let swap = json!({"spec": {"containers": [{"name": "shipper", "image": "registry.example/evil:1"}]}});
+    let refused = pods.patch("upgrade-a", &kube::api::PatchParams::default(), &kube::api::Patch::Strategic(swap)).await;
+    let message = refused.as_ref().err().map(api_message).unwrap_or_default();
+    ensure!(
+        message.contains("an update may change the image of its shipper only to the template's"),
+        "not refused by the policy: {message:?}"
+    );
+    ctx.start_injector()?;
+    wait_for_injection(ctx, "e2e-shop").await?;
+    println!("      with the injector down, the enforcement policy refuses another shipper image");
+
+    // More than an image: left to --restart, saying why.
+    set_template(
+        ctx,
+        "upgradable-agent.yaml",
+        Some(&UPGRADABLE_AGENT.replace("agent:1", "agent:3").replace("--serve", "--serve=all")),
+    )
+    .await?;
+    dry_run_until(ctx, &template_pod("probe"), "the agent's new args", |p| {
+        image(p, "agent").as_deref() == Some("registry.example/agent:3")
+    })
+    .await?;
+    let plan = cli(ctx, &["drift", "--namespace", "e2e-shop", "--in-place", "--dry-run"])?;
+    ensure!(
+        plan.contains("pod/upgrade-a: left for --restart: template upgradable-agent changed more than images"),
+        "{plan}"
+    );
+    println!(
+        "      an args edit is left to --restart: {}",
+        plan.lines().find(|l| l.contains("pod/upgrade-a: left")).unwrap_or_default().trim()
+    );
     Ok(())
 }

@@ -186,6 +186,7 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
         ("n10_native_by_nodes", n10_native_by_nodes),
         ("n11_pod_level_resources", n11_pod_level_resources),
         ("n12_enforced_resize", n12_enforced_resize),
+        ("n13_in_place_upgrade", n13_in_place_upgrade),
         ("n4_drift_restart", n4_drift_restart),
         ("n5_injector_down", n5_injector_down),
         ("n6_attacks_on_the_pod", n6_attacks_on_the_pod),

@@ -846,6 +846,165 @@ spec:
     Ok(())
 }
 
+/// 13. `drift --in-place` on the real kubelet: after an image edit of a native and a classic
+///     sidecar's templates, the update swaps both sidecars' images in the running pod; the kubelet
+///     restarts just those two containers (the app keeps its container ID and restart count), the
+///     pod is no longer stale, and what the kubelet did to the native sidecar and the pod's
+///     readiness while it did it is printed.
+pub fn n13_in_place_upgrade(ctx: &mut Ctx) -> Result<()> {
+    let templates = |image: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: upgrade-templates
+  namespace: {INJECTOR_NS}
+  labels: {{sidecar-injector.io/templates: "true"}}
+data:
+  upgrade-native.yaml: |
+    description: A native agent upgraded in place
+    sidecarMode: native
+    values: {{image: "{image}"}}
+    inject:
+      sidecars:
+        - name: native-agent
+          image: "{{{{ values.image }}}}"
+          imagePullPolicy: Never
+          command: [/bin/sh, -c, 'trap "exit 0" TERM; while true; do sleep 1; done']
+  upgrade-classic.yaml: |
+    description: A classic agent upgraded in place
+    sidecarMode: container
+    inject:
+      sidecars:
+        - name: classic-agent
+          image: "{image}"
+          imagePullPolicy: Never
+          command: [/bin/sh, -c, 'trap "exit 0" TERM; while true; do sleep 1; done']
+"#
+        )
+    };
+    let pod = |name: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {SHOP}, annotations: {{sidecar-injector.io/templates: "upgrade-native,upgrade-classic"}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: app
+      image: {BUSYBOX}
+      imagePullPolicy: Never
+      command: [/bin/sh, -c, 'trap "exit 0" TERM; while true; do sleep 1; done']
+"#
+        )
+    };
+    // Every replica serves `image` (six dry runs in a row give it to both agents).
+    let served = |image: &str| {
+        let mut in_a_row = 0;
+        eventually(&format!("every replica serving {image}"), Duration::from_secs(60), || {
+            let out = ctx.plane.kubectl_as(
+                &ctx.plane.admin_kubeconfig,
+                &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+                Some(&pod("probe")),
+            )?;
+            in_a_row = if out.matches(&format!("\"image\": \"{image}\"")).count() == 2 { in_a_row + 1 } else { 0 };
+            Ok((in_a_row >= 6).then_some(()))
+        })
+    };
+    ctx.apply(&templates(BUSYBOX))?;
+    served(BUSYBOX)?;
+    ctx.apply(&pod("upgradable"))?;
+    ctx.kubectl(&["-n", SHOP, "wait", "--for=condition=Ready", "pod/upgradable", "--timeout=90s"])?;
+    let status_of = |pod: &Value, name: &str| -> Value {
+        ["initContainerStatuses", "containerStatuses"]
+            .iter()
+            .flat_map(|f| pod["status"][f].as_array().cloned().unwrap_or_default())
+            .find(|s| s["name"] == name)
+            .unwrap_or_default()
+    };
+    let before = ctx.json(&["-n", SHOP, "get", "pod", "upgradable"])?;
+    for name in ["app", "native-agent", "classic-agent"] {
+        ensure!(status_of(&before, name)["state"]["running"].is_object(), "{name} not running: {}", before["status"]);
+    }
+
+    // The edit: both agents get another image (the fluent-bit stand-in: busybox with a script).
+    ctx.apply(&templates(FLUENT_BIT))?;
+    served(FLUENT_BIT)?;
+    let plan = ctx.cli(&["drift", "--namespace", SHOP, "--in-place", "--dry-run"])?;
+    ensure!(plan.contains("pod/upgradable: would update in place: native-agent:"), "{plan}");
+
+    // The update, watched: the native agent's containers and the pod's readiness, every 200 ms.
+    let mut run = std::process::Command::new(&ctx.binary)
+        .args(["drift", "--namespace", SHOP, "--in-place", "--rollout-timeout", "120"])
+        .env("KUBECONFIG", &ctx.plane.admin_kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let started = Instant::now();
+    let (mut not_ready, mut native_ids, mut native_started_false) = (Duration::ZERO, Vec::<String>::new(), false);
+    let mut last = Instant::now();
+    while run.try_wait()?.is_none() {
+        let pod = ctx.json(&["-n", SHOP, "get", "pod", "upgradable"])?;
+        let ready_now = ready(&pod);
+        if !ready_now {
+            not_ready += last.elapsed();
+        }
+        last = Instant::now();
+        let native = status_of(&pod, "native-agent");
+        if let Some(id) = native["containerID"].as_str().filter(|id| native_ids.last().is_none_or(|l| l != id)) {
+            native_ids.push(id.to_owned());
+        }
+        native_started_false |= native["started"] == false;
+        ensure!(started.elapsed() < Duration::from_secs(180), "drift --in-place did not finish");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let output = run.wait_with_output()?;
+    let said = String::from_utf8_lossy(&output.stdout);
+    ensure!(output.status.success(), "drift --in-place failed: {said}{}", String::from_utf8_lossy(&output.stderr));
+    ensure!(
+        said.contains("pod/upgradable: updated in place") && said.contains("their new containers run after"),
+        "{said}"
+    );
+
+    let after = ctx.json(&["-n", SHOP, "get", "pod", "upgradable"])?;
+    let (app_before, app_after) = (status_of(&before, "app"), status_of(&after, "app"));
+    ensure!(
+        app_after["containerID"] == app_before["containerID"]
+            && app_after["restartCount"] == app_before["restartCount"],
+        "the app was restarted: {app_after} (was {app_before})"
+    );
+    for name in ["native-agent", "classic-agent"] {
+        let (was, now) = (status_of(&before, name), status_of(&after, name));
+        ensure!(
+            now["state"]["running"].is_object() && now["containerID"] != was["containerID"],
+            "{name} not replaced: {now}"
+        );
+        let spec = ["initContainers", "containers"]
+            .iter()
+            .flat_map(|f| after["spec"][f].as_array().cloned().unwrap_or_default())
+            .find(|c| c["name"] == name)
+            .unwrap_or_default();
+        ensure!(spec["image"] == FLUENT_BIT, "{name}'s image: {}", spec["image"]);
+        println!(
+            "      {name}: new container running {}, restart count {} → {}",
+            now["image"], was["restartCount"], now["restartCount"]
+        );
+    }
+    ensure!(ready(&after), "the pod is not Ready after the update");
+    println!(
+        "      the kubelet replaced the native sidecar in place ({} container IDs seen, started=false seen: {native_started_false}); the pod was not Ready for about {:.1} s of {:.1} s; the app kept its container",
+        native_ids.len(),
+        not_ready.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    let report: Value = serde_json::from_str(&ctx.cli(&["drift", "--namespace", SHOP, "-o", "json"])?)?;
+    let listed = report.as_array().into_iter().flatten().any(|w| w["workload"]["name"] == "upgradable");
+    ensure!(!listed, "still drifted after the in-place update: {report}");
+    ctx.kubectl(&["-n", SHOP, "delete", "pod", "upgradable", "--wait=false"])?;
+    ctx.kubectl(&["-n", INJECTOR_NS, "delete", "configmap", "upgrade-templates"])?;
+    Ok(())
+}
+
 /// 4. A template edit in the ConfigMap → `drift` lists the Deployment's old pod → `drift --restart`
 ///    → a new pod Running and Ready with the new template, the old one gone.
 pub fn n4_drift_restart(ctx: &mut Ctx) -> Result<()> {
