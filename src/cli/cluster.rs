@@ -153,6 +153,9 @@ struct ExistingPod {
     #[serde(skip_serializing_if = "Option::is_none")]
     status: Option<InjectionStatus>,
     drift: PodDrift,
+    /// For a stale pod: whether an update in place brings it up to date, and how or why not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    in_place: Option<String>,
 }
 
 /// `explain --cluster [TARGET]`.
@@ -222,10 +225,14 @@ pub async fn explain(
     let existing_pod = existing.map(|pod| {
         let annotations = labels_of(&pod, "annotations");
         let status = annotations.get(names::STATUS_ANNOTATION).and_then(|s| InjectionStatus::parse(s).ok());
+        let drift = drift::classify(&engine, &labels_of(&pod, "labels"), &annotations, &facts);
+        let as_it_is = PodRequest { pod: Arc::new(pod), namespace: facts.clone(), cluster, workload: None };
+        let in_place = drift::in_place::for_stale(&engine, &as_it_is);
         ExistingPod {
             injected: status.as_ref().is_some_and(|s| !s.templates.is_empty()),
             status,
-            drift: drift::classify(&engine, &labels_of(&pod, "labels"), &annotations, &facts),
+            drift,
+            in_place: in_place.as_ref().map(crate::engine::offline::explain::in_place_sentence),
         }
     });
     let explanation = ClusterExplanation {
@@ -270,8 +277,9 @@ impl ClusterExplanation {
                 (_, None) => "  this pod: no sidecar-injector.io/status annotation (never seen by the injector)\n".to_owned(),
                 (PodDrift::Current, Some(t)) => format!("  this pod: injected with [{t}], current\n"),
                 (PodDrift::Stale { templates }, Some(t)) => format!(
-                    "  this pod: injected with [{t}], stale ({}); restart its workload to update it (sidecar-injector drift --restart)\n",
-                    templates.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                    "  this pod: injected with [{t}], stale ({}); {}\n",
+                    templates.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", "),
+                    existing.in_place.as_deref().unwrap_or("restart its workload to update it (sidecar-injector drift --restart)")
                 ),
                 (PodDrift::Conflicts { templates }, Some(t)) => format!(
                     "  this pod: injected with [{t}], but {} applied with conflicts: the pod's own items stand where the template's would be (see \"skipped\" in its status)\n",

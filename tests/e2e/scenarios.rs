@@ -1696,7 +1696,10 @@ async fn in_place_upgrade(ctx: &mut Ctx) -> Result<()> {
         image(&pods.get("upgrade-a").await?, "agent").as_deref() == Some("registry.example/agent:1"),
         "a dry run changed a pod"
     );
-    println!("      drift --in-place --dry-run names both pods' image changes");
+    let explained = explain(ctx, &["--namespace", "e2e-shop", "pod/upgrade-a"])?;
+    let said = explained["existingPod"]["inPlace"].as_str().unwrap_or_default();
+    ensure!(said.contains("an update of the running pod brings it to the template versions in service"), "{explained}");
+    println!("      drift --in-place --dry-run names both pods' image changes; explain --cluster says the same");
 
     // An update that is not exactly the in-place one: the new status with another agent image.
     // (Dry runs may be refused for a second or two, until the enforcement policy has the new
