@@ -33,6 +33,7 @@ impl Template {
         let port_collisions = check(&template)?;
         prerender(&mut template);
         template.warnings.extend(template::resource_warnings(&template.inject));
+        template.warnings.extend(template::position_warnings(&template));
         template
             .warnings
             .extend(port_collisions.into_iter().map(|c| format!("its sidecars collide in every pod: {c}")));

@@ -1063,14 +1063,7 @@ pub(crate) fn resource_warnings(spec: &InjectSpec) -> Vec<String> {
             if missing.is_empty() {
                 continue;
             }
-            let name = match &item.piece {
-                Piece::Map(entries) => entries.iter().find(|(k, _)| k == "name").map(|(_, p)| p),
-                _ => None,
-            };
-            let name = match name {
-                Some(Piece::Literal(Value::String(n))) => format!("{n:?}"),
-                _ => format!("#{}", index + 1),
-            };
+            let name = item_name(item, index);
             warnings.push(format!(
                 "{kind} {name} sets no {}: a namespace whose ResourceQuota counts them refuses its pods (\"must specify {}\") unless the namespace's LimitRange gives defaults, which Kubernetes applies to injected containers too",
                 missing.join(", "),
@@ -1079,6 +1072,36 @@ pub(crate) fn resource_warnings(spec: &InjectSpec) -> Vec<String> {
         }
     }
     warnings
+}
+
+/// A warning for each sidecar that says `position: last` where it can run as a native sidecar,
+/// which goes before the pod's init containers whatever it says (they may need it); where it runs
+/// as a classic container, last is where it goes anyway.
+pub(crate) fn position_warnings(template: &Template) -> Vec<String> {
+    if template.sidecar_mode == SidecarMode::Container && !template.pod_choices.sidecar_mode {
+        return Vec::new();
+    }
+    let last = template.inject.sidecars.iter().enumerate().filter(|(_, i)| i.position == Some(ContainerPosition::Last));
+    last.map(|(index, item)| {
+        format!(
+            "sidecar {} says position: last, which does nothing: a native sidecar goes before the pod's init containers (which may need it) and a classic one after the app's containers anyway",
+            item_name(item, index)
+        )
+    })
+    .collect()
+}
+
+/// An item of a list, for messages: its literal name, or `#<position>`.
+fn item_name(item: &SeqItem, index: usize) -> String {
+    let name = match &item.piece {
+        Piece::Map(entries) => match entries.iter().find(|(k, _)| k == "name").map(|(_, p)| p) {
+            Some(Piece::Literal(Value::String(n))) => Some(n.as_str()),
+            _ => None,
+        },
+        Piece::Literal(item) => item.get("name").and_then(Value::as_str),
+        _ => None,
+    };
+    name.map_or_else(|| format!("#{}", index + 1), |n| format!("{n:?}"))
 }
 
 pub(crate) fn content_hash(root: &SourceNode) -> String {
@@ -1255,6 +1278,23 @@ mod tests {
     use crate::test_support::template;
 
     const MINIMAL: &str = "inject:\n  sidecars:\n    - name: s\n      image: x\n";
+
+    #[test]
+    fn a_sidecar_position_that_does_nothing_is_a_warning() {
+        let with = |mode: &str, position: &str| {
+            let text = format!(
+                "sidecarMode: {mode}\ninject:\n  sidecars:\n    - {{name: agent, image: a, position: {position}}}\n"
+            );
+            template("t", &text).warnings.into_iter().filter(|w| w.contains("position")).collect::<Vec<_>>()
+        };
+        for mode in ["native", "auto"] {
+            let warnings = with(mode, "last");
+            assert_eq!(warnings.len(), 1, "{mode}: {warnings:?}");
+            assert!(warnings[0].contains("sidecar \"agent\" says position: last, which does nothing"), "{warnings:?}");
+        }
+        assert!(with("container", "last").is_empty(), "a classic sidecar's default, said");
+        assert!(with("native", "first").is_empty(), "first is native's place anyway, and a classic sidecar's choice");
+    }
 
     #[test]
     fn load_errors_name_the_line_and_the_problem() {
