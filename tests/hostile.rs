@@ -62,6 +62,14 @@ fn body_cases() -> Vec<Case> {
     let mut many_labels = typical_pod();
     many_labels["metadata"]["labels"] =
         Value::Object((0..100_000).map(|i| (format!("label-{i}"), json!("v"))).collect());
+    // A claim of one template with 20,000 made-up versions, over a container of that name with
+    // another image (so the version is looked for by rebuilding too): one is looked for, not 20,000.
+    let mut many_claims = typical_pod();
+    let refs: Vec<Value> = (0..20_000).map(|i| json!({"name": "log-shipper", "hash": format!("{i:016x}")})).collect();
+    let claim = json!({"templates": refs, "initContainers": ["log-shipper"], "nativeSidecars": ["log-shipper"]});
+    many_claims["metadata"]["annotations"]["sidecar-injector.io/status"] = json!(claim.to_string());
+    many_claims["spec"]["initContainers"] =
+        json!([{"name": "log-shipper", "image": "fluent/fluent-bit:0.1", "restartPolicy": "Always"}]);
     let mut huge_annotation = typical_pod();
     huge_annotation["metadata"]["annotations"]["note"] = json!("x".repeat(3 * 1024 * 1024));
     vec![
@@ -211,6 +219,12 @@ fn body_cases() -> Vec<Case> {
             name: "a 3 MiB annotation",
             path: "/mutate",
             body: serde_json::to_vec(&admission_review(&huge_annotation, "shop", "hostile")).unwrap(),
+            expect: Expect::Patched,
+        },
+        Case {
+            name: "a status naming one template 20,000 times",
+            path: "/mutate",
+            body: serde_json::to_vec(&admission_review(&many_claims, "shop", "hostile")).unwrap(),
             expect: Expect::Patched,
         },
         Case {

@@ -209,7 +209,11 @@ impl Engine {
         let renderings: Vec<Option<RenderedTemplate>> = claim
             .templates
             .iter()
-            .map(|claimed| {
+            .zip(claims::versions::first_of_each_name(claim))
+            .map(|(claimed, first)| {
+                if !first {
+                    return None;
+                }
                 let template = claims::versions::claimed_version(&self.templates, claimed, pod, claim, |now| {
                     render_one(now, &base, &base_annotations).ok()
                 })?;

@@ -25,6 +25,14 @@ const MOST_IMAGE_PAIRS: usize = 3;
 /// pod's claim (which anyone creating pods writes) decides how often.
 const MOST_REBUILT_BYTES: usize = 64 * 1024;
 
+/// For each of the claim's template references, whether it is the first to name its template. A
+/// pod has one version of a template: only that reference is rendered (or rebuilt), so a claim
+/// naming one template thousands of times with made-up hashes costs one rendering, not thousands.
+pub fn first_of_each_name(claim: &InjectionStatus) -> Vec<bool> {
+    let mut seen = std::collections::BTreeSet::new();
+    claim.templates.iter().map(|t| seen.insert(t.name.as_str())).collect()
+}
+
 /// The template version `claimed` names, for a pod with `claim`: remembered by `templates`, or
 /// rebuilt from the version in service (`render_now` renders that for the pod without its claimed
 /// items). `None` when it is neither.

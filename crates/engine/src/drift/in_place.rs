@@ -154,7 +154,10 @@ pub fn in_place_update(engine: &Engine, request: &PodRequest) -> Result<InPlaceU
     // The claimed versions as they render for the pod (for the proof), and the new ones.
     let mut claimed = Vec::with_capacity(claim.templates.len());
     let mut new = Vec::with_capacity(stale.len());
-    for reference in &claim.templates {
+    for (reference, first) in claim.templates.iter().zip(versions::first_of_each_name(&claim)) {
+        if !first {
+            return Err(format!("its status annotation names template {} more than once", reference.name));
+        }
         if !stale.iter().any(|s| s.name == reference.name) {
             claimed.push(engine.templates.version(&reference.name, &reference.hash).and_then(|t| render(t).ok()));
             continue;
