@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::claims::status::{InjectionStatus, TemplateRef};
+use crate::claims::status::{InjectionStatus, ItemKind, TemplateRef};
 use crate::injection::render::RenderedTemplate;
 use crate::kinds::CONTAINER_LISTS;
 use crate::pod;
@@ -51,7 +51,16 @@ pub fn claimed_version(
         return None;
     }
     let rendered = render_now(current)?;
-    rebuilt_with_images(current, &claimed.hash, &image_pairs(pod, claim, &rendered))
+    rebuilt_with_images(current, &claimed.hash, &image_pairs(pod, claim, &claimed.name, &rendered))
+}
+
+/// Whether the claim says `template` injected the container of that name: the template renders
+/// it (the caller checks) and it is not among the template's skipped items (where another
+/// template, or the pod, had a container of that name first).
+pub(crate) fn injected_by(claim: &InjectionStatus, template: &str, container: &str) -> bool {
+    !claim.skipped.iter().any(|s| {
+        s.template == template && s.name == container && matches!(s.kind, ItemKind::Sidecar | ItemKind::InitContainer)
+    })
 }
 
 /// The image a rendering gives the container of that name.
@@ -65,11 +74,17 @@ pub(crate) fn image_of<'r>(rendered: &'r RenderedTemplate, name: &str) -> Option
         .and_then(Value::as_str)
 }
 
-/// For each claimed container the new rendering has with another image: (new image, the pod's).
-fn image_pairs(pod: &Value, claim: &InjectionStatus, rendered: &RenderedTemplate) -> Vec<(String, String)> {
+/// For each claimed container of `template` its new rendering has with another image: (new image,
+/// the pod's).
+fn image_pairs(
+    pod: &Value,
+    claim: &InjectionStatus,
+    template: &str,
+    rendered: &RenderedTemplate,
+) -> Vec<(String, String)> {
     let mut pairs = Vec::new();
     for list in &CONTAINER_LISTS {
-        for name in (list.claimed)(claim) {
+        for name in (list.claimed)(claim).iter().filter(|name| injected_by(claim, template, name)) {
             let had = pod::container(pod, name).and_then(|c| c.get("image")).and_then(Value::as_str);
             if let (Some(new), Some(had)) = (image_of(rendered, name), had)
                 && new != had
