@@ -63,15 +63,18 @@ pub(crate) fn injected_by(claim: &InjectionStatus, template: &str, container: &s
     })
 }
 
-/// The image a rendering gives the container of that name.
-pub(crate) fn image_of<'r>(rendered: &'r RenderedTemplate, name: &str) -> Option<&'r str> {
+/// The container of that name a rendering has (an init container or a sidecar).
+pub(crate) fn container_in<'r>(rendered: &'r RenderedTemplate, name: &str) -> Option<&'r Value> {
     rendered
         .init_containers
         .iter()
         .chain(&rendered.sidecars)
         .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
-        .and_then(|c| c.get("image"))
-        .and_then(Value::as_str)
+}
+
+/// The image a rendering gives the container of that name.
+pub(crate) fn image_of<'r>(rendered: &'r RenderedTemplate, name: &str) -> Option<&'r str> {
+    container_in(rendered, name).and_then(|c| c.get("image")).and_then(Value::as_str)
 }
 
 /// For each claimed container of `template` its new rendering has with another image: (new image,

@@ -197,7 +197,7 @@ pub fn in_place_update(engine: &Engine, request: &PodRequest) -> Result<InPlaceU
             // The template that injected it: the first claimed one that renders it and did not
             // skip it; its new version's image, when it is stale.
             let owner = claim.templates.iter().zip(&claimed).find_map(|(reference, rendered)| {
-                let renders = rendered.as_ref().is_some_and(|r| renders_container(r, name));
+                let renders = rendered.as_ref().is_some_and(|r| versions::container_in(r, name).is_some());
                 (renders && versions::injected_by(&claim, &reference.name, name)).then_some(reference.name.as_str())
             });
             let to = new.iter().filter(|(template, _)| Some(*template) == owner).find_map(|(_, r)| image_of(r, name));
@@ -220,15 +220,6 @@ pub fn in_place_update(engine: &Engine, request: &PodRequest) -> Result<InPlaceU
         }
     }
     Ok(InPlaceUpdate { images, templates: stale, old_status, status: status.to_annotation() })
-}
-
-/// Whether a rendering has a container of that name (with or without an image).
-fn renders_container(rendered: &RenderedTemplate, name: &str) -> bool {
-    rendered
-        .init_containers
-        .iter()
-        .chain(&rendered.sidecars)
-        .any(|c| c.get("name").and_then(Value::as_str) == Some(name))
 }
 
 /// What differs between two versions' renderings for one pod besides their containers' images,
