@@ -124,7 +124,7 @@ pub fn validate_pod_update(engine: &Engine, old: &Value, request: &PodRequest) -
         // The one update of what was injected there is: to the versions in service, images only.
         let old_request = PodRequest { pod: Arc::new(old.clone()), ..request.clone() };
         match in_place::in_place_update(engine, &old_request) {
-            Ok(update) if is_exactly(&update, &status, old, new) => {}
+            Ok(update) if is_exactly(engine, &update, &status, old, new) => {}
             Ok(update) => {
                 return Verdict::Denied(format!(
                     "{denied} (the one update to the versions in service is {}, with their status annotation)",
@@ -221,8 +221,14 @@ fn image<'p>(pod: &'p Value, name: &str) -> Option<&'p str> {
 }
 
 /// Whether `old` → `new` is exactly `update` in what the injection wrote: the status annotation
-/// it gives, and every injected container's image its own or the update's.
-fn is_exactly(update: &in_place::InPlaceUpdate, status: &InjectionStatus, old: &Value, new: &Value) -> bool {
+/// it gives, and every guarded container's image its own or the update's.
+fn is_exactly(
+    engine: &Engine,
+    update: &in_place::InPlaceUpdate,
+    status: &InjectionStatus,
+    old: &Value,
+    new: &Value,
+) -> bool {
     let status_after = new
         .get("metadata")
         .and_then(|m| m.get("annotations"))
@@ -233,7 +239,7 @@ fn is_exactly(update: &in_place::InPlaceUpdate, status: &InjectionStatus, old: &
     };
     status_after == Some(update.status.as_str())
         && label(old) == label(new)
-        && status.containers.iter().chain(&status.init_containers).all(|name| {
+        && guarded_containers(engine, status).all(|name| {
             let expected = update.images.iter().find(|c| c.container == *name).map(|c| c.to.as_str());
             image(new, name) == expected.or(image(old, name))
         })

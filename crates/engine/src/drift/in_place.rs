@@ -471,6 +471,33 @@ inject:
     }
 
     #[test]
+    fn an_in_place_update_cannot_carry_another_image_for_an_enforced_copy() {
+        // The pod brought its own exact copy of an enforced sidecar: it stands, recorded as skipped,
+        // and its image is guarded like an injected one.
+        const AUDIT: &str =
+            "enforced: true\nsidecarMode: container\ninject:\n  sidecars:\n    - {name: audit, image: \"audit:1\"}\n";
+        let before = mesh("proxy:1.0", "2.1", "run", "");
+        let mut own = app();
+        own["spec"]["containers"].as_array_mut().unwrap().push(json!({"name": "audit", "image": "audit:1"}));
+        let then = engine(&[("mesh", &before), ("audit", AUDIT)]);
+        let Outcome::Inject(injection) = then.evaluate(&request(own.clone(), opted_in("shop", &[]))).outcome else {
+            panic!("not injected")
+        };
+        let pod = apply(&own, &injection.patch);
+        let now = engine(&[("mesh", &mesh("proxy:1.1", "2.1", "run", "")), ("audit", AUDIT)]);
+        let update = update(&now, &pod).expect("only the mesh's images changed");
+        let mut new = apply(&pod, &update.patch());
+        let check = |new: &Value| validate_pod_update(&now, &pod, &request(new.clone(), opted_in("shop", &[]))).verdict;
+        assert_eq!(check(&new), Verdict::Allowed(Vec::new()));
+        new["spec"]["containers"][1]["image"] = json!("evil:1");
+        assert_eq!(new["spec"]["containers"][1]["name"], "audit");
+        let verdict = check(&new);
+        let refused =
+            matches!(&verdict, Verdict::Denied(m) if m.contains("the one update to the versions in service is"));
+        assert!(refused, "the enforced copy's image: {verdict:?}");
+    }
+
+    #[test]
     fn an_update_of_what_was_injected_must_be_exactly_the_in_place_one() {
         let pod = stored(&mesh("proxy:1.0", "2.1", "run", ""));
         let now = engine(&[("mesh", &mesh("proxy:1.1", "2.1", "run", ""))]);
