@@ -598,7 +598,9 @@ async fn in_place(client: &Client, args: &DriftArgs, drifted: &Drifted) -> Resul
             tokio::time::sleep(Duration::from_secs(args.interval)).await;
         }
         out.push_str(&format!("{} in {}:\n", w.workload, w.namespace));
-        let api: Api<Pod> = Api::namespaced(client.clone(), &w.namespace);
+        // Pods as JSON: the typed `Pod` would add its whole deserializer to the binary for two reads.
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), &w.namespace, &ApiResource::erase::<Pod>(&()));
         let namespace =
             drifted.namespaces.get(&w.namespace).cloned().unwrap_or_else(|| NamespaceFacts::unknown(&w.namespace));
         for group in w.stale_pods.chunks(args.max_updating as usize) {
@@ -663,12 +665,17 @@ fn api_error_message(error: &kube::Error) -> String {
 
 /// The running containers of a pod (init containers included), by name, with their container ID.
 fn running_containers(pod: &Value) -> BTreeMap<String, String> {
-    let statuses = ["initContainerStatuses", "containerStatuses"].into_iter();
-    statuses
-        .flat_map(|field| pod["status"][field].as_array().cloned().unwrap_or_default())
+    container_statuses(pod)
         .filter(|s| s["state"].get("running").is_some())
         .filter_map(|s| Some((s["name"].as_str()?.to_owned(), s["containerID"].as_str()?.to_owned())))
         .collect()
+}
+
+/// The container statuses of a pod (init containers included).
+fn container_statuses(pod: &Value) -> impl Iterator<Item = &Value> {
+    ["initContainerStatuses", "containerStatuses"]
+        .into_iter()
+        .flat_map(move |field| pod["status"][field].as_array().into_iter().flatten())
 }
 
 /// Waits until, in every updated pod, every container whose image changed and that was running
@@ -676,7 +683,7 @@ fn running_containers(pod: &Value) -> BTreeMap<String, String> {
 /// A container that was not running (a pod not started yet, a run-to-completion init container)
 /// starts with its new image whenever it starts.
 async fn wait_for_images(
-    api: &Api<Pod>,
+    api: &Api<DynamicObject>,
     updated: &[(String, drift::in_place::InPlaceUpdate, BTreeMap<String, String>)],
     timeout: Duration,
 ) -> Result<Duration> {
@@ -685,19 +692,16 @@ async fn wait_for_images(
         let mut pending = Vec::new();
         for (name, update, running_before) in updated {
             let Some(pod) = api.get_opt(name).await? else { continue };
-            let running_now = running_containers(&serde_json::to_value(&pod)?);
-            let statuses = pod
-                .status
-                .iter()
-                .flat_map(|s| s.init_container_statuses.iter().flatten().chain(s.container_statuses.iter().flatten()));
+            let pod = serde_json::to_value(&pod)?;
+            let running_now = running_containers(&pod);
             for change in update.images.iter().filter(|c| running_before.contains_key(&c.container)) {
-                let status = statuses.clone().find(|s| s.name == change.container);
-                let new_image =
-                    status.is_some_and(|s| s.image == change.to || s.image.ends_with(&format!("/{}", change.to)));
+                let status = container_statuses(&pod).find(|s| s["name"] == change.container.as_str());
+                let image = status.and_then(|s| s["image"].as_str()).unwrap_or_default();
+                let new_image = image == change.to || image.ends_with(&format!("/{}", change.to));
                 let replaced = running_now
                     .get(&change.container)
                     .is_some_and(|id| Some(id) != running_before.get(&change.container));
-                let serving = status.is_some_and(|s| s.started != Some(false));
+                let serving = status.is_some_and(|s| s["started"] != false);
                 if !(running_now.contains_key(&change.container) && serving && (replaced || new_image)) {
                     pending.push(format!("{name}/{}", change.container));
                 }
