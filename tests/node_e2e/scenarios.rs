@@ -129,25 +129,37 @@ impl Ctx {
         let pod = format!(
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: probe}}\nspec:\n  containers: [{{name: app, image: {BUSYBOX}}}]\n"
         );
+        self.every_replica_serving("the webhook injecting through its Service", namespace, &pod, |p| {
+            p["spec"]["initContainers"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["name"] == "log-shipper" && want(c)))
+        })
+    }
+
+    /// Waits until a server-side dry run of `pod` (YAML) in `namespace` is stored as `served`
+    /// accepts, six times in a row (so every replica behind the Service serves the templates it
+    /// looks for).
+    pub(crate) fn every_replica_serving(
+        &self,
+        what: &str,
+        namespace: &str,
+        pod: &str,
+        served: impl Fn(&Value) -> bool,
+    ) -> Result<()> {
         let mut in_a_row = 0;
-        eventually("the webhook injecting through its Service", Duration::from_secs(90), || {
+        eventually(what, Duration::from_secs(90), || {
             let out = self.plane.kubectl_as(
                 &self.plane.admin_kubeconfig,
                 &["-n", namespace, "create", "--dry-run=server", "-o", "json", "-f", "-"],
-                Some(&pod),
+                Some(pod),
             );
-            let injected = out.ok().and_then(|o| serde_json::from_str::<Value>(&o).ok()).is_some_and(|p| {
-                p["spec"]["initContainers"]
-                    .as_array()
-                    .is_some_and(|c| c.iter().any(|c| c["name"] == "log-shipper" && want(c)))
-            });
-            in_a_row = if injected { in_a_row + 1 } else { 0 };
+            let stored = out.ok().and_then(|o| serde_json::from_str::<Value>(&o).ok());
+            in_a_row = if stored.as_ref().is_some_and(&served) { in_a_row + 1 } else { 0 };
             if in_a_row < 6 {
                 std::thread::sleep(Duration::from_millis(250));
             }
             Ok((in_a_row >= 6).then_some(()))
-        })?;
-        Ok(())
+        })
     }
 
     pub(crate) fn opted_in_namespace(&self, name: &str) -> Result<()> {
@@ -571,16 +583,9 @@ data: {{path: /app/py}}
     let probe = format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: probe, annotations: {{sidecar-injector.io/templates: agent-env}}}}\nspec:\n  containers: [{{name: app, image: {BUSYBOX}}}]\n"
     );
-    let mut in_a_row = 0;
-    eventually("every replica serving the new template", Duration::from_secs(60), || {
-        let out = ctx.plane.kubectl_as(
-            &ctx.plane.admin_kubeconfig,
-            &["-n", SHOP, "create", "--dry-run=server", "-o", "json", "-f", "-"],
-            Some(&probe),
-        );
-        let served = out.is_ok_and(|o| o.contains("agent-env") && o.contains("AGENT_LIBS"));
-        in_a_row = if served { in_a_row + 1 } else { 0 };
-        Ok((in_a_row >= 6).then_some(()))
+    ctx.every_replica_serving("every replica serving the new template", SHOP, &probe, |p| {
+        let text = p.to_string();
+        text.contains("agent-env") && text.contains("AGENT_LIBS")
     })?;
     ctx.apply(&format!(
         r#"apiVersion: batch/v1
@@ -791,15 +796,8 @@ spec:
 "#
     );
     // Every replica serves the template before the pod is created (six dry runs in a row).
-    let mut in_a_row = 0;
-    eventually("every replica serving the enforced template", Duration::from_secs(60), || {
-        let out = ctx.plane.kubectl_as(
-            &ctx.plane.admin_kubeconfig,
-            &["create", "--dry-run=server", "-o", "json", "-f", "-"],
-            Some(&pod),
-        );
-        in_a_row = if out.is_ok_and(|o| o.contains(r#""name": "meter""#)) { in_a_row + 1 } else { 0 };
-        Ok((in_a_row >= 6).then_some(()))
+    ctx.every_replica_serving("every replica serving the enforced template", SHOP, &pod, |p| {
+        all_containers(p).any(|c| c["name"] == "meter")
     })?;
     ctx.apply(&pod)?;
     ctx.kubectl(&["-n", SHOP, "wait", "--for=condition=Ready", "pod/metered", "--timeout=90s"])?;
@@ -900,21 +898,9 @@ spec:
     };
     // Every replica serves `image` (six dry runs in a row give it to both agents).
     let served = |image: &str| {
-        let mut in_a_row = 0;
-        eventually(&format!("every replica serving {image}"), Duration::from_secs(60), || {
-            let out = ctx.plane.kubectl_as(
-                &ctx.plane.admin_kubeconfig,
-                &["create", "--dry-run=server", "-o", "json", "-f", "-"],
-                Some(&pod("probe")),
-            )?;
-            let stored: Value = serde_json::from_str(&out)?;
-            let agents = ["initContainers", "containers"]
-                .iter()
-                .flat_map(|f| stored["spec"][f].as_array().cloned().unwrap_or_default())
-                .filter(|c| c["name"].as_str().is_some_and(|n| n.ends_with("-agent")) && c["image"] == image)
-                .count();
-            in_a_row = if agents == 2 { in_a_row + 1 } else { 0 };
-            Ok((in_a_row >= 6).then_some(()))
+        ctx.every_replica_serving(&format!("every replica serving {image}"), SHOP, &pod("probe"), |p| {
+            let agents = all_containers(p).filter(|c| c["name"].as_str().is_some_and(|n| n.ends_with("-agent")));
+            agents.filter(|c| c["image"] == image).count() == 2
         })
     };
     ctx.apply(&templates(BUSYBOX))?;
@@ -978,12 +964,8 @@ spec:
             now["state"]["running"].is_object() && now["containerID"] != was["containerID"],
             "{name} not replaced: {now}"
         );
-        let spec = ["initContainers", "containers"]
-            .iter()
-            .flat_map(|f| after["spec"][f].as_array().cloned().unwrap_or_default())
-            .find(|c| c["name"] == name)
-            .unwrap_or_default();
-        ensure!(spec["image"] == FLUENT_BIT, "{name}'s image: {}", spec["image"]);
+        let image = all_containers(&after).find(|c| c["name"] == name).map(|c| c["image"].clone());
+        ensure!(image == Some(json!(FLUENT_BIT)), "{name}'s image: {image:?}");
         println!(
             "      {name}: new container running {}, restart count {} → {}",
             now["image"], was["restartCount"], now["restartCount"]
@@ -1010,6 +992,11 @@ spec:
     ctx.kubectl(&["-n", SHOP, "delete", "pod", "upgradable", "--wait=false"])?;
     ctx.kubectl(&["-n", INJECTOR_NS, "delete", "configmap", "upgrade-templates"])?;
     Ok(())
+}
+
+/// Every container of a pod as stored, init containers first.
+fn all_containers(pod: &Value) -> impl Iterator<Item = &Value> {
+    ["initContainers", "containers"].into_iter().flat_map(move |f| pod["spec"][f].as_array().into_iter().flatten())
 }
 
 /// When the pod's Ready condition last changed.
