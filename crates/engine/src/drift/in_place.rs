@@ -20,12 +20,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::claims::versions::{self, image_of};
 use crate::claims::{ownership, status::InjectionStatus, strip::strip_injection};
-use crate::drift::{PodDrift, StaleTemplate, classify};
+use crate::drift::{PodDrift, classify};
 use crate::injection::compare::first_difference;
 use crate::injection::render::{self, RenderedTemplate, Subject};
 use crate::kinds::CONTAINER_LISTS;
@@ -33,14 +32,11 @@ use crate::templates::template::Template;
 use crate::{Engine, PodRequest, names, pod, workload::Workload};
 
 /// The update that brings a stale pod to the template versions in service.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InPlaceUpdate {
     /// The injected containers whose image changes, in the pod's order (none when the new
     /// versions render for this pod exactly what the old ones did).
     pub images: Vec<ImageChange>,
-    /// The templates brought up to date.
-    pub templates: Vec<StaleTemplate>,
     /// The status annotation before the update.
     pub old_status: String,
     /// The status annotation after it: the pod's, naming the versions in service.
@@ -48,8 +44,7 @@ pub struct InPlaceUpdate {
 }
 
 /// One injected container's new image.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageChange {
     /// The container.
     pub container: String,
@@ -102,6 +97,8 @@ impl InPlaceUpdate {
 /// other pod.
 pub fn for_stale(engine: &Engine, request: &PodRequest) -> Option<Result<InPlaceUpdate, String>> {
     let pod = &*request.pod;
+    // Most pods `inject` and `explain` read were never injected: no claim, nothing to classify.
+    pod.get("metadata")?.get("annotations")?.get(names::STATUS_ANNOTATION)?;
     let (labels, annotations) = (pod::string_map(pod, "labels").ok()?, pod::string_map(pod, "annotations").ok()?);
     match classify(engine, &labels, &annotations, &request.namespace) {
         PodDrift::Stale { .. } => Some(in_place_update(engine, request)),
@@ -219,7 +216,7 @@ pub fn in_place_update(engine: &Engine, request: &PodRequest) -> Result<InPlaceU
             reference.hash = current;
         }
     }
-    Ok(InPlaceUpdate { images, templates: stale, old_status, status: status.to_annotation() })
+    Ok(InPlaceUpdate { images, old_status, status: status.to_annotation() })
 }
 
 /// What differs between two versions' renderings for one pod besides their containers' images,
