@@ -126,7 +126,10 @@ fn rebuilt_with_images(current: &Template, hash: &str, pairs: &[(String, String)
                 continue;
             }
             let mut text = root.clone();
-            substitute(&mut text, &substitutions, whole);
+            let mut growth = MOST_REBUILT_BYTES;
+            if !substitute(&mut text, &substitutions, whole, &mut growth) {
+                continue;
+            }
             if content_hash(&text) == hash {
                 let version = Template::load(&current.name, &text.to_json().to_string()).ok()?;
                 return (version.hash == hash).then(|| Arc::new(version));
@@ -173,32 +176,54 @@ fn common_prefix(a: &str, b: &str) -> usize {
 
 /// Replaces, in the string values of the tree (and in every number written the same way, as a
 /// tag `1.3` is), each `new` by its `old`: values that are `new` (`whole`), or every occurrence.
-fn substitute(node: &mut SourceNode, substitutions: &[(String, String)], whole: bool) {
+/// `false` (the text half done) when that would add more than `growth` bytes.
+fn substitute(node: &mut SourceNode, substitutions: &[(String, String)], whole: bool, growth: &mut usize) -> bool {
+    // The old images come from the pod: what they may add to the text is bounded, so that a huge
+    // image in a claimed container cannot make a short one in the template's text expand without end.
+    let mut grow = |by: usize| match growth.checked_sub(by) {
+        Some(left) => {
+            *growth = left;
+            true
+        }
+        None => false,
+    };
     match &mut node.value {
         SourceValue::String(text) => {
             if let Some((_, old)) = substitutions.iter().find(|(new, _)| new == text) {
+                if !grow(old.len()) {
+                    return false;
+                }
                 *text = old.clone();
             } else if !whole {
                 for (new, old) in substitutions {
-                    if text.contains(new.as_str()) {
+                    let count = text.matches(new.as_str()).count();
+                    if count > 0 {
+                        if !grow(count.saturating_mul(old.len())) {
+                            return false;
+                        }
                         *text = text.replace(new.as_str(), old);
                     }
                 }
             }
+            true
         }
         SourceValue::Number(number) => {
             if let Some((_, old)) = substitutions.iter().find(|(new, _)| *new == number.to_string()) {
+                if !grow(old.len()) {
+                    return false;
+                }
                 node.value = match old.parse::<serde_json::Number>() {
                     Ok(number) if number.to_string() == *old => SourceValue::Number(number),
                     _ => SourceValue::String(old.clone()),
                 };
             }
+            true
         }
-        SourceValue::Seq(items) => items.iter_mut().for_each(|item| substitute(item, substitutions, whole)),
+        SourceValue::Seq(items) => items.iter_mut().all(|item| substitute(item, substitutions, whole, growth)),
         SourceValue::Map(entries) => {
-            entries.iter_mut().for_each(|entry| substitute(&mut entry.value, substitutions, whole))
+            entries.iter_mut().all(|entry| substitute(&mut entry.value, substitutions, whole, growth))
         }
-        SourceValue::Null | SourceValue::Bool(_) => {}
+        SourceValue::Null | SourceValue::Bool(_) => true,
     }
 }
 
@@ -241,6 +266,22 @@ mod tests {
             let other = claimed_version(&now.templates, &claim.templates[0], &pod("proxy:0.9"), &claim, rendered);
             assert!(other.is_none());
         }
+    }
+
+    #[test]
+    fn a_huge_image_in_the_pod_cannot_blow_the_text_up() {
+        // A one-character part of the template's image, many times in its text, and a pod image
+        // of 1 MiB: put back everywhere it would be hundreds of MiB.
+        let text = format!(
+            "default: true\nvalues: {{{}}}\n",
+            (0..1000).map(|i| format!("k{i}: \"3\"")).collect::<Vec<_>>().join(", ")
+        );
+        let root = SourceNode::parse(&text).unwrap();
+        let huge = "x".repeat(1024 * 1024);
+        let mut budget = MOST_REBUILT_BYTES;
+        assert!(!substitute(&mut root.clone(), &[("3".into(), huge)], true, &mut budget));
+        let mut budget = MOST_REBUILT_BYTES;
+        assert!(substitute(&mut root.clone(), &[("3".into(), "2".into())], true, &mut budget), "a real tag fits");
     }
 
     #[test]
