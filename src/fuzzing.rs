@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 use crate::admission;
 use crate::engine::templates::template::embedded_sources;
 use crate::engine::{
-    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, Template, TemplateSet, TemplateSource, injection::render,
+    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, Template, TemplateSet, TemplateSource,
+    injection::image_volumes::{ImageVolumeSupport, VolumeForms},
+    injection::render,
 };
 
 /// A template using every feature, besides the embedded defaults.
@@ -98,10 +100,12 @@ pub fn template(data: &[u8]) {
         json!({"metadata": {"name": "a", "labels": {"app": "x"}}, "spec": {"containers": [{"name": "c"}]}}),
         json!({"metadata": {}, "spec": {"containers": []}}),
     ];
-    for pod in pods {
+    // Both forms of any image volume with a fallback.
+    let forms = [VolumeForms::Nodes(ImageVolumeSupport::EVERYWHERE), VolumeForms::Recorded(&[])];
+    for (pod, forms) in pods.iter().flat_map(|pod| forms.map(|f| (pod.clone(), f))) {
         let owner = crate::engine::workload::Workload::of_pod(&pod);
-        let _ =
-            render::render(&template, &render::Subject::new(Arc::new(pod), &owner), &annotations, &opted_in("fuzz"));
+        let subject = render::Subject::new(Arc::new(pod), &owner);
+        let _ = render::render(&template, &subject, &annotations, &opted_in("fuzz"), forms);
     }
 }
 

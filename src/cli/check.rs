@@ -23,11 +23,16 @@ pub fn check_templates(path: &Path) -> Result<String, CliError> {
         .iter()
         .filter(|t| t.sidecar_mode == SidecarMode::Auto && t.has_sidecars())
         .map(|t| format!("sidecar mode: {}: {}\n", t.name, crate::engine::injection::native::AUTO_RULE));
+    // Which rule decides the form of image volumes with a fallback (`engine::injection::image_volumes`).
+    let image_volumes = set
+        .iter()
+        .filter(|t| t.has_volume_fallbacks())
+        .map(|t| format!("image volumes: {}: {}\n", t.name, crate::engine::injection::image_volumes::RULE));
     // The policy mode (`compile-policies`): which templates the API server can inject itself.
     let policy = set.iter().filter_map(|t| {
         policy::webhook_only_reason(t, true).map(|reason| format!("webhook-only: {}: {reason}\n", t.name))
     });
-    Ok(summary.chain(warnings).chain(auto).chain(policy).collect())
+    Ok(summary.chain(warnings).chain(auto).chain(image_volumes).chain(policy).collect())
 }
 
 #[cfg(test)]

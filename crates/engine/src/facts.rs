@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::injection::image_volumes::ImageVolumeSupport;
+
 /// Labels and annotations of the pod's namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NamespaceFacts {
@@ -40,6 +42,9 @@ pub struct ClusterFacts {
     /// Whether the API server accepts a `resizePolicy` on a native sidecar (1.33 or newer): only
     /// then does one get the default policy (`native::make_native`).
     pub sidecar_resize_policy: bool,
+    /// Whether image volumes (and a `subPath` into one) work where the pod runs, decided by the
+    /// same nodes as `native_sidecars` (see `image_volumes`).
+    pub image_volumes: ImageVolumeSupport,
 }
 
 /// The rule that decided whether native sidecars start (`explain` says it).
@@ -99,7 +104,12 @@ impl Default for ClusterFacts {
 impl ClusterFacts {
     /// Facts decided by the API server's version.
     pub fn api_server(native_sidecars: bool) -> Self {
-        ClusterFacts { native_sidecars, rule: NativeRule::ApiServer, sidecar_resize_policy: true }
+        ClusterFacts {
+            native_sidecars,
+            rule: NativeRule::ApiServer,
+            sidecar_resize_policy: true,
+            image_volumes: ImageVolumeSupport::of_api_server(None),
+        }
     }
 
     /// Facts for a Kubernetes version, as reported by `/version` (`major` "1", `minor` "33" or
@@ -109,6 +119,7 @@ impl ClusterFacts {
         let minor: u32 = minor.trim().trim_end_matches('+').parse().ok()?;
         Some(ClusterFacts {
             sidecar_resize_policy: (major, minor) >= crate::injection::native::SIDECAR_RESIZE_POLICY_SINCE,
+            image_volumes: ImageVolumeSupport::of_api_server(Some((major, minor))),
             ..ClusterFacts::api_server(crate::injection::native::supported_by((major, minor)))
         })
     }
@@ -135,9 +146,17 @@ mod tests {
         for (minor, accepted) in [("32", false), ("33", true), ("37", true)] {
             assert_eq!(ClusterFacts::from_version("1", minor).unwrap().sidecar_resize_policy, accepted, "1.{minor}");
         }
-        let old = ClusterFacts { sidecar_resize_policy: false, ..ClusterFacts::api_server(false) };
+        let old = ClusterFacts {
+            sidecar_resize_policy: false,
+            image_volumes: ImageVolumeSupport::of_api_server(Some((1, 28))),
+            ..ClusterFacts::api_server(false)
+        };
         assert_eq!(ClusterFacts::from_version_string("v1.28.3"), Some(old));
-        assert_eq!(ClusterFacts::from_version_string("1.33"), Some(ClusterFacts::api_server(true)));
+        let recent = ClusterFacts::from_version_string("1.36").unwrap();
+        assert_eq!(recent, ClusterFacts::api_server(true));
+        // Image volumes from 1.35; a subPath into one is not known to be applied without a node.
+        assert!(ClusterFacts::from_version_string("1.34").unwrap().image_volumes.volumes.is_err());
+        assert!(recent.image_volumes.volumes.is_ok() && recent.image_volumes.sub_path.is_err());
         assert_eq!(ClusterFacts::from_version_string("banana"), None);
     }
 }

@@ -27,11 +27,17 @@ pub enum WarningCode {
     InjectionWouldBeInvalid,
     /// An injected container declares a port number or name another container of the pod has.
     PortCollision,
+    /// An image volume was injected as its declared fallback: the nodes the pod can run on cannot
+    /// mount it (or apply its `subPath`).
+    ImageVolumeFallback,
+    /// An image volume without a fallback was injected where the nodes the pod can run on cannot
+    /// mount it (or apply its `subPath`).
+    ImageVolumeUnsupported,
 }
 
 impl WarningCode {
     /// Every code, for documentation and metrics that start at zero.
-    pub const ALL: [WarningCode; 9] = [
+    pub const ALL: [WarningCode; 11] = [
         WarningCode::OverrideIgnored,
         WarningCode::EnforcementAudit,
         WarningCode::StatusUnreadable,
@@ -41,6 +47,8 @@ impl WarningCode {
         WarningCode::MergeSourceUncertain,
         WarningCode::InjectionWouldBeInvalid,
         WarningCode::PortCollision,
+        WarningCode::ImageVolumeFallback,
+        WarningCode::ImageVolumeUnsupported,
     ];
 
     /// The stable code (a metric label value, and what docs/troubleshooting.md lists).
@@ -55,6 +63,8 @@ impl WarningCode {
             WarningCode::MergeSourceUncertain => "merge_source_uncertain",
             WarningCode::InjectionWouldBeInvalid => "injection_would_be_invalid",
             WarningCode::PortCollision => "port_collision",
+            WarningCode::ImageVolumeFallback => "image_volume_fallback",
+            WarningCode::ImageVolumeUnsupported => "image_volume_unsupported",
         }
     }
 

@@ -42,6 +42,7 @@ use serde_json::Value;
 pub use claims::status::InjectionStatus;
 pub use facts::{ClusterFacts, NamespaceFacts};
 pub use findings::{Warning, WarningCode};
+use injection::image_volumes::VolumeForms;
 pub use injection::plan::{Injection, PlannedTemplate};
 pub use injection::render::{RenderError, RenderedTemplate};
 pub use injection::select::{Choice, ChoiceSource, OutOfScope, TemplateVerdict};
@@ -176,8 +177,8 @@ impl fmt::Display for Denial {
 
 /// Renders a template for a pod and its annotations (the evaluation's namespace, workload and
 /// masking fixed). The annotations are passed in, computed once per pod, not once per template.
-type RenderFor<'a> =
-    dyn Fn(&Template, &Arc<Value>, &BTreeMap<String, String>) -> Result<RenderedTemplate, RenderError> + 'a;
+type RenderFor<'a> = dyn Fn(&Template, &Arc<Value>, &BTreeMap<String, String>, VolumeForms<'_>) -> Result<RenderedTemplate, RenderError>
+    + 'a;
 
 /// What a pod's status annotation settles.
 enum ClaimCheck {
@@ -206,6 +207,8 @@ impl Engine {
     ) -> ClaimCheck {
         let base = Arc::new(claims::strip::strip_injection(pod, claim));
         let base_annotations = pod::string_map(&base, "annotations").unwrap_or_default();
+        // What was injected is re-rendered in the forms it was given, whatever the nodes say now.
+        let as_claimed = VolumeForms::Recorded(&claim.image_volumes);
         let renderings: Vec<Option<RenderedTemplate>> = claim
             .templates
             .iter()
@@ -215,9 +218,9 @@ impl Engine {
                     return None;
                 }
                 let template = claims::versions::claimed_version(&self.templates, claimed, pod, claim, |now| {
-                    render_one(now, &base, &base_annotations).ok()
+                    render_one(now, &base, &base_annotations, as_claimed).ok()
                 })?;
-                render_one(&template, &base, &base_annotations).ok()
+                render_one(&template, &base, &base_annotations, as_claimed).ok()
             })
             .collect();
         let assessed =
@@ -295,8 +298,10 @@ impl Engine {
         let mut owned = assessed.owned;
         let mut carried = BTreeMap::new();
         if !assessed.resized.is_empty() {
-            let current: Vec<RenderedTemplate> =
-                selected.iter().filter_map(|t| render_one(t, base, base_annotations).ok()).collect();
+            let current: Vec<RenderedTemplate> = selected
+                .iter()
+                .filter_map(|t| render_one(t, base, base_annotations, VolumeForms::Recorded(&claim.image_volumes)).ok())
+                .collect();
             let mut with_carried = owned.clone();
             for resized in &assessed.resized {
                 let still_rendered = current.iter().any(|rendered| {
@@ -427,6 +432,30 @@ fn sidecar_mode_warnings(
     warnings
 }
 
+/// What the user should know about the form a template's image volumes take where the pod can
+/// run (`image_volumes`).
+fn image_volume_warnings(template: &Template, rendered: &RenderedTemplate, cluster: ClusterFacts) -> Vec<Warning> {
+    let with_limit = rendered.volume_forms.iter().filter_map(|choice| choice.limit.map(|limit| (choice, limit)));
+    with_limit
+        .map(|(choice, limit)| match &choice.fallback {
+            Some(init) => Warning::new(
+                WarningCode::ImageVolumeFallback,
+                format!(
+                    "template {}: volume {} is an emptyDir filled by init container {init}, not an image volume: where the pod can run there is {limit} (decided {})",
+                    template.name, choice.volume, cluster.rule
+                ),
+            ),
+            None => Warning::new(
+                WarningCode::ImageVolumeUnsupported,
+                format!(
+                    "template {} adds image volume {}, which does not work where the pod can run: there is {limit} (decided {}); the template can declare a fallback",
+                    template.name, choice.volume, cluster.rule
+                ),
+            ),
+        })
+        .collect()
+}
+
 impl Engine {
     /// An engine serving `templates`, never touching `excluded_namespaces` (besides the system ones).
     pub fn new(templates: TemplateSet, excluded_namespaces: Vec<String>) -> Self {
@@ -517,7 +546,9 @@ impl Engine {
         let mut denials = Vec::new();
         for template in enforced {
             let subject = injection::render::Subject::new(request.pod.clone(), &owner);
-            let conflicts = match injection::render::render(template, &subject, &annotations, &request.namespace) {
+            let forms = VolumeForms::Recorded(&status.image_volumes);
+            let conflicts = match injection::render::render(template, &subject, &annotations, &request.namespace, forms)
+            {
                 Ok(rendered) => {
                     let native = injection::native::is_native(
                         sidecar_mode(template, &rendered),
@@ -576,12 +607,15 @@ impl Engine {
             }
         };
         let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(pod));
-        let render_one = |template: &Template, pod: &Arc<Value>, annotations: &BTreeMap<String, String>| {
+        let render_one = |template: &Template,
+                          pod: &Arc<Value>,
+                          annotations: &BTreeMap<String, String>,
+                          forms: VolumeForms<'_>| {
             let subject =
                 injection::render::Subject { pod: injection::render::pod_value(pod.clone()), workload: &owner };
             match mask_pod_reads {
-                true => injection::render::render_masked(template, &subject, annotations, &request.namespace),
-                false => injection::render::render(template, &subject, annotations, &request.namespace),
+                true => injection::render::render_masked(template, &subject, annotations, &request.namespace, forms),
+                false => injection::render::render(template, &subject, annotations, &request.namespace, forms),
             }
         };
         let to_plan = |template: &Template, rendered: RenderedTemplate| PlannedTemplate {
@@ -622,11 +656,12 @@ impl Engine {
             if let Err(e) = injection::render::check_chosen_containers(template, &base_annotations, &container_names) {
                 return decision(Some(choice), Outcome::Denied(Denial::Render(RenderError::Override(e))), warnings);
             }
-            match render_one(template, &base, &base_annotations) {
+            match render_one(template, &base, &base_annotations, VolumeForms::Nodes(request.cluster.image_volumes)) {
                 Ok(mut rendered) => {
                     carry_resources(&mut rendered, &carried);
                     warnings.append(&mut rendered.warnings);
                     warnings.extend(sidecar_mode_warnings(template, &rendered, request.cluster, &owner));
+                    warnings.extend(image_volume_warnings(template, &rendered, request.cluster));
                     planned.push(to_plan(template, rendered));
                 }
                 Err(e) => {

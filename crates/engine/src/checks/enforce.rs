@@ -217,6 +217,11 @@ impl Requirements {
                     continue;
                 };
                 if kind == "volume" {
+                    if item.fallback.is_some() {
+                        requirements.unchecked.push(format!(
+                            "volume {name:?}: it is an image volume or its fallback (an emptyDir and the init container that fills it) depending on the nodes, so the policy requires the volume by name only"
+                        ));
+                    }
                     requirements.volumes.push(name);
                     continue;
                 }

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use crate::claims::status::{InjectionStatus, ItemKind};
 use crate::claims::strip::strip_injection;
+use crate::injection::image_volumes::VolumeForms::Recorded;
 use crate::injection::pod_resources;
 use crate::injection::render::{self, Subject};
 use crate::kinds::CONTAINER_LISTS;
@@ -66,15 +67,17 @@ pub fn shortfalls(engine: &Engine, request: &PodRequest, old: &Value, status: &I
     for template in enforced {
         let subject = Subject::new(authored.clone(), &owner);
         let shortfall = |message| Shortfall { template: template.name.to_string(), audit: !template.enforced, message };
-        let rendered = match render::render(template, &subject, &annotations, &request.namespace) {
-            Ok(rendered) => rendered,
-            Err(e) => {
-                found.push(shortfall(format!(
-                    "the template does not render for the pod, so the resize cannot be checked: {e}"
-                )));
-                continue;
-            }
-        };
+        let rendered =
+            match render::render(template, &subject, &annotations, &request.namespace, Recorded(&status.image_volumes))
+            {
+                Ok(rendered) => rendered,
+                Err(e) => {
+                    found.push(shortfall(format!(
+                        "the template does not render for the pod, so the resize cannot be checked: {e}"
+                    )));
+                    continue;
+                }
+            };
         for container in rendered.init_containers.iter().chain(&rendered.sidecars) {
             let Some(name) = container.get("name").and_then(Value::as_str).filter(|n| resized.contains(n)) else {
                 continue;

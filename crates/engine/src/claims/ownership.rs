@@ -30,7 +30,7 @@ use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind};
 use crate::injection::compare::{first_difference, is_implied, quantities_equal, without_resources};
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{APP_LISTS, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement};
+use crate::kinds::{APP_LISTS, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement, VOLUMES};
 use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
 
 /// What the claim says, checked against the pod.
@@ -106,6 +106,9 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             let actual = spec_list(kind.field).and_then(|items| kind.find(items, identity));
             let found = judged.judge(kind.kind, identity, None, expected.map(Fixed), actual);
             found.record(identity, (kind.claimed_mut)(&mut present), (kind.claimed_mut)(&mut owned));
+            if kind.index == VOLUMES.index && claim.image_volumes.contains(identity) {
+                found.record(identity, &mut present.image_volumes, &mut owned.image_volumes);
+            }
         }
     }
     let metadata = |section: &str| pod.get("metadata").and_then(|m| m.get(section)).and_then(Value::as_object);
@@ -304,6 +307,7 @@ pub fn includes_items_of(status: &InjectionStatus, other: &InjectionStatus) -> b
     all(&status.containers, &other.containers)
         && all(&status.init_containers, &other.init_containers)
         && all(&status.native_sidecars, &other.native_sidecars)
+        && all(&status.image_volumes, &other.image_volumes)
         && POD_LISTS.iter().all(|k| all((k.claimed)(status), (k.claimed)(other)))
         && MAPS.iter().all(|k| all((k.claimed)(status), (k.claimed)(other)))
         && other.app_containers.iter().all(|(name, theirs)| {

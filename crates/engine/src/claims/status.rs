@@ -30,6 +30,10 @@ pub struct InjectionStatus {
     /// Volumes added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
+    /// The volumes above that declare a fallback and were added as image volumes (the others
+    /// that declare one were added as their fallback; see `image_volumes`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_volumes: Vec<String>,
     /// Names of the pod `imagePullSecrets` added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_pull_secrets: Vec<String>,

@@ -26,6 +26,7 @@ use crate::claims::versions::{self, image_of};
 use crate::claims::{ownership, status::InjectionStatus, strip::strip_injection};
 use crate::drift::{PodDrift, classify};
 use crate::injection::compare::first_difference;
+use crate::injection::image_volumes::VolumeForms;
 use crate::injection::render::{self, RenderedTemplate, Subject};
 use crate::kinds::CONTAINER_LISTS;
 use crate::templates::template::Template;
@@ -144,7 +145,9 @@ pub fn in_place_update(engine: &Engine, request: &PodRequest) -> Result<InPlaceU
     let base_annotations = pod::string_map(&base, "annotations").unwrap_or_default();
     let owner = request.workload.clone().unwrap_or_else(|| Workload::of_pod(pod));
     let render = |template: &Template| {
-        render::render(template, &Subject::new(base.clone(), &owner), &base_annotations, &request.namespace)
+        // Volumes cannot change on a running pod: both versions in the forms it was given.
+        let forms = VolumeForms::Recorded(&claim.image_volumes);
+        render::render(template, &Subject::new(base.clone(), &owner), &base_annotations, &request.namespace, forms)
             .map_err(|e| format!("template {} does not render for it: {e}", template.name))
     };
 

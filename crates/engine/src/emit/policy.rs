@@ -729,6 +729,10 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
     if spec.app_lists[ENV.index].iter().any(|item| item.merge.is_some()) {
         return Err("an appContainers.env item merges into the app's own variable (merge:)".to_owned());
     }
+    // The form of such a volume is chosen per pod from the nodes it can run on: the webhook's.
+    if spec.pod_lists[VOLUMES.index].iter().any(|item| item.fallback.is_some()) {
+        return Err("an image volume declares a fallback (fallback:), and which of the two a pod gets is decided from the nodes it can run on".to_owned());
+    }
     let overrides = template
         .overridable
         .iter()

@@ -1,4 +1,4 @@
-//! Native sidecars by what the nodes run, not what the API server runs.
+//! Native sidecars and image volumes by what the nodes run, not what the API server runs.
 //!
 //! An init container with `restartPolicy: Always` needs the **kubelet** to be 1.29 or newer; the API
 //! server's version says nothing about the nodes (a 1.29 control plane with 1.28 nodes is an
@@ -12,8 +12,11 @@
 //! 3. else (or when no known node fits) the oldest node;
 //! 4. and without any node whose kubelet version can be read, the API server's version.
 //!
-//! Pure: the pool is what `cluster::watch_nodes` keeps (per node only its name, labels and
-//! kubelet version). Nodes are read as [`NodeObject`], which deserializes only those fields: a
+//! The same nodes decide whether a template's image volumes mount there (`image_volumes`: every
+//! one of them must have a kubelet and a container runtime that support them).
+//!
+//! Pure: the pool is what `cluster::watch_nodes` keeps (per node only its name, labels, kubelet
+//! version and container runtime). Nodes are read as [`NodeObject`], which deserializes only those fields: a
 //! real Node is 10-20 KiB of image lists and conditions that kubelets rewrite all the time, and
 //! the full typed `Node` cost a large deserializer in the binary and its work on every update.
 
@@ -25,6 +28,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::facts::{ClusterFacts, NativeRule};
+use crate::injection::image_volumes::{self, ImageVolumeSupport, RuntimeVersion};
 
 /// A Node as the injector reads it (from a watch, a list or a file): its metadata and kubelet
 /// version; every other field is skipped while reading.
@@ -33,7 +37,7 @@ pub struct NodeObject {
     /// Name, labels, resource version (what the watch needs).
     #[serde(default)]
     pub metadata: ObjectMeta,
-    /// `status.nodeInfo.kubeletVersion`, when set.
+    /// `status.nodeInfo.kubeletVersion` and `containerRuntimeVersion`, when set.
     #[serde(default)]
     status: NodeObjectStatus,
 }
@@ -50,6 +54,8 @@ struct NodeObjectStatus {
 struct NodeObjectInfo {
     #[serde(default)]
     kubelet_version: String,
+    #[serde(default)]
+    container_runtime_version: String,
 }
 
 impl kube_core::Resource for NodeObject {
@@ -85,25 +91,40 @@ pub struct NodeFacts {
     pub labels: BTreeMap<String, String>,
     /// Kubelet `(major, minor)`, when its version can be read.
     pub kubelet: Option<(u32, u32)>,
+    /// Its container runtime (`status.nodeInfo.containerRuntimeVersion`).
+    pub runtime: RuntimeVersion,
 }
 
 impl NodeFacts {
     /// What the decision needs of a Node object.
     pub fn of(node: &NodeObject) -> Self {
-        let version = node.status.node_info.as_ref().map(|i| i.kubelet_version.as_str());
+        let info = node.status.node_info.as_ref();
         let labels = node.metadata.labels.clone().unwrap_or_default();
-        NodeFacts::new(node.metadata.name.clone().unwrap_or_default(), labels, version.unwrap_or_default())
+        let mut facts = NodeFacts::new(
+            node.metadata.name.clone().unwrap_or_default(),
+            labels,
+            info.map(|i| i.kubelet_version.as_str()).unwrap_or_default(),
+        );
+        facts.runtime = RuntimeVersion::parse(info.map(|i| i.container_runtime_version.as_str()).unwrap_or_default());
+        facts
     }
 
-    /// A node with its kubelet version as `status.nodeInfo.kubeletVersion` says it (`v1.37.1`).
+    /// A node with its kubelet version as `status.nodeInfo.kubeletVersion` says it (`v1.37.1`),
+    /// and no container runtime reported.
     pub fn new(name: String, labels: BTreeMap<String, String>, kubelet_version: &str) -> Self {
-        let mut parts = kubelet_version.trim().trim_start_matches('v').split('.');
-        let number = |part: Option<&str>| -> Option<u32> {
-            let digits: String = part?.chars().take_while(char::is_ascii_digit).collect();
-            digits.parse().ok()
-        };
-        let kubelet = number(parts.next()).zip(number(parts.next()));
-        NodeFacts { name, labels, kubelet }
+        let kubelet = image_volumes::major_minor(kubelet_version);
+        NodeFacts { name, labels, kubelet, runtime: RuntimeVersion::parse("") }
+    }
+
+    /// The node with this container runtime (`containerd://2.2.0`).
+    pub fn with_runtime(self, runtime: &str) -> Self {
+        NodeFacts { runtime: RuntimeVersion::parse(runtime), ..self }
+    }
+
+    /// What the node supports of image volumes (a node without a readable kubelet is not in a
+    /// pool).
+    fn image_volumes(&self) -> ImageVolumeSupport {
+        ImageVolumeSupport::of_node(self.kubelet.unwrap_or_default(), self.runtime)
     }
 }
 
@@ -114,6 +135,8 @@ pub struct NodePool {
     nodes: Vec<NodeFacts>,
     /// The oldest kubelet of all: the answer for most pods, which say nothing about nodes.
     oldest: Option<(u32, u32)>,
+    /// What every node supports of image volumes, likewise.
+    image_volumes_everywhere: Option<ImageVolumeSupport>,
 }
 
 impl NodePool {
@@ -121,7 +144,8 @@ impl NodePool {
     pub fn new(nodes: impl IntoIterator<Item = NodeFacts>) -> Self {
         let nodes: Vec<NodeFacts> = nodes.into_iter().filter(|n| n.kubelet.is_some()).collect();
         let oldest = nodes.iter().filter_map(|n| n.kubelet).min();
-        NodePool { nodes, oldest }
+        let image_volumes_everywhere = nodes.iter().map(NodeFacts::image_volumes).reduce(ImageVolumeSupport::and);
+        NodePool { nodes, oldest, image_volumes_everywhere }
     }
 
     /// The oldest kubelet version.
@@ -139,35 +163,45 @@ impl NodePool {
         self.nodes.is_empty()
     }
 
-    /// The facts for `pod`: whether native sidecars start where it can run, and which rule said
-    /// so. `api_server` holds for a pool without readable kubelet versions.
+    /// The facts for `pod`: whether native sidecars start and image volumes mount where it can
+    /// run, and which rule said so. `api_server` holds for a pool without readable kubelet
+    /// versions.
     pub fn facts_for(&self, pod: &Value, api_server: ClusterFacts) -> ClusterFacts {
-        let Some(oldest_of_all) = self.oldest else {
+        let (Some(oldest_of_all), Some(everywhere)) = (self.oldest, self.image_volumes_everywhere) else {
             return api_server;
         };
         let known = &self.nodes;
         let spec = pod.get("spec");
-        let facts = |version: (u32, u32), rule: fn((u32, u32), u32) -> NativeRule, nodes: usize| ClusterFacts {
+        let facts = |version: (u32, u32), image_volumes: ImageVolumeSupport, rule: NativeRule| ClusterFacts {
             native_sidecars: crate::injection::native::supported_by(version),
-            rule: rule(version, nodes as u32),
+            rule,
             sidecar_resize_policy: api_server.sidecar_resize_policy,
+            image_volumes,
         };
         if let Some(name) = spec.and_then(|s| s.get("nodeName")).and_then(Value::as_str)
-            && let Some(version) = known.iter().find(|n| n.name == name).and_then(|n| n.kubelet)
+            && let Some(node) = known.iter().find(|n| n.name == name)
+            && let Some(version) = node.kubelet
         {
-            return facts(version, |v, _| NativeRule::NodeName { kubelet: v }, 1);
+            return facts(version, node.image_volumes(), NativeRule::NodeName { kubelet: version });
         }
         let constraints = Constraints::of(spec);
         if let Some(constraints) = constraints.filter(|c| c.limits()) {
-            let fitting = known.iter().filter(|n| constraints.allow(n));
-            let (count, version) = fitting.fold((0, None), |(count, oldest): (usize, Option<(u32, u32)>), n| {
-                (count + 1, oldest.min(n.kubelet).or(n.kubelet))
-            });
-            if let Some(version) = version {
-                return facts(version, |v, n| NativeRule::NodesAllowed { oldest: v, nodes: n }, count);
+            let mut fitting = known.iter().filter(|n| constraints.allow(n));
+            if let Some(first) = fitting.next() {
+                let (mut count, mut oldest, mut image_volumes) = (1, first.kubelet, first.image_volumes());
+                for node in fitting {
+                    count += 1;
+                    oldest = oldest.min(node.kubelet).or(node.kubelet);
+                    image_volumes = image_volumes.and(node.image_volumes());
+                }
+                if let Some(version) = oldest {
+                    let rule = NativeRule::NodesAllowed { oldest: version, nodes: count };
+                    return facts(version, image_volumes, rule);
+                }
             }
         }
-        facts(oldest_of_all, |v, n| NativeRule::OldestNode { oldest: v, nodes: n }, known.len())
+        let rule = NativeRule::OldestNode { oldest: oldest_of_all, nodes: known.len() as u32 };
+        facts(oldest_of_all, everywhere, rule)
     }
 }
 
@@ -243,6 +277,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::injection::image_volumes::Limit;
 
     fn node(name: &str, pool: &str, version: &str) -> NodeFacts {
         NodeFacts::new(name.into(), [("pool".to_owned(), pool.to_owned())].into(), version)
@@ -265,6 +300,8 @@ mod tests {
         assert_eq!(kube_core::ResourceExt::resource_version(&node).as_deref(), Some("42"));
         let facts = NodeFacts::of(&node);
         assert_eq!((facts.name.as_str(), facts.kubelet, facts.labels.len()), ("worker-1", Some((1, 37)), 2));
+        assert_eq!(facts.runtime, RuntimeVersion::parse("containerd://2.2.0"));
+        assert!(facts.runtime.applies_sub_path());
         // A node that has not reported yet, and one whose status says nothing readable.
         for bare in
             [json!({"metadata": {"name": "new"}}), json!({"metadata": {"name": "odd"}, "status": {"nodeInfo": {}}})]
@@ -344,6 +381,27 @@ mod tests {
             let facts = pool.facts_for(&json!({"spec": spec}), api);
             assert_eq!((facts.native_sidecars, facts.rule), (native, rule), "{case}");
         }
+        // Image volumes: the same nodes decide, each by its kubelet and its runtime.
+        let pool = NodePool::new([
+            node("old-1", "old", "v1.34.2").with_runtime("containerd://2.2.0"),
+            node("new-1", "new", "v1.37.1").with_runtime("containerd://2.2.9"),
+            node("new-2", "new", "v1.36.0").with_runtime("containerd://2.1.5"),
+            node("odd", "new", "fake").with_runtime("containerd://1.6.0"),
+        ]);
+        let limits = |spec: Value| {
+            let facts = pool.facts_for(&json!({"spec": spec}), api).image_volumes;
+            (facts.limit(false), facts.limit(true))
+        };
+        let old_kubelet = Some(Limit::Kubelet((1, 34)));
+        let containerd_2_1 = Some(Limit::Runtime(RuntimeVersion::parse("containerd://2.1.5")));
+        assert_eq!(limits(json!({})), (old_kubelet, old_kubelet), "anywhere: the old node");
+        assert_eq!(limits(json!({"nodeName": "new-1"})), (None, None));
+        assert_eq!(
+            limits(json!({"nodeSelector": {"pool": "new"}})),
+            (None, containerd_2_1),
+            "the odd node does not count"
+        );
+        assert_eq!(limits(json!({"nodeName": "new-2"})), (None, containerd_2_1));
         // Without a readable kubelet version, the API server's rule.
         let unreadable = NodePool::new([node("a", "x", "fake")]);
         assert_eq!(unreadable.facts_for(&json!({"spec": {}}), api), api);

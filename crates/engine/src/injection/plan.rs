@@ -63,6 +63,8 @@ pub struct Injection {
     /// For each env var a template merges into an app container: where the value it adds to
     /// comes from, one sentence each as `container <name>: ...` (for `explain`).
     pub merge_notes: Vec<String>,
+    /// The form each template's image volumes take, one sentence each (for `explain`).
+    pub volume_notes: Vec<String>,
     /// Warnings for the pod's creator: merges that rest on an `envFrom` source having the
     /// variable, which the API cannot show, and ports an added container shares with another
     /// (`ports`).
@@ -115,6 +117,12 @@ pub fn plan(
     let value_sources = templates
         .iter()
         .flat_map(|t| t.rendered.value_sources.iter().map(|source| format!("{}.{source}", t.rendered.name)))
+        .collect();
+    let volume_notes = templates
+        .iter()
+        .flat_map(|t| {
+            t.rendered.volume_forms.iter().map(|choice| format!("{}: {}", t.rendered.name, choice.describe()))
+        })
         .collect();
     let status = InjectionStatus {
         templates: templates
@@ -194,6 +202,7 @@ pub fn plan(
         status,
         removed: Box::new(removed),
         merge_notes: merges.notes,
+        volume_notes,
         warnings,
         value_sources,
         invalid,
@@ -453,6 +462,9 @@ impl<'p: 'w, 'w> Claims<'p, 'w> {
                 match self.lists[kind.index].claim(identity, owner) {
                     Ok(claimed) => {
                         self.claimed_in_lists[kind.index].push(identity.to_owned());
+                        if kind.index == VOLUMES.index && t.image_volumes.iter().any(|v| v == identity) {
+                            self.status.image_volumes.push(identity.to_owned());
+                        }
                         if claimed == Claimed::New {
                             let pick = Pick { kind: WholeKind::PodList(kind.index), template: template_index, index };
                             self.picks.lists[kind.index].push(pick);

@@ -26,9 +26,10 @@ use crate::facts::NamespaceFacts;
 use crate::findings::{Warning, WarningCode};
 use crate::injection::compare::POD_DERIVED;
 use crate::injection::env_merge::EnvMerge;
+use crate::injection::image_volumes::{self, ImageVolumeChoice, RenderedFallback, VolumeForms};
 use crate::kinds::{
     ANNOTATIONS, APP_LISTS, AppListKind, ContainerPosition, ENV, MAPS, MapKind, PerAppList, PerMap, PerPodList,
-    Placement, PodListKind,
+    Placement, PodListKind, VOLUME_MOUNTS, VOLUMES,
 };
 use crate::names;
 use crate::templates::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
@@ -73,6 +74,11 @@ pub struct RenderedTemplate {
     /// Where each overridden value came from: `<value> from annotation <key>` (the pod's, or
     /// `<key> on namespace <name>`).
     pub value_sources: Vec<String>,
+    /// The form each image volume was given (`image_volumes`).
+    pub volume_forms: Vec<ImageVolumeChoice>,
+    /// The image volumes with a declared fallback that stay image volumes (what the status
+    /// records as `imageVolumes`).
+    pub image_volumes: Vec<String>,
 }
 
 impl RenderedTemplate {
@@ -157,14 +163,15 @@ impl<'w> Subject<'w> {
     }
 }
 
-/// Renders `template` for a pod in a namespace.
+/// Renders `template` for a pod in a namespace, its image volumes in `forms`.
 pub fn render(
     template: &Template,
     subject: &Subject<'_>,
     pod_annotations: &BTreeMap<String, String>,
     namespace: &NamespaceFacts,
+    forms: VolumeForms<'_>,
 ) -> Result<RenderedTemplate, RenderError> {
-    render_with(template, subject, pod_annotations, namespace, false)
+    render_with(template, subject, pod_annotations, namespace, forms, false)
 }
 
 /// Like [`render`], but every string computed from pod data (other than names and mount paths,
@@ -174,8 +181,9 @@ pub fn render_masked(
     subject: &Subject<'_>,
     pod_annotations: &BTreeMap<String, String>,
     namespace: &NamespaceFacts,
+    forms: VolumeForms<'_>,
 ) -> Result<RenderedTemplate, RenderError> {
-    render_with(template, subject, pod_annotations, namespace, true)
+    render_with(template, subject, pod_annotations, namespace, forms, true)
 }
 
 fn render_with(
@@ -183,6 +191,7 @@ fn render_with(
     subject: &Subject<'_>,
     pod_annotations: &BTreeMap<String, String>,
     namespace: &NamespaceFacts,
+    forms: VolumeForms<'_>,
     mask_pod_reads: bool,
 ) -> Result<RenderedTemplate, RenderError> {
     let mut warnings = Vec::new();
@@ -259,26 +268,20 @@ fn render_with(
     for (kind, rendered) in MAPS.iter().zip(&mut maps) {
         *rendered = renderer.string_map(&spec.maps[kind.index], kind.section).map_err(err)?;
     }
-    // A classic sidecar put first would be `kubectl logs`' and `exec`'s default container: the
-    // pod names its first app container instead (the template's or the pod's own key wins).
-    let first_sidecar = sidecars.iter().any(|s| {
-        let name = s.get("name").and_then(Value::as_str).unwrap_or_default();
-        positions.get(name) == Some(&ContainerPosition::First)
-    });
-    let annotations = &mut maps[ANNOTATIONS.index];
-    if first_sidecar && !annotations.contains_key(names::DEFAULT_CONTAINER_ANNOTATION) {
-        let first_app =
-            subject.pod.get_attr("spec").and_then(|s| s.get_attr("containers")).and_then(|c| c.get_item_by_index(0));
-        if let Some(name) =
-            first_app.ok().and_then(|c| c.get_attr("name").ok()).and_then(|n| n.as_str().map(str::to_owned))
-        {
-            annotations.insert(names::DEFAULT_CONTAINER_ANNOTATION.to_owned(), name);
-        }
-    }
+    name_default_container(&mut maps[ANNOTATIONS.index], &sidecars, &positions, &subject.pod);
     let mut pod_lists = PerPodList::<Vec<Value>>::default();
+    let mut fallbacks = Vec::new();
     for (rendered, items) in pod_lists.iter_mut().zip(&spec.pod_lists) {
-        *rendered = renderer.items(items).map_err(err)?;
+        *rendered = renderer.items_with_fallbacks(items, &mut fallbacks).map_err(err)?;
     }
+    let (volume_forms, image_volumes) = image_volumes::apply(
+        forms,
+        fallbacks,
+        &mut pod_lists[VOLUMES.index],
+        &mut init_containers,
+        &sidecars,
+        &app_lists[VOLUME_MOUNTS.index],
+    );
     Ok(RenderedTemplate {
         name: template.name.to_string(),
         hash: template.hash.clone(),
@@ -293,7 +296,32 @@ fn render_with(
         sidecar_mode,
         warnings,
         value_sources,
+        volume_forms,
+        image_volumes,
     })
+}
+
+/// A classic sidecar put first would be `kubectl logs`' and `exec`'s default container: the pod
+/// names its first app container instead (the template's or the pod's own key wins).
+fn name_default_container(
+    annotations: &mut BTreeMap<String, String>,
+    sidecars: &[Value],
+    positions: &BTreeMap<String, ContainerPosition>,
+    pod: &JinjaValue,
+) {
+    let first_sidecar = sidecars.iter().any(|s| {
+        let name = s.get("name").and_then(Value::as_str).unwrap_or_default();
+        positions.get(name) == Some(&ContainerPosition::First)
+    });
+    if first_sidecar && !annotations.contains_key(names::DEFAULT_CONTAINER_ANNOTATION) {
+        let first_app =
+            pod.get_attr("spec").and_then(|s| s.get_attr("containers")).and_then(|c| c.get_item_by_index(0));
+        if let Some(name) =
+            first_app.ok().and_then(|c| c.get_attr("name").ok()).and_then(|n| n.as_str().map(str::to_owned))
+        {
+            annotations.insert(names::DEFAULT_CONTAINER_ANNOTATION.to_owned(), name);
+        }
+    }
 }
 
 /// Whether the pod sets pod-level resources (`spec.resources` with requests or limits).
@@ -606,6 +634,16 @@ impl Renderer<'_> {
     }
 
     fn items(&mut self, items: &[SeqItem]) -> Result<Vec<Value>, TemplateError> {
+        self.items_with_fallbacks(items, &mut Vec::new())
+    }
+
+    /// Items of a list; the `fallback:` of each kept image volume that declares one goes to
+    /// `fallbacks`.
+    fn items_with_fallbacks(
+        &mut self,
+        items: &[SeqItem],
+        fallbacks: &mut Vec<RenderedFallback>,
+    ) -> Result<Vec<Value>, TemplateError> {
         let mut out = Vec::with_capacity(items.len());
         for item in items {
             if let Some(when) = &item.when
@@ -613,7 +651,21 @@ impl Renderer<'_> {
             {
                 continue;
             }
-            out.push(self.piece(&item.piece)?);
+            let rendered = self.piece(&item.piece)?;
+            if let Some(fallback) = &item.fallback {
+                fallbacks.push(RenderedFallback {
+                    volume: rendered.get(VOLUMES.key).and_then(Value::as_str).unwrap_or_default().to_owned(),
+                    empty_dir: match &fallback.empty_dir {
+                        Some(piece) => match self.piece(piece)? {
+                            Value::Null => Value::Object(Default::default()),
+                            empty_dir => empty_dir,
+                        },
+                        None => Value::Object(Default::default()),
+                    },
+                    init_container: self.piece(&fallback.init_container)?,
+                });
+            }
+            out.push(rendered);
         }
         Ok(out)
     }
@@ -750,7 +802,7 @@ mod tests {
             [("owner".to_owned(), "alice".to_owned())].into(),
         );
         let owner = Workload::of_pod(&pod);
-        render(t, &Subject::new(Arc::new(pod), &owner), &annotations, &namespace)
+        render(t, &Subject::new(Arc::new(pod), &owner), &annotations, &namespace, VolumeForms::Recorded(&[]))
     }
 
     fn pod() -> Value {
@@ -1018,8 +1070,13 @@ inject:
         assert_eq!(render_for(&t, from_replicaset, &[]).unwrap().map(LABELS)["owner"], "Deployment.web");
         let hinted = Workload { kind: "Deployment".into(), name: "web".into() };
         let namespace = NamespaceFacts::unknown("shop");
-        let rendered =
-            render(&t, &Subject::new(Arc::new(json!({"metadata": {}})), &hinted), &BTreeMap::new(), &namespace);
+        let rendered = render(
+            &t,
+            &Subject::new(Arc::new(json!({"metadata": {}})), &hinted),
+            &BTreeMap::new(),
+            &namespace,
+            VolumeForms::Recorded(&[]),
+        );
         assert_eq!(
             rendered.unwrap().map(LABELS)["owner"],
             "Deployment.web",

@@ -46,6 +46,9 @@ pub struct Explanation {
     /// How each env var a template merges into an app container's own is put together.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub merge_notes: Vec<String>,
+    /// The form each image volume takes (an image volume, or its fallback and why).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volume_forms: Vec<String>,
     /// Whether added sidecars run as native sidecars, and which rule decided (for pods that get
     /// sidecars).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -88,10 +91,15 @@ fn choice_json(choice: &Choice) -> Value {
 /// warning).
 pub fn one(found: PodDecision, labels_known: bool) -> Explanation {
     let decision = &found.decision;
-    let (merge_notes, value_sources) = match &decision.outcome {
-        Outcome::Inject(injection) => (injection.merge_notes.clone(), injection.value_sources.clone()),
-        _ => (Vec::new(), Vec::new()),
+    let (merge_notes, value_sources, mut volume_forms) = match &decision.outcome {
+        Outcome::Inject(injection) => {
+            (injection.merge_notes.clone(), injection.value_sources.clone(), injection.volume_notes.clone())
+        }
+        _ => (Vec::new(), Vec::new(), Vec::new()),
     };
+    if !volume_forms.is_empty() {
+        volume_forms.push(format!("decided {}", found.cluster.rule));
+    }
     let removes = match &decision.outcome {
         Outcome::Inject(injection) if !is_empty(&injection.removed) => Some((*injection.removed).clone()),
         _ => None,
@@ -145,6 +153,7 @@ pub fn one(found: PodDecision, labels_known: bool) -> Explanation {
         removes,
         value_sources,
         merge_notes,
+        volume_forms,
         sidecars,
         in_place,
         warnings,
@@ -235,6 +244,12 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>], webhook_only
             for note in &e.merge_notes {
                 out.push_str(&format!("    merge into {note}\n"));
             }
+            if let [notes @ .., rule] = e.volume_forms.as_slice() {
+                for note in notes {
+                    out.push_str(&format!("    {note}\n"));
+                }
+                out.push_str(&format!("    image volumes: {rule}\n"));
+            }
             if let Some(sidecars) = &e.sidecars {
                 out.push_str(&format!("    sidecars: {sidecars}\n"));
             }
@@ -295,6 +310,7 @@ pub fn explain(
             removes: None,
             value_sources: Vec::new(),
             merge_notes: Vec::new(),
+            volume_forms: Vec::new(),
             sidecars: None,
             in_place: None,
             warnings: Vec::new(),

@@ -12,9 +12,10 @@ use serde_json::Value;
 
 use crate::facts::NamespaceFacts;
 use crate::injection::api_limits;
+use crate::injection::image_volumes::{ImageVolumeSupport, VolumeForms};
 use crate::injection::ports::{self, Running};
 use crate::injection::render::{RenderError, RenderedTemplate, Subject, render};
-use crate::kinds::{APP_LISTS, AppListKind, CONTAINERS, MAPS, POD_LISTS};
+use crate::kinds::{APP_LISTS, AppListKind, CONTAINERS, MAPS, POD_LISTS, VOLUMES};
 use crate::names;
 use crate::templates::conformance::{CHECKED_KUBERNETES_VERSION, conforms};
 use crate::templates::template::{self, Template, TemplateError};
@@ -26,6 +27,11 @@ impl Template {
         !self.inject.sidecars.is_empty()
     }
 
+    /// Whether one of its image volumes declares a fallback (whose use the nodes decide).
+    pub fn has_volume_fallbacks(&self) -> bool {
+        self.inject.pod_lists[VOLUMES.index].iter().any(|item| item.fallback.is_some())
+    }
+
     /// Parses, compiles and test-renders a template. The error names the template, the line and the
     /// problem.
     pub fn load(name: &str, source: &str) -> Result<Template, TemplateError> {
@@ -34,6 +40,7 @@ impl Template {
         prerender(&mut template);
         template.warnings.extend(template::resource_warnings(&template.inject));
         template.warnings.extend(template::position_warnings(&template));
+        template.warnings.extend(template::image_volume_warnings(&template));
         template
             .warnings
             .extend(port_collisions.into_iter().map(|c| format!("its sidecars collide in every pod: {c}")));
@@ -80,15 +87,19 @@ fn check(template: &Template) -> Result<Vec<String>, TemplateError> {
         None => namespace_labels,
     };
     let namespace = NamespaceFacts::known("default", namespace_labels, BTreeMap::new());
-    for shape in SAMPLE_SHAPES {
+    // Image volumes as image volumes, and (where a template declares fallbacks) as fallbacks.
+    let has_fallbacks = template.has_volume_fallbacks();
+    let forms = [VolumeForms::Nodes(ImageVolumeSupport::EVERYWHERE), VolumeForms::Recorded(&[])];
+    let shapes =
+        SAMPLE_SHAPES.iter().flat_map(|shape| forms.iter().take(1 + has_fallbacks as usize).map(move |f| (shape, *f)));
+    for (shape, forms) in shapes {
         let (pod, workload) = shape.sample(&pod_labels);
         let subject = Subject::new(Arc::new(pod), &workload);
-        match render(template, &subject, &BTreeMap::new(), &namespace) {
+        match render(template, &subject, &BTreeMap::new(), &namespace, forms) {
             Ok(rendered) => {
-                check_rendered(template, &rendered).map_err(|e| TemplateError {
-                    message: format!("{} (for {})", e.message, shape.description),
-                    ..e
-                })?;
+                check_rendered(template, &rendered).and_then(|()| check_fallbacks(template, &rendered)).map_err(
+                    |e| TemplateError { message: format!("{} (for {})", e.message, shape.description), ..e },
+                )?;
                 port_collisions.get_or_insert_with(|| {
                     let sidecars = rendered.sidecars.iter().map(|container| Running { container, injected: true });
                     ports::collisions(&sidecars.collect::<Vec<_>>(), false).warned
@@ -104,6 +115,26 @@ fn check(template: &Template) -> Result<Vec<String>, TemplateError> {
         }
     }
     Ok(port_collisions.unwrap_or_default())
+}
+
+/// Each fallback injected fills its emptyDir: its init container mounts the volume.
+fn check_fallbacks(template: &Template, rendered: &RenderedTemplate) -> Result<(), TemplateError> {
+    for choice in &rendered.volume_forms {
+        let Some(init) = &choice.fallback else { continue };
+        let container = rendered.init_containers.iter().find(|c| c.get("name").and_then(Value::as_str) == Some(init));
+        let mounts = container.and_then(|c| c.get("volumeMounts")).and_then(Value::as_array).into_iter().flatten();
+        if !mounts.into_iter().any(|m| m.get("name").and_then(Value::as_str) == Some(&choice.volume)) {
+            return Err(TemplateError::at(
+                &template.name,
+                0,
+                format!(
+                    "inject.volumes: the fallback of image volume {:?}: its initContainer {init:?} does not mount {:?}, so the emptyDir that stands in for the image would stay empty",
+                    choice.volume, choice.volume
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A pod shape that templates meet at admission.

@@ -21,7 +21,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::injection::env_merge::{EnvMerge, Position};
-use crate::kinds::{APP_LISTS, ContainerPosition, ENV, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList};
+use crate::kinds::{APP_LISTS, ContainerPosition, ENV, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList, VOLUMES};
 use crate::templates::expression::{self, CompiledText};
 use crate::templates::yaml::{MapEntry, SourceNode, SourceValue};
 
@@ -187,6 +187,18 @@ pub(crate) struct SeqItem {
     pub(crate) merge: Option<EnvMerge>,
     /// `position:` of an init container or sidecar (`kinds::ContainerPosition`); `None` elsewhere.
     pub(crate) position: Option<ContainerPosition>,
+    /// `fallback:` of an image volume (`image_volumes`); `None` elsewhere.
+    pub(crate) fallback: Option<Box<VolumeFallback>>,
+}
+
+/// An image volume's `fallback:`: the emptyDir that stands in for the image where the nodes
+/// cannot mount it, and the init container that fills it (see `image_volumes`).
+#[derive(Debug)]
+pub(crate) struct VolumeFallback {
+    /// `emptyDir:` (`{}` when absent).
+    pub(crate) empty_dir: Option<Piece>,
+    /// `initContainer:`.
+    pub(crate) init_container: Piece,
 }
 
 /// Which keys of a list's items belong to the injector rather than to the rendered item.
@@ -198,6 +210,8 @@ enum ItemKeys {
     Env,
     /// `position:` (an init container or sidecar).
     Container,
+    /// `fallback:` (a volume).
+    Volume,
 }
 
 /// What a template injects, compiled.
@@ -234,6 +248,9 @@ impl InjectSpec {
         fn walk_item<'a>(item: &'a SeqItem, out: &mut Vec<&'a CompiledText>) {
             out.extend(&item.when);
             walk(&item.piece, out);
+            if let Some(fallback) = &item.fallback {
+                fallback.empty_dir.iter().chain([&fallback.init_container]).for_each(|p| walk(p, out));
+            }
         }
         let mut out = Vec::new();
         self.maps.iter().flatten().for_each(|(_, p)| walk(p, &mut out));
@@ -254,6 +271,10 @@ impl InjectSpec {
         fn walk_item<'a>(item: &'a mut SeqItem, out: &mut Vec<&'a mut CompiledText>) {
             out.extend(&mut item.when);
             walk(&mut item.piece, out);
+            if let Some(fallback) = &mut item.fallback {
+                let VolumeFallback { empty_dir, init_container } = &mut **fallback;
+                empty_dir.iter_mut().chain([init_container]).for_each(|p| walk(p, out));
+            }
         }
         let mut out = Vec::new();
         let InjectSpec { maps, init_containers, sidecars, pod_lists, app_lists, .. } = self;
@@ -735,7 +756,8 @@ impl<'a> Compiler<'a> {
                 "sidecars" => spec.sidecars = self.items(child, "inject.sidecars", &["name"], ItemKeys::Container)?,
                 field if POD_LISTS.iter().any(|k| k.field == field) => {
                     let kind = POD_LISTS.iter().find(|k| k.field == field).expect("matched above");
-                    spec.pod_lists[kind.index] = self.items(child, &kind.section(), &[kind.key], ItemKeys::Plain)?
+                    let keys = if kind.index == VOLUMES.index { ItemKeys::Volume } else { ItemKeys::Plain };
+                    spec.pod_lists[kind.index] = self.items(child, &kind.section(), &[kind.key], keys)?
                 }
                 "appContainers" => {
                     for MapEntry { key, key_line, value: grandchild } in self.mapping(child, "inject.appContainers")? {
@@ -869,6 +891,7 @@ impl<'a> Compiler<'a> {
             match keys {
                 ItemKeys::Env => seq_item.merge = self.env_merge(item)?,
                 ItemKeys::Container => seq_item.position = self.position(item)?,
+                ItemKeys::Volume => seq_item.fallback = self.volume_fallback(item)?,
                 ItemKeys::Plain => {}
             }
             out.push(seq_item);
@@ -880,7 +903,7 @@ impl<'a> Compiler<'a> {
     /// part of the rendered item.
     fn seq_item(&mut self, item: &SourceNode, keys: ItemKeys) -> Result<SeqItem, TemplateError> {
         let SourceValue::Map(entries) = &item.value else {
-            return Ok(SeqItem { when: None, piece: self.piece(item)?, merge: None, position: None });
+            return Ok(SeqItem { when: None, piece: self.piece(item)?, merge: None, position: None, fallback: None });
         };
         let mut when = None;
         let mut rest = Vec::with_capacity(entries.len());
@@ -888,6 +911,7 @@ impl<'a> Compiler<'a> {
             let injectors = match keys {
                 ItemKeys::Env => entry.key == "merge",
                 ItemKeys::Container => entry.key == "position",
+                ItemKeys::Volume => entry.key == "fallback",
                 ItemKeys::Plain => false,
             };
             if entry.key == "when" {
@@ -897,7 +921,70 @@ impl<'a> Compiler<'a> {
             }
         }
         let piece = self.piece(&SourceNode { line: item.line, value: SourceValue::Map(rest) })?;
-        Ok(SeqItem { when, piece, merge: None, position: None })
+        Ok(SeqItem { when, piece, merge: None, position: None, fallback: None })
+    }
+
+    /// The `fallback:` of a volume: only on an image volume, `{initContainer: <container>,
+    /// emptyDir: <emptyDir, optional>}`.
+    fn volume_fallback(&mut self, item: &SourceNode) -> Result<Option<Box<VolumeFallback>>, TemplateError> {
+        let SourceValue::Map(entries) = &item.value else { return Ok(None) };
+        let Some(fallback) = entries.iter().find(|e| e.key == "fallback") else { return Ok(None) };
+        if !entries.iter().any(|e| e.key == "image") {
+            return Err(self.err(
+                fallback.key_line,
+                "fallback is for image volumes: this volume has no image (its fallback would never be used)",
+            ));
+        }
+        let SourceValue::Map(keys) = &fallback.value.value else {
+            return Err(self.err(
+                fallback.value.line,
+                format!(
+                    "fallback must be {{initContainer: <the container that fills the emptyDir>, emptyDir: <optional>}}, not {}",
+                    fallback.value.type_name()
+                ),
+            ));
+        };
+        let (mut empty_dir, mut init_container) = (None, None);
+        for MapEntry { key, key_line, value } in keys {
+            match key.as_str() {
+                "emptyDir" if matches!(value.value, SourceValue::Map(_) | SourceValue::Null) => {
+                    empty_dir = Some(self.piece(value)?)
+                }
+                "emptyDir" => {
+                    return Err(
+                        self.err(value.line, format!("fallback.emptyDir must be a mapping, not {}", value.type_name()))
+                    );
+                }
+                "initContainer" => {
+                    let SourceValue::Map(fields) = &value.value else {
+                        return Err(self.err(
+                            value.line,
+                            format!(
+                                "fallback.initContainer must be a container (a mapping), not {}",
+                                value.type_name()
+                            ),
+                        ));
+                    };
+                    if !fields.iter().any(|f| f.key == "name") {
+                        return Err(self.err(value.line, "fallback.initContainer has no name"));
+                    }
+                    init_container = Some(self.piece(value)?);
+                }
+                other => {
+                    return Err(self.err(
+                        *key_line,
+                        format!("unknown key {other:?} in fallback (expected initContainer, emptyDir)"),
+                    ));
+                }
+            }
+        }
+        let Some(init_container) = init_container else {
+            return Err(self.err(
+                fallback.value.line,
+                "fallback needs an initContainer (the container that copies the image's files into the emptyDir)",
+            ));
+        };
+        Ok(Some(Box::new(VolumeFallback { empty_dir, init_container })))
     }
 
     /// The `position:` of an init container or sidecar: `first` or `last`, literal.
@@ -1089,6 +1176,25 @@ pub(crate) fn position_warnings(template: &Template) -> Vec<String> {
         )
     })
     .collect()
+}
+
+/// An image volume without a `fallback:` fails wherever the nodes cannot mount it.
+pub(crate) fn image_volume_warnings(template: &Template) -> Vec<String> {
+    let volumes = template.inject.pod_lists[VOLUMES.index].iter().enumerate();
+    let is_image = |item: &SeqItem| match &item.piece {
+        Piece::Map(entries) => entries.iter().any(|(key, _)| key == "image"),
+        Piece::Literal(volume) => volume.get("image").is_some(),
+        _ => false,
+    };
+    volumes
+        .filter(|(_, item)| item.fallback.is_none() && is_image(item))
+        .map(|(index, item)| {
+            format!(
+                "volume {} is an image volume without a fallback: a pod that can run on a node whose kubelet is older than 1.35, or whose runtime is older than containerd 2.1 or CRI-O 1.31, does not start there (and containerd before 2.2 or CRI-O before 1.33 ignore a subPath into it); fallback: declares the emptyDir and copy init container injected there instead",
+                item_name(item, index)
+            )
+        })
+        .collect()
 }
 
 /// An item of a list, for messages: its literal name, or `#<position>`.
