@@ -432,6 +432,44 @@ fn sidecar_mode_warnings(
     warnings
 }
 
+/// Gives a volume name one form in the whole pod: where templates that declare a fallback for the
+/// same name chose differently (one mounts it with `subPath`, the other does not), every one of
+/// them takes the fallback, rendered again by `render_again` with the agreed image volumes.
+/// Without this, the pod's form of a shared name would depend on which template came first, and
+/// the status (which records forms by volume name) could not say it.
+fn agree_on_volume_forms<E>(
+    renderings: &mut [RenderedTemplate],
+    support: injection::image_volumes::ImageVolumeSupport,
+    mut render_again: impl FnMut(usize, &[String]) -> Result<RenderedTemplate, E>,
+) -> Result<(), E> {
+    let declared = |r: &RenderedTemplate| -> Vec<(String, bool)> {
+        let with_fallback = r.volume_forms.iter().filter(|c| c.declared_fallback);
+        with_fallback.map(|c| (c.volume.clone(), c.fallback.is_none())).collect()
+    };
+    let all: Vec<(String, bool)> = renderings.iter().flat_map(declared).collect();
+    let image: Vec<String> = all
+        .iter()
+        .filter(|(name, _)| all.iter().filter(|(other, _)| other == name).all(|(_, image)| *image))
+        .map(|(name, _)| name.clone())
+        .fold(Vec::new(), |mut names, name| {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+            names
+        });
+    for (index, rendered) in renderings.iter_mut().enumerate() {
+        if declared(rendered).iter().all(|(name, kept)| *kept == image.contains(name)) {
+            continue;
+        }
+        *rendered = render_again(index, &image)?;
+        // Taken for another template's subPath mount: that is what the nodes do not apply.
+        for choice in rendered.volume_forms.iter_mut().filter(|c| c.fallback.is_some() && c.limit.is_none()) {
+            choice.limit = support.limit(true);
+        }
+    }
+    Ok(())
+}
+
 /// What the user should know about the form a template's image volumes take where the pod can
 /// run (`image_volumes`).
 fn image_volume_warnings(template: &Template, rendered: &RenderedTemplate, cluster: ClusterFacts) -> Vec<Warning> {
@@ -651,23 +689,29 @@ impl Engine {
             .flatten()
             .filter_map(|c| c.get("name").and_then(Value::as_str))
             .collect();
-        let mut planned = Vec::with_capacity(selected.len());
+        let mut renderings = Vec::with_capacity(selected.len());
         for template in &selected {
             if let Err(e) = injection::render::check_chosen_containers(template, &base_annotations, &container_names) {
                 return decision(Some(choice), Outcome::Denied(Denial::Render(RenderError::Override(e))), warnings);
             }
             match render_one(template, &base, &base_annotations, VolumeForms::Nodes(request.cluster.image_volumes)) {
-                Ok(mut rendered) => {
-                    carry_resources(&mut rendered, &carried);
-                    warnings.append(&mut rendered.warnings);
-                    warnings.extend(sidecar_mode_warnings(template, &rendered, request.cluster, &owner));
-                    warnings.extend(image_volume_warnings(template, &rendered, request.cluster));
-                    planned.push(to_plan(template, rendered));
-                }
-                Err(e) => {
-                    return decision(Some(choice), Outcome::Denied(Denial::Render(e)), warnings);
-                }
+                Ok(rendered) => renderings.push(rendered),
+                Err(e) => return decision(Some(choice), Outcome::Denied(Denial::Render(e)), warnings),
             }
+        }
+        let agreed = agree_on_volume_forms(&mut renderings, request.cluster.image_volumes, |index, image| {
+            render_one(selected[index], &base, &base_annotations, VolumeForms::Recorded(image))
+        });
+        if let Err(e) = agreed {
+            return decision(Some(choice), Outcome::Denied(Denial::Render(e)), warnings);
+        }
+        let mut planned = Vec::with_capacity(selected.len());
+        for (template, mut rendered) in selected.iter().zip(renderings) {
+            carry_resources(&mut rendered, &carried);
+            warnings.append(&mut rendered.warnings);
+            warnings.extend(sidecar_mode_warnings(template, &rendered, request.cluster, &owner));
+            warnings.extend(image_volume_warnings(template, &rendered, request.cluster));
+            planned.push(to_plan(template, rendered));
         }
         let reason = planned.is_empty().then(|| choice.summary_of_none());
         match injection::plan::plan(pod, injection::plan::Earlier::Replace(&owned), planned, reason) {

@@ -1371,3 +1371,182 @@ fn a_stored_sidecar_with_the_api_token_mount_is_replaced_and_a_resized_one_keeps
         );
     }
 }
+
+const AGENT: &str = r#"
+default: true
+inject:
+  volumes:
+    - name: agent
+      image: {reference: "agent:2", pullPolicy: IfNotPresent}
+      fallback:
+        emptyDir: {sizeLimit: 64Mi}
+        initContainer:
+          name: copy-agent
+          image: "agent:2"
+          command: [cp, -a, /agent/., /copy/]
+          volumeMounts: [{name: agent, mountPath: /copy}]
+  appContainers:
+    volumeMounts:
+      - {name: agent, mountPath: /opt/agent, readOnly: true}
+"#;
+
+/// A request on a cluster whose nodes mount image volumes or not.
+fn on_nodes(pod: &Value, image_volumes: bool) -> PodRequest {
+    let support = match image_volumes {
+        true => injection::image_volumes::ImageVolumeSupport::EVERYWHERE,
+        false => injection::image_volumes::ImageVolumeSupport::of_api_server(Some((1, 34))),
+    };
+    PodRequest {
+        cluster: ClusterFacts { image_volumes: support, ..ClusterFacts::api_server(true) },
+        ..request(pod.clone(), opted_in("shop", &[]))
+    }
+}
+
+#[test]
+fn an_image_volume_or_its_fallback_is_injected_as_the_nodes_allow_and_stays_as_injected() {
+    let engine = engine(&[("agent", AGENT)]);
+    for image_volumes in [true, false] {
+        let Outcome::Inject(injection) = engine.evaluate(&on_nodes(&web_pod(), image_volumes)).outcome else {
+            panic!("expected an injection")
+        };
+        let injected = apply(&web_pod(), &injection.patch);
+        let volume = injected["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "agent").unwrap();
+        let init = names(&injected["spec"]["initContainers"]);
+        match image_volumes {
+            true => {
+                assert_eq!(volume["image"]["reference"], "agent:2");
+                assert_eq!(init, ["migrate"]);
+                assert_eq!(injection.status.image_volumes, ["agent"]);
+            }
+            false => {
+                assert_eq!(volume, &json!({"name": "agent", "emptyDir": {"sizeLimit": "64Mi"}}));
+                assert_eq!(init, ["copy-agent", "migrate"], "the copy runs before the pod's own init containers");
+                assert!(injection.status.image_volumes.is_empty());
+                assert_eq!(injection.warnings.iter().filter(|w| w.code == WarningCode::ImageVolumeFallback).count(), 0);
+            }
+        }
+        // Whatever the nodes say later, the pod keeps the form it was given: up to date, and the
+        // validating check finds it as injected.
+        for later in [true, false] {
+            let decision = engine.evaluate(&on_nodes(&injected, later));
+            assert!(
+                matches!(decision.outcome, Outcome::UpToDate(_)),
+                "{image_volumes} then {later}: {:?}",
+                decision.outcome
+            );
+            assert_eq!(
+                validate::validate_pod(&engine, &on_nodes(&injected, later)),
+                validate::Verdict::Allowed(Vec::new())
+            );
+        }
+        // Strip gives back the author's volumes and containers exactly (an emptied mount list
+        // apart).
+        let stripped = claims::strip::strip_injection(&injected, &injection.status);
+        for list in ["volumes", "initContainers"] {
+            assert_eq!(stripped["spec"][list], web_pod()["spec"][list], "{image_volumes}: {list}");
+        }
+        assert!(stripped["spec"]["containers"][0]["volumeMounts"].as_array().is_some_and(Vec::is_empty));
+    }
+    // The fallback comes with a warning naming the reason.
+    let decision = engine.evaluate(&on_nodes(&web_pod(), false));
+    let warning = decision.warnings.iter().find(|w| w.code == WarningCode::ImageVolumeFallback).expect("a warning");
+    assert!(warning.message.contains("the Kubernetes version is 1.34 (image volumes need 1.35+)"), "{warning}");
+}
+
+#[test]
+fn a_status_that_lies_about_the_form_proves_nothing_and_costs_nothing() {
+    let engine = engine(&[("agent", AGENT)]);
+    let Outcome::Inject(injection) = engine.evaluate(&on_nodes(&web_pod(), false)).outcome else { panic!() };
+    let injected = apply(&web_pod(), &injection.patch);
+    // The status now claims the image volume the pod does not have.
+    let mut forged = injected.clone();
+    let mut status = injection.status.clone();
+    status.image_volumes = vec!["agent".into()];
+    forged["metadata"]["annotations"][names::STATUS_ANNOTATION] = json!(status.to_annotation());
+    // The pod's emptyDir is not what the claimed form renders: refused as changed since (as any
+    // claimed item that is not its template's), never removed or rewritten.
+    let outcome = engine.evaluate(&on_nodes(&forged, true)).outcome;
+    let Outcome::Denied(Denial::Altered(changes)) = outcome else { panic!("{outcome:?}") };
+    assert_eq!(changes, ["volume \"agent\" was changed after injection: image was removed"]);
+    // A claim of the image volume on a pod never injected adds it as claimed, and removes nothing.
+    let mut claimed = web_pod();
+    claimed["metadata"]["annotations"][names::STATUS_ANNOTATION] = json!(status.to_annotation());
+    let Outcome::Inject(fresh) = engine.evaluate(&on_nodes(&claimed, false)).outcome else { panic!() };
+    assert!(claims::ownership::owns_all(&InjectionStatus::default(), &fresh.removed), "{:?}", fresh.removed);
+}
+
+#[test]
+fn a_fallback_is_checked_when_the_template_loads() {
+    let with = |fallback: &str| {
+        format!(
+            "inject:\n  volumes:\n    - name: agent\n      image: {{reference: \"agent:2\"}}\n      fallback: {fallback}\n"
+        )
+    };
+    // (fallback, error)
+    let cases = [
+        ("{emptyDir: {}}", "fallback needs an initContainer"),
+        ("{initContainer: {image: x}}", "fallback.initContainer has no name"),
+        ("{initContainer: {name: c, image: x}, hostPath: {}}", "unknown key \"hostPath\" in fallback"),
+        ("[]", "fallback must be {initContainer"),
+        ("{initContainer: {name: c, image: x}}", "its initContainer \"c\" does not mount \"agent\""),
+        (
+            "{initContainer: {name: c, image: x, volumeMounts: [{name: agent, mountPath: /c}]}, emptyDir: 3}",
+            "fallback.emptyDir must be a mapping",
+        ),
+    ];
+    for (fallback, error) in cases {
+        let e = Template::load("t", &with(fallback)).unwrap_err().to_string();
+        assert!(e.contains(error), "{fallback}: {e}");
+    }
+    let e = Template::load(
+        "t",
+        "inject:\n  volumes:\n    - name: a\n      emptyDir: {}\n      fallback: {initContainer: {name: c}}\n",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("fallback is for image volumes"), "{e}");
+    // Without a fallback: a warning for check-templates.
+    let t =
+        Template::load("t", "inject:\n  volumes:\n    - name: agent\n      image: {reference: \"agent:2\"}\n").unwrap();
+    assert!(
+        t.warnings.iter().any(|w| w.contains("volume \"agent\" is an image volume without a fallback")),
+        "{:?}",
+        t.warnings
+    );
+    // The policy mode leaves fallbacks to the webhook.
+    let t = Template::load("t", AGENT).unwrap();
+    assert!(policy::webhook_only_reason(&t, true).is_some_and(|r| r.to_string().contains("fallback")));
+}
+
+#[test]
+fn templates_sharing_an_image_volume_give_it_one_form() {
+    // The second template mounts the shared volume with subPath, which the nodes do not apply.
+    let tools = AGENT.replace(
+        "{name: agent, mountPath: /opt/agent, readOnly: true}",
+        "{name: agent, mountPath: /opt/tools, subPath: bin}",
+    );
+    let engine = engine(&[("agent", AGENT), ("tools", &tools)]);
+    let support = injection::image_volumes::ImageVolumeSupport::of_node(
+        (1, 36),
+        injection::image_volumes::RuntimeVersion::parse("containerd://2.1.0"),
+    );
+    let request = PodRequest {
+        cluster: ClusterFacts { image_volumes: support, ..ClusterFacts::api_server(true) },
+        ..request(web_pod(), opted_in("shop", &[]))
+    };
+    let Outcome::Inject(injection) = engine.evaluate(&request).outcome else { panic!() };
+    let injected = apply(&web_pod(), &injection.patch);
+    let volume = injected["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "agent").unwrap();
+    assert!(volume.get("emptyDir").is_some(), "{volume}");
+    // One volume, one copy (the second template's are the first's), both templates' mounts on it.
+    assert_eq!(names(&injected["spec"]["initContainers"]), ["copy-agent", "migrate"]);
+    let skipped: Vec<(&str, &str)> =
+        injection.status.skipped.iter().map(|s| (s.name.as_str(), s.owner.as_str())).collect();
+    assert_eq!(skipped, [("copy-agent", "template:agent"), ("agent", "template:agent")]);
+    assert_eq!(injection.status.app_containers["web"].volume_mounts, ["/opt/agent", "/opt/tools"]);
+    let reason = injection.volume_notes.iter().find(|n| n.starts_with("agent:")).unwrap();
+    assert!(reason.contains("containerd 2.1"), "{reason}");
+    assert!(matches!(
+        engine.evaluate(&PodRequest { pod: std::sync::Arc::new(injected), ..request }).outcome,
+        Outcome::UpToDate(_)
+    ));
+}

@@ -25,6 +25,7 @@ use sidecar_injector_engine::checks::validate::{Verdict, validate_pod_update};
 use sidecar_injector_engine::claims::status::InjectionStatus;
 use sidecar_injector_engine::drift::in_place::in_place_update;
 use sidecar_injector_engine::injection::compare::first_difference;
+use sidecar_injector_engine::injection::image_volumes::ImageVolumeSupport;
 use sidecar_injector_engine::injection::pod_resources;
 use sidecar_injector_engine::kinds::{
     APP_LIST_COUNT, APP_LISTS, CONTAINER_LISTS, MAP_COUNT, MAPS, POD_LIST_COUNT, POD_LISTS, Placement, VOLUME_MOUNTS,
@@ -187,7 +188,12 @@ fn template() -> impl Strategy<Value = String> {
                         "name": format!("c-{n}"),
                         "image": "{{ values.v }}",
                         "args": ["{{ workload.name }}", "{{ pod.spec.containers | length }}", "{{ namespace.name }}"],
-                        "volumeMounts": if sidecars_mount { json!([{"name": volume, "mountPath": "/shared"}]) } else { json!([]) },
+                        "volumeMounts": match (sidecars_mount, volume.len() == 4) {
+                            (false, _) => json!([]),
+                            (true, false) => json!([{"name": volume, "mountPath": "/shared"}]),
+                            // A subPath into an image volume takes its fallback unless the nodes apply it.
+                            (true, true) => json!([{"name": volume, "mountPath": "/shared", "subPath": "sub"}]),
+                        },
                         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}},
                     })).collect())),
                     "appContainers": {},
@@ -208,12 +214,32 @@ fn template() -> impl Strategy<Value = String> {
             for (kind, map) in MAPS.iter().zip(maps) {
                 doc["inject"][kind.field] = Value::Object(map);
             }
-            // Every kind of spec list, as its description samples it (volumes are emptyDirs).
+            // Every kind of spec list, as its description samples it (volumes are emptyDirs), but
+            // volumes of longer names are image volumes with a fallback (as the nodes decide).
             for (kind, identities) in POD_LISTS.iter().zip(&pod_lists) {
-                doc["inject"][kind.field] = identities.iter().map(|id| (kind.sample)(id)).collect();
+                doc["inject"][kind.field] = identities
+                    .iter()
+                    .map(|id| match kind.index == VOLUMES.index && id.len() >= 3 {
+                        true => image_volume(id),
+                        false => (kind.sample)(id),
+                    })
+                    .collect();
             }
             manifest::write(&[doc])
         })
+}
+
+/// An image volume whose fallback is an emptyDir filled by init container `f-<name>`.
+fn image_volume(name: &str) -> Value {
+    json!({
+        "name": name,
+        "image": {"reference": format!("agent-{name}:1")},
+        "fallback": {"initContainer": {
+            "name": format!("f-{name}"),
+            "image": format!("agent-{name}:1"),
+            "volumeMounts": [{"name": name, "mountPath": "/copy"}],
+        }},
+    })
 }
 
 fn sources(templates: &[String]) -> impl Iterator<Item = TemplateSource> + '_ {
@@ -248,7 +274,7 @@ fn unchanged_but_for_additions(before: &Value, after: &Value) -> bool {
 /// templates', hashes current or made up.
 /// Claimed sidecars, init containers, identities of each kind of spec list, of each kind of
 /// app-container list, whether the hashes are current, and keys. And whether it claims a padding
-/// of the pod-level resources.
+/// of the pod-level resources, and its claimed volumes as image volumes.
 type Claim = (
     Vec<&'static str>,
     Vec<&'static str>,
@@ -256,7 +282,7 @@ type Claim = (
     Vec<Vec<&'static str>>,
     bool,
     Vec<&'static str>,
-    bool,
+    (bool, bool),
 );
 
 fn claim() -> impl Strategy<Value = Claim> {
@@ -267,14 +293,14 @@ fn claim() -> impl Strategy<Value = Claim> {
         proptest::collection::vec(names(), APP_LIST_COUNT),
         any::<bool>(),
         proptest::sample::subsequence(KEYS.to_vec(), 0..=2),
-        any::<bool>(),
+        (any::<bool>(), any::<bool>()),
     )
 }
 
 fn with_claim(
     pod: &Value,
     engine: &Engine,
-    (containers, init, pod_lists, app_lists, current, keys, padded): Claim,
+    (containers, init, pod_lists, app_lists, current, keys, (padded, image_volumes)): Claim,
 ) -> Value {
     let templates: Vec<Value> = engine
         .templates
@@ -319,6 +345,9 @@ fn with_claim(
     for (kind, names) in POD_LISTS.iter().zip(pod_lists) {
         let identities: Vec<String> =
             names.iter().filter_map(|name| kind.identity(&(kind.sample)(name)).map(str::to_owned)).collect();
+        if kind.index == VOLUMES.index && image_volumes {
+            status["imageVolumes"] = json!(identities);
+        }
         status[kind.field] = json!(identities);
     }
     let mut pod = pod.clone();
@@ -338,10 +367,22 @@ fn evaluate(engine: &Engine, pod: &Value, native: bool) -> Outcome {
         .evaluate(&PodRequest {
             pod: Arc::new(pod.clone()),
             namespace: shop(),
-            cluster: ClusterFacts::api_server(native),
+            cluster: cluster(native),
             workload: None,
         })
         .outcome
+}
+
+/// A recent cluster (native sidecars, image volumes, no runtime known to apply a subPath in one),
+/// or an old one (neither).
+fn cluster(recent: bool) -> ClusterFacts {
+    match recent {
+        true => ClusterFacts::api_server(true),
+        false => ClusterFacts {
+            image_volumes: ImageVolumeSupport::of_api_server(Some((1, 28))),
+            ..ClusterFacts::api_server(false)
+        },
+    }
 }
 
 fn patched(pod: &Value, outcome: Outcome) -> (Value, Vec<PatchOperation>) {
@@ -416,7 +457,8 @@ proptest! {
         prop_assert!(matches!(evaluate(&engine, &out, native), Outcome::UpToDate(_)), "injecting again changes nothing");
 
         // A mount the injection added binds to the volume its template defines, never to the
-        // pod's own volume of that name (the templates' volumes are all emptyDirs).
+        // pod's own volume of that name (the templates' volumes are emptyDirs, image volumes or
+        // their emptyDir fallbacks; the pods' never are).
         let template_volumes: BTreeSet<String> = templates.iter()
             .flat_map(|t| manifest::read(t).unwrap_or_default())
             .flat_map(|t| t["inject"]["volumes"].as_array().cloned().unwrap_or_default())
@@ -436,7 +478,7 @@ proptest! {
             let volume = mount["name"].as_str().unwrap_or_default();
             if !template_volumes.contains(volume) { continue; }
             let bound = out["spec"]["volumes"].as_array().and_then(|v| v.iter().find(|v| v["name"] == volume));
-            prop_assert!(bound.is_some_and(|v| v.get("emptyDir").is_some()),
+            prop_assert!(bound.is_some_and(|v| v.get("emptyDir").is_some() || v.get("image").is_some()),
                 "container {} mounts {} onto {:?}, not its template's volume", container, mount, bound);
         }
     }

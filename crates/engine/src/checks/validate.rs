@@ -273,7 +273,21 @@ fn check_named_items(pod: &Value, status: &InjectionStatus) -> Result<(), String
 /// Recomputes the injection for the pod without its injected parts and checks every field the
 /// templates set.
 fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &InjectionStatus) -> Result<(), String> {
-    let base_request = PodRequest { pod: Arc::new(strip_injection(&request.pod, status)), ..request.clone() };
+    let mut base = strip_injection(&request.pod, status);
+    // Image volumes are recomputed in the forms they were given, not as the nodes would choose
+    // now: the pod keeps a claim of the current versions that names nothing but those forms.
+    let fallbacks = status.templates.iter().filter_map(|t| engine.templates.get(&t.name));
+    if fallbacks.into_iter().any(|t| t.has_volume_fallbacks())
+        && let Some(annotations) = base.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut)
+    {
+        let forms = InjectionStatus {
+            templates: status.templates.clone(),
+            image_volumes: status.image_volumes.clone(),
+            ..InjectionStatus::default()
+        };
+        annotations.insert(names::STATUS_ANNOTATION.to_owned(), Value::String(forms.to_annotation()));
+    }
+    let base_request = PodRequest { pod: Arc::new(base), ..request.clone() };
     // Fields the templates compute from pod data may differ now (the API server fills
     // metadata.name from generateName after the mutating call): those are not compared.
     let outcome = engine.evaluate_masked(&base_request).outcome;

@@ -30,8 +30,9 @@ pub struct InjectionStatus {
     /// Volumes added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
-    /// The volumes above that declare a fallback and were added as image volumes (the others
-    /// that declare one were added as their fallback; see `image_volumes`).
+    /// The templates' volumes that declare a fallback and were rendered as image volumes, added
+    /// above or skipped (the others that declare one were rendered as their fallback; see
+    /// `image_volumes`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_volumes: Vec<String>,
     /// Names of the pod `imagePullSecrets` added.

@@ -130,6 +130,14 @@ pub fn plan(
             .map(|t| TemplateRef { name: t.rendered.name.clone(), hash: t.rendered.hash.clone() })
             .collect(),
         reason: templates.is_empty().then_some(reason_if_none).flatten(),
+        // The form of every volume with a fallback, injected or skipped: a skipped one's form
+        // decides whether it is displaced when the claim is re-rendered.
+        image_volumes: templates.iter().flat_map(|t| &t.rendered.image_volumes).fold(Vec::new(), |mut names, name| {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+            names
+        }),
         ..InjectionStatus::default()
     };
     // The templates' whole items, out of the templates: the claims below borrow their names, and
@@ -462,9 +470,6 @@ impl<'p: 'w, 'w> Claims<'p, 'w> {
                 match self.lists[kind.index].claim(identity, owner) {
                     Ok(claimed) => {
                         self.claimed_in_lists[kind.index].push(identity.to_owned());
-                        if kind.index == VOLUMES.index && t.image_volumes.iter().any(|v| v == identity) {
-                            self.status.image_volumes.push(identity.to_owned());
-                        }
                         if claimed == Claimed::New {
                             let pick = Pick { kind: WholeKind::PodList(kind.index), template: template_index, index };
                             self.picks.lists[kind.index].push(pick);
