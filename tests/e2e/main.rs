@@ -134,6 +134,7 @@ async fn run(root: &Path) -> Result<bool> {
         s33_resized_sidecar_stays_injected,
         s34_positions,
         s35_in_place_upgrade,
+        s36_image_volumes_by_nodes,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,

@@ -1341,20 +1341,7 @@ pub async fn s28_native_by_nodes(ctx: &mut Ctx) -> Result<()> {
     // A Job's pod that may land on the old node: classic sidecars, and the warning names the rule.
     let mut job_pod = pod("job-pod", json!({}), json!({}));
     job_pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "batch/v1", "kind": "Job", "name": "report", "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]);
-    let out = std::process::Command::new(ctx.plane.bin.join("kubectl"))
-        .arg("--kubeconfig")
-        .arg(&ctx.plane.admin_kubeconfig)
-        .args(["-n", "e2e-shop", "create", "--dry-run=server", "-o", "name", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            use std::io::Write;
-            child.stdin.take().expect("stdin").write_all(job_pod.to_string().as_bytes())?;
-            child.wait_with_output()
-        })?;
-    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    let said = admission_warnings(ctx, &job_pod)?;
     ensure!(
         said.contains("the Job does not complete while they run")
             && said.contains("decided by the oldest kubelet of the cluster's")
@@ -1369,6 +1356,25 @@ pub async fn s28_native_by_nodes(ctx: &mut Ctx) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(())
+}
+
+/// What `kubectl create --dry-run=server` prints on stderr for a pod of e2e-shop: the admission
+/// warnings, as its user sees them.
+fn admission_warnings(ctx: &Ctx, pod: &Value) -> Result<String> {
+    let out = std::process::Command::new(ctx.plane.bin.join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&ctx.plane.admin_kubeconfig)
+        .args(["-n", "e2e-shop", "create", "--dry-run=server", "-o", "name", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().expect("stdin").write_all(pod.to_string().as_bytes())?;
+            child.wait_with_output()
+        })?;
+    Ok(String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// An enforced sidecar with the resources it needs, for pods labelled `tier=floor`.
@@ -1810,5 +1816,126 @@ async fn in_place_upgrade(ctx: &mut Ctx) -> Result<()> {
         "      an args edit is left to --restart: {}",
         plan.lines().find(|l| l.contains("pod/upgrade-a: left")).unwrap_or_default().trim()
     );
+    Ok(())
+}
+
+/// An agent as image volumes where the nodes mount them, as their declared fallback elsewhere;
+/// the tools are mounted with subPath.
+const AGENT_VOLUME: &str = r#"description: An agent delivered as an image volume, or copied where the nodes cannot mount one
+inject:
+  volumes:
+    - name: agent
+      image: {reference: "registry.example/agent:2", pullPolicy: IfNotPresent}
+      fallback:
+        initContainer:
+          name: copy-agent
+          image: registry.example/agent:2
+          command: [cp, -a, /agent/., /copy/]
+          volumeMounts: [{name: agent, mountPath: /copy}]
+    - name: agent-tools
+      image: {reference: "registry.example/agent-tools:2", pullPolicy: IfNotPresent}
+      fallback:
+        initContainer:
+          name: copy-agent-tools
+          image: registry.example/agent-tools:2
+          command: [cp, -a, /tools/., /copy/]
+          volumeMounts: [{name: agent-tools, mountPath: /copy}]
+  appContainers:
+    volumeMounts:
+      - {name: agent, mountPath: /opt/agent, readOnly: true}
+      - {name: agent-tools, mountPath: /opt/tools, subPath: bin, readOnly: true}
+"#;
+
+/// Scenario 36: image volumes decided by the nodes. KWOK nodes report kubelet 1.34 (no image
+/// volumes), 1.36 with containerd 2.1 (image volumes, but a subPath into one is ignored) and 1.37
+/// with containerd 2.2 beside the 1.37 API server: a pod that may run anywhere gets both fallbacks
+/// (emptyDirs filled by the copy init containers) and a warning naming the kubelet; one kept on
+/// the 1.36 node gets the agent as an image volume and the tools (mounted with subPath) as their
+/// fallback; one on the 1.37 node gets both image volumes, which the real API server stores.
+/// Without the old and middle nodes, the pod that may run anywhere gets image volumes too.
+pub async fn s36_image_volumes_by_nodes(ctx: &mut Ctx) -> Result<()> {
+    set_template(ctx, "agent-volume.yaml", Some(AGENT_VOLUME)).await.context("adding the template")?;
+    let result = image_volumes_by_nodes(ctx).await;
+    set_template(ctx, "agent-volume.yaml", None).await?;
+    for name in ["iv-on-old", "iv-on-mid", "iv-on-new"] {
+        let _ = ctx.pods("e2e-shop").delete(name, &DeleteParams::default()).await;
+    }
+    let _ = ctx.plane.kubectl(&["delete", "node", "iv-old", "iv-mid", "iv-new", "--ignore-not-found"]);
+    result
+}
+
+async fn image_volumes_by_nodes(ctx: &mut Ctx) -> Result<()> {
+    let node = |name: &str, version: &str, runtime: &str| {
+        json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {"kubernetes.io/hostname": name, "type": "kwok", "pool": name}},
+            "spec": {"taints": [{"key": "e2e/image-volumes", "effect": "NoSchedule"}]},
+            "status": {"nodeInfo": {"kubeletVersion": version, "containerRuntimeVersion": runtime},
+                "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"}, "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"}}})
+    };
+    let manifest = [
+        node("iv-old", "v1.34.2", "containerd://2.2.1"),
+        node("iv-mid", "v1.36.3", "containerd://2.1.5"),
+        node("iv-new", "v1.37.1", "containerd://2.2.9"),
+    ]
+    .map(|n| n.to_string())
+    .join("\n");
+    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["create", "-f", "-"], Some(&manifest))?;
+    let agent_pod = |name: &str, pool: Option<&str>| {
+        let mut pod = pod(name, json!({}), json!({"sidecar-injector.io/templates": "agent-volume"}));
+        if let Some(pool) = pool {
+            pod["spec"]["nodeSelector"] = json!({"pool": pool});
+        }
+        pod
+    };
+    // (name, volume) -> whether an image volume (else the fallback's emptyDir).
+    let forms = |pod: &Pod| -> Vec<(String, bool)> {
+        let volumes = pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
+        volumes.into_iter().filter(|v| v.name.starts_with("agent")).map(|v| (v.name, v.image.is_some())).collect()
+    };
+    let expect = |agent: bool, tools: bool| vec![("agent".to_owned(), agent), ("agent-tools".to_owned(), tools)];
+    let anywhere = agent_pod("iv-anywhere", None);
+    dry_run_until(ctx, &anywhere, "both fallbacks while the 1.34 node is there", |p| forms(p) == expect(false, false))
+        .await?;
+    let said = admission_warnings(ctx, &anywhere)?;
+    ensure!(
+        said.contains("volume agent is an emptyDir filled by init container copy-agent")
+            && said.contains("a kubelet 1.34 (image volumes need 1.35+)"),
+        "no warning naming the kubelet: {said}"
+    );
+    // (pod, its pool, agent as an image volume, tools as one, init containers)
+    let cases = [
+        ("iv-on-old", "iv-old", false, false, vec!["copy-agent", "copy-agent-tools"]),
+        ("iv-on-mid", "iv-mid", true, false, vec!["copy-agent-tools"]),
+        ("iv-on-new", "iv-new", true, true, vec![]),
+    ];
+    for (name, pool, agent, tools, init) in cases {
+        let created = ctx
+            .create_pod("e2e-shop", agent_pod(name, Some(pool)))
+            .await
+            .map_err(|e| anyhow::anyhow!("{name}: {}", api_message(&e)))?;
+        ensure!(forms(&created) == expect(agent, tools), "{name} stored with volumes {:?}", forms(&created));
+        let stored_init: Vec<String> = created
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.name)
+            .collect();
+        ensure!(stored_init == init, "{name} stored with init containers {stored_init:?}");
+        let recorded = status(&created).context("no status")?.image_volumes;
+        let image: Vec<&str> =
+            [("agent", agent), ("agent-tools", tools)].iter().filter(|(_, i)| *i).map(|(n, _)| *n).collect();
+        ensure!(recorded == image, "{name}: the status records image volumes {recorded:?}");
+        println!(
+            "      {name} (pool {pool}): agent {}, tools {}",
+            if agent { "image volume" } else { "fallback" },
+            if tools { "image volume" } else { "fallback" }
+        );
+    }
+    ctx.plane.kubectl(&["delete", "node", "iv-old", "iv-mid"])?;
+    dry_run_until(ctx, &anywhere, "image volumes once only the 1.37 node is left", |p| forms(p) == expect(true, true))
+        .await?;
     Ok(())
 }
