@@ -95,6 +95,14 @@ SCRIPT
 chmod 755 "$work/agent/bin/agent"
 oci_archive "localhost/sidecar-injector-e2e/agent:1" "$work/agent" \
   '{"Entrypoint":["/bin/agent"],"User":"65532:65532","Env":["PATH=/bin"]}' "$bin/images/agent.tar"
+# An agent's files, for image volumes (its root mounted as a volume) and their fallback (its busybox
+# copies /agent into an emptyDir).
+busybox_rootfs "$work/agent-files"
+mkdir -p "$work/agent-files/agent/lib"
+echo "agent-files 1" > "$work/agent-files/agent/VERSION"
+echo "not a real agent library" > "$work/agent-files/agent/lib/agent.so"
+oci_archive "localhost/sidecar-injector-e2e/agent-files:1" "$work/agent-files" \
+  '{"Entrypoint":["/bin/sh"],"User":"65532:65532","Env":["PATH=/bin"]}' "$bin/images/agent-files.tar"
 
 echo "$stamp" > "$bin/.stamp"
 echo "node-e2e: node built in $((SECONDS - start)) s ($stamp)"

@@ -17,7 +17,13 @@ pub fn check_templates(path: &Path) -> Result<String, CliError> {
     let summary = set.iter().map(|t| {
         format!("ok  {} ({}{}, hash {})\n", t.name, if t.default { "default, " } else { "" }, t.description, t.hash)
     });
-    let warnings = set.iter().flat_map(|t| t.warnings.iter().map(|w| format!("warning: {w}\n")));
+    // Each names its template (those found while compiling already do, with the line).
+    let warnings = set.iter().flat_map(|t| {
+        t.warnings.iter().map(|w| match w.starts_with("template \"") {
+            true => format!("warning: {w}\n"),
+            false => format!("warning: template {:?}: {w}\n", &*t.name),
+        })
+    });
     // Which rule decides `sidecarMode: auto` (`engine::injection::nodes`).
     let auto = set
         .iter()
@@ -53,6 +59,30 @@ mod tests {
         );
         std::fs::remove_file(dir.path().join("named.yaml")).unwrap();
         assert!(check_templates(dir.path()).unwrap().starts_with("ok  ok"));
+    }
+
+    #[test]
+    fn image_volumes_are_warned_about_without_a_fallback_and_their_rule_is_printed_with_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let volume = |fallback: &str| {
+            format!(
+                "inject:\n  volumes:\n    - name: agent\n      image: {{reference: \"agent:2\"}}\n{fallback}  appContainers:\n    volumeMounts: [{{name: agent, mountPath: /opt/agent}}]\n"
+            )
+        };
+        std::fs::write(dir.path().join("bare.yaml"), volume("")).unwrap();
+        std::fs::write(
+            dir.path().join("copied.yaml"),
+            volume("      fallback:\n        initContainer: {name: copy, image: \"agent:2\", volumeMounts: [{name: agent, mountPath: /c}]}\n"),
+        )
+        .unwrap();
+        let out = check_templates(dir.path()).unwrap();
+        assert!(
+            out.contains("warning: template \"bare\": volume \"agent\" is an image volume without a fallback"),
+            "{out}"
+        );
+        assert!(!out.contains("warning: template \"copied\""), "{out}");
+        assert!(out.contains("image volumes: copied: an image volume with a fallback is mounted"), "{out}");
+        assert!(out.contains("webhook-only: copied: an image volume declares a fallback"), "{out}");
     }
 
     #[test]

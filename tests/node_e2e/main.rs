@@ -168,8 +168,10 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
     )
     .context("assembling the injector's image")?;
     let images_dir = bin.join("node/images");
-    let mut images: Vec<PathBuf> =
-        ["pause", "busybox", "fluent-bit", "agent"].iter().map(|i| images_dir.join(format!("{i}.tar"))).collect();
+    let mut images: Vec<PathBuf> = ["pause", "busybox", "fluent-bit", "agent", "agent-files"]
+        .iter()
+        .map(|i| images_dir.join(format!("{i}.tar")))
+        .collect();
     images.push(injector_image);
     let node = Node::start(&plane, &bin.join("node"), &images)?;
     println!("node-e2e: node and images ready after {:.1} s", setup.elapsed().as_secs_f64());
@@ -187,6 +189,7 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
         ("n11_pod_level_resources", n11_pod_level_resources),
         ("n12_enforced_resize", n12_enforced_resize),
         ("n13_in_place_upgrade", n13_in_place_upgrade),
+        ("n14_image_volumes", n14_image_volumes),
         ("n4_drift_restart", n4_drift_restart),
         ("n5_injector_down", n5_injector_down),
         ("n6_attacks_on_the_pod", n6_attacks_on_the_pod),

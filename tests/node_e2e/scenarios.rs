@@ -17,6 +17,7 @@ pub const INJECTOR_IMAGE: &str = "localhost/sidecar-injector-e2e/sidecar-injecto
 const BUSYBOX: &str = "localhost/sidecar-injector-e2e/busybox:1";
 const FLUENT_BIT: &str = "localhost/sidecar-injector-e2e/fluent-bit:1";
 const AGENT: &str = "localhost/sidecar-injector-e2e/agent:1";
+const AGENT_FILES: &str = "localhost/sidecar-injector-e2e/agent-files:1";
 /// The opted-in namespace of the workloads.
 const SHOP: &str = "node-shop";
 const INJECTOR_NS: &str = "sidecar-injector";
@@ -995,6 +996,104 @@ spec:
 }
 
 /// Every container of a pod as stored, init containers first.
+/// 14. Image volumes on the real kubelet (1.37, containerd 2.2): a pod pinned to the real node gets
+///     the agent as an image volume, and its app reads the agent's files through it, whole and
+///     through a subPath mount (which containerd 2.2 applies); beside it a Node object reporting a
+///     1.34 kubelet (never schedulable) makes a pod that may run anywhere get the template's
+///     fallback, whose copy init container really fills the emptyDir the app then reads the same
+///     files from. How long each pod took to become Ready is printed.
+pub fn n14_image_volumes(ctx: &mut Ctx) -> Result<()> {
+    ctx.apply(&format!(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: image-volume-templates
+  namespace: {INJECTOR_NS}
+  labels: {{sidecar-injector.io/templates: "true"}}
+data:
+  agent-files.yaml: |
+    description: An agent as an image volume, or copied into an emptyDir where a node cannot mount one
+    inject:
+      volumes:
+        - name: agent
+          image: {{reference: "{AGENT_FILES}", pullPolicy: IfNotPresent}}
+          fallback:
+            initContainer:
+              name: copy-agent
+              image: {AGENT_FILES}
+              imagePullPolicy: Never
+              command: [cp, -R, /agent, /copy/]
+              volumeMounts: [{{name: agent, mountPath: /copy}}]
+      appContainers:
+        volumeMounts:
+          - {{name: agent, mountPath: /opt/agent, readOnly: true}}
+          - {{name: agent, mountPath: /opt/agent-only, subPath: agent, readOnly: true}}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: image-volumes-pending
+  labels: {{kubernetes.io/hostname: image-volumes-pending}}
+spec:
+  unschedulable: true
+  taints: [{{key: e2e/not-a-real-node, effect: NoSchedule}}]
+status:
+  nodeInfo: {{kubeletVersion: v1.34.2, containerRuntimeVersion: "containerd://2.2.0"}}
+"#
+    ))?;
+    let pod = |name: &str, pinned: bool| {
+        let selector = match pinned {
+            true => format!("  nodeSelector: {{kubernetes.io/hostname: {}}}\n", crate::node::NODE_NAME),
+            false => String::new(),
+        };
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {SHOP}, annotations: {{sidecar-injector.io/templates: agent-files}}}}\nspec:\n{selector}  terminationGracePeriodSeconds: 1\n  containers:\n    - name: app\n      image: {BUSYBOX}\n      imagePullPolicy: Never\n      command: [/bin/sh, -c, 'cat /opt/agent/agent/VERSION /opt/agent-only/VERSION; ls /opt/agent-only; trap \"exit 0\" TERM; while true; do sleep 1; done']\n"
+        )
+    };
+    // Every replica sees the template and the 1.34 node: a dry run of the unpinned pod gets the
+    // fallback.
+    ctx.every_replica_serving("every replica serving the fallback", SHOP, &pod("probe", false), |p| {
+        p["spec"]["volumes"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|v| v["name"] == "agent" && v["emptyDir"].is_object()))
+    })?;
+    // One after the other, so that each one's time to Ready is its own.
+    let mut ready_after = Vec::new();
+    for name in ["agent-anywhere", "agent-pinned"] {
+        let started = Instant::now();
+        ctx.apply(&pod(name, name == "agent-pinned"))?;
+        ctx.kubectl(&["-n", SHOP, "wait", "--for=condition=Ready", &format!("pod/{name}"), "--timeout=90s"])?;
+        ready_after.push(started.elapsed().as_secs_f64());
+        let stored = ctx.json(&["-n", SHOP, "get", "pod", name])?;
+        let volume =
+            stored["spec"]["volumes"].as_array().and_then(|v| v.iter().find(|v| v["name"] == "agent")).cloned();
+        let image_volume = volume.as_ref().is_some_and(|v| v["image"]["reference"] == AGENT_FILES);
+        ensure!(image_volume == (name == "agent-pinned"), "{name}: volume {volume:?}");
+        let logs = ctx.kubectl(&["-n", SHOP, "logs", name, "-c", "app"])?;
+        let lines: Vec<&str> = logs.lines().collect();
+        // The whole image (or copy), then the subPath mount's own file and its folder's listing:
+        // `agent` as a folder there would mean the subPath was ignored.
+        ensure!(
+            lines.starts_with(&["agent-files 1", "agent-files 1"]) && lines[2..] == ["VERSION", "lib"],
+            "{name}: the app read {lines:?}"
+        );
+    }
+    let copied = ctx.json(&["-n", SHOP, "get", "pod", "agent-anywhere"])?;
+    let copy = &copied["status"]["initContainerStatuses"][0];
+    ensure!(
+        copy["name"] == "copy-agent" && copy["state"]["terminated"]["exitCode"] == 0,
+        "the fallback's copy did not run: {copy}"
+    );
+    println!(
+        "      fallback (copied by copy-agent): Ready {:.1} s after create; image volume: Ready {:.1} s after create (the app read the agent's files through both, and through a subPath mount)",
+        ready_after[0], ready_after[1]
+    );
+    ctx.kubectl(&["-n", SHOP, "delete", "pod", "agent-anywhere", "agent-pinned", "--wait=false"])?;
+    ctx.kubectl(&["delete", "node", "image-volumes-pending"])?;
+    ctx.kubectl(&["-n", INJECTOR_NS, "delete", "configmap", "image-volume-templates"])?;
+    Ok(())
+}
+
 fn all_containers(pod: &Value) -> impl Iterator<Item = &Value> {
     ["initContainers", "containers"].into_iter().flat_map(move |f| pod["spec"][f].as_array().into_iter().flatten())
 }
