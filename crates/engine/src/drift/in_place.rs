@@ -236,6 +236,17 @@ fn change_beyond_images(
     if then.pod_resources != now.pod_resources {
         return Some("its podResources changed".to_owned());
     }
+    // A fallback's init container ran when the pod started and does not run again: its files in
+    // the emptyDir would stay the old image's under a status naming the new one.
+    for choice in &rendered_now.volume_forms {
+        let Some(init) = &choice.fallback else { continue };
+        if image_of(rendered_then, init) != image_of(rendered_now, init) {
+            return Some(format!(
+                "volume {} is its fallback, filled by init container {init:?} when the pod starts, which a new image does not run again",
+                choice.volume
+            ));
+        }
+    }
     let without_images = |rendered: &RenderedTemplate| {
         let mut rendered = RenderedTemplate {
             hash: String::new(),
@@ -297,6 +308,7 @@ mod tests {
 
     use super::*;
     use crate::checks::validate::{Verdict, validate_pod, validate_pod_update};
+    use crate::injection::image_volumes::ImageVolumeSupport;
     use crate::test_support::{apply, engine, opted_in, request};
     use crate::{Outcome, TemplateSet, TemplateSource};
 
@@ -468,6 +480,33 @@ inject:
         // A template that applies now cannot be added to a running pod.
         let more = engine(&[("mesh", &before), ("more", "default: true\ninject:\n  labels: {more: \"1\"}\n")]);
         assert!(update(&more, &pod).unwrap_err().contains("template more applies to it now"));
+    }
+
+    #[test]
+    fn an_agent_delivered_by_a_volume_is_not_upgraded_in_place() {
+        let template = |image: &str| {
+            format!(
+                "default: true\nvalues: {{image: \"{image}\"}}\ninject:\n  sidecars:\n    - {{name: agent, image: \"{{{{ values.image }}}}\"}}\n  volumes:\n    - name: agent-files\n      image: {{reference: \"{{{{ values.image }}}}\"}}\n      fallback:\n        initContainer: {{name: copy, image: \"{{{{ values.image }}}}\", volumeMounts: [{{name: agent-files, mountPath: /c}}]}}\n"
+            )
+        };
+        let then = engine(&[("agent", &template("agent:1"))]);
+        let now = engine(&[("agent", &template("agent:2"))]);
+        // (image volumes where the pod was injected, why no update in place)
+        let cases = [(true, "besides containers"), (false, "filled by init container \"copy\" when the pod starts")];
+        for (image_volumes, reason) in cases {
+            let support = match image_volumes {
+                true => ImageVolumeSupport::EVERYWHERE,
+                false => ImageVolumeSupport::of_api_server(Some((1, 34))),
+            };
+            let injected = |engine: &Engine| {
+                let cluster = crate::ClusterFacts { image_volumes: support, ..crate::ClusterFacts::api_server(true) };
+                let request = PodRequest { cluster, ..request(app(), opted_in("shop", &[])) };
+                let Outcome::Inject(injection) = engine.evaluate(&request).outcome else { panic!("not injected") };
+                apply(&app(), &injection.patch)
+            };
+            let why = update(&now, &injected(&then)).unwrap_err();
+            assert!(why.contains(reason), "{image_volumes}: {why}");
+        }
     }
 
     #[test]
