@@ -43,6 +43,9 @@ pub struct Row {
     pub during: (Duration, Duration),
     /// A few distinct error messages.
     pub errors: Vec<String>,
+    /// The longest stretch of creates that failed one after the other (injector errors only),
+    /// from the first's start to the last's.
+    pub longest_failing: Duration,
 }
 
 impl Row {
@@ -224,7 +227,20 @@ pub fn summarize(event: &str, run: &Run, replica_set_refusals: u64, without_inje
             distinct.push(short);
         }
     }
+    let mut in_order: Vec<&Create> = run.creates.iter().collect();
+    in_order.sort_by_key(|c| c.at);
+    let (mut longest_failing, mut stretch_start) = (Duration::ZERO, None);
+    for create in in_order {
+        match create.error.as_ref().filter(|e| !e.starts_with(TRANSPORT)) {
+            Some(_) => {
+                let start = *stretch_start.get_or_insert(create.at);
+                longest_failing = longest_failing.max(create.at - start);
+            }
+            None => stretch_start = None,
+        }
+    }
     Row {
+        longest_failing,
         event: event.to_owned(),
         creates: run.creates.len() + run.replica_set_pods as usize,
         failed: errors.len() - api_down,

@@ -63,7 +63,7 @@ fn parent() -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("the real node needs root (kubelet, containerd, namespaces, cgroups): run as root");
     }
-    for script in ["e2e/controlplane/build.sh", "e2e/node/build.sh"] {
+    for script in ["e2e/controlplane/build.sh", "e2e/node/build.sh", "e2e/certmanager/build.sh"] {
         let status = Command::new("bash").arg(script).status().with_context(|| format!("running {script}"))?;
         if !status.success() {
             bail!("{script} failed (see above)");
@@ -195,6 +195,8 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
         ("n6_attacks_on_the_pod", n6_attacks_on_the_pod),
         ("n7_availability", n7_availability),
         ("n8_helm_chart", n8_helm_chart),
+        // Last: it moves the install to cert-manager's certificates.
+        ("n15_cert_manager", n15_cert_manager),
     ];
     // `SIDECAR_INJECTOR_E2E_ONLY=n1,n2` runs only the scenarios whose names start with these.
     let only: Vec<String> = std::env::var("SIDECAR_INJECTOR_E2E_ONLY")

@@ -94,8 +94,13 @@ impl Ctx {
 
     /// The self-managed certificate Secret's data, decoded (`ca.crt`, `ca-bundle.crt`, ...).
     pub(crate) fn certificate_secret(&self) -> Result<std::collections::BTreeMap<String, String>> {
+        self.secret_data("sidecar-injector-tls")
+    }
+
+    /// The data of a Secret of the injector's namespace, decoded.
+    pub(crate) fn secret_data(&self, name: &str) -> Result<std::collections::BTreeMap<String, String>> {
         use base64::Engine as _;
-        let secret = self.json(&["-n", INJECTOR_NS, "get", "secret", "sidecar-injector-tls"])?;
+        let secret = self.json(&["-n", INJECTOR_NS, "get", "secret", name])?;
         let mut data = std::collections::BTreeMap::new();
         for (key, value) in secret["data"].as_object().into_iter().flatten() {
             let bytes = base64::engine::general_purpose::STANDARD.decode(value.as_str().unwrap_or_default())?;
@@ -1558,4 +1563,296 @@ pub fn n8_helm_chart(ctx: &mut Ctx) -> Result<()> {
     let releases = helm(ctx, &["list", "--namespace", INJECTOR_NS, "-o", "json"])?;
     ensure!(releases.contains("\"revision\":\"2\"") && releases.contains("deployed"), "helm list: {releases}");
     Ok(())
+}
+
+/// 15. A real cert-manager (its own controllers, built from its published packages:
+///     e2e/certmanager) issues the injector's certificate and injects its CA, installed with
+///     `deploy/overlays/cert-manager` as a user applies it (the image pointed at the local one).
+///     Under the n7 load (20 creates/s), the serving certificate is renewed three times the way
+///     `cmctl renew` does it (the Certificate's `Issuing` condition), then the CA once: no create
+///     fails and no pod is stored without injection. The table prints the longest stretch of
+///     failing creates for each.
+pub fn n15_cert_manager(ctx: &mut Ctx) -> Result<()> {
+    const NS: &str = "node-certs";
+    // From a clean slate: the earlier scenarios' install (kustomize or the chart) goes.
+    ctx.kubectl(&["delete", "-k", "deploy/overlays/node-e2e", "--wait=true", "--timeout=180s", "--ignore-not-found"])?;
+    let node_bin = ctx.plane.bin.join("node");
+    ctx.kubectl(&["apply", "-f", &node_bin.join("cert-manager-crds").display().to_string()])?;
+    ctx.kubectl(&["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])?;
+    let mut command = std::process::Command::new(node_bin.join("cert-manager"));
+    command.arg(format!("--kubeconfig={}", ctx.plane.admin_kubeconfig.display())).arg("-v=1");
+    let mut cert_manager = crate::controlplane::Process::spawn("cert-manager", command, &ctx.plane.dir)?;
+    let result = with_cert_manager(ctx, NS);
+    if result.is_err() {
+        println!("      cert-manager's log (last lines):\n{}", cert_manager.tail(30));
+    }
+    cert_manager.stop(Duration::from_secs(5));
+    result
+}
+
+fn with_cert_manager(ctx: &mut Ctx, namespace: &str) -> Result<()> {
+    let shipped = ctx.kubectl(&["kustomize", "deploy/overlays/cert-manager"])?;
+    ensure!(shipped.contains("ghcr.io/sidecar-injector/sidecar-injector:0.1.0"), "the overlay's image changed");
+    ctx.apply(&shipped.replace("ghcr.io/sidecar-injector/sidecar-injector:0.1.0", INJECTOR_IMAGE))?;
+    ctx.kubectl(&["-n", INJECTOR_NS, "wait", "--for=condition=Ready", "certificate", "--all", "--timeout=90s"])?;
+    ctx.kubectl(&["-n", INJECTOR_NS, "rollout", "status", "deployment/sidecar-injector", "--timeout=180s"])?;
+    let ca =
+        || -> Result<String> { Ok(ctx.secret_data("sidecar-injector-cert")?.remove("ca.crt").unwrap_or_default()) };
+    let first_ca = ca()?;
+    eventually("cert-manager's CA in all four webhook entries", Duration::from_secs(60), || {
+        let bundles = ctx.ca_bundles()?;
+        Ok((bundles.len() == 4 && bundles.iter().all(|b| b.trim() == first_ca.trim())).then_some(()))
+    })?;
+    ctx.opted_in_namespace(namespace)?;
+    ctx.wait_for_injection(namespace, |_| true)?;
+    println!("      cert-manager issued the certificate and injected its CA; pods are injected");
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let client = runtime.block_on(ctx.plane.admin_client())?;
+    let mut rows = Vec::new();
+    let mut untrusted = Vec::new();
+    let events = [
+        "serving certificate renewed (1)",
+        "serving certificate renewed (2)",
+        "serving certificate renewed (3)",
+        "CA renewed",
+    ];
+    for event in events {
+        let mut trust = Vec::new();
+        let (row, _) = availability::measure(ctx, &runtime, &client, namespace, event, |ctx| {
+            if event == "CA renewed" {
+                let before = ctx.secret_data("sidecar-injector-ca")?.remove("tls.crt").unwrap_or_default();
+                let (started, bundles) = (Instant::now(), ctx.ca_bundles()?);
+                renew(ctx, "sidecar-injector-ca")?;
+                let renewed = ctx.secret_data("sidecar-injector-ca")?.remove("tls.crt").unwrap_or_default();
+                ensure!(renewed != before, "the CA certificate did not change");
+                trust.push(watch_trust(ctx, started, &bundles, |ctx| {
+                    Ok(ctx.ca_bundles()?.iter().all(|b| b.contains(renewed.trim())))
+                })?);
+                let held = ctx.ca_bundles()?.first().map(|b| b.matches("BEGIN CERTIFICATE").count()).unwrap_or(0);
+                println!("      the renewed CA is in every caBundle, which holds {held} certificate(s)");
+            }
+            // The serving certificate (after a CA renewal: one the renewed CA signed).
+            let (started, bundles) = (Instant::now(), ctx.ca_bundles()?);
+            renew(ctx, "sidecar-injector")?;
+            trust.push(watch_trust(ctx, started, &bundles, serving_the_secret)?);
+            Ok(())
+        })?;
+        let said: Vec<String> = trust.iter().map(Trust::describe).collect();
+        println!(
+            "      {} (longest stretch of failed creates: {:.1} s; {})",
+            row.line(),
+            row.longest_failing.as_secs_f64(),
+            said.join("; then ")
+        );
+        untrusted.extend(
+            trust
+                .iter()
+                .filter(|t| t.least_trusted.0 < t.least_trusted.1)
+                .map(|t| format!("{event}: {}", t.describe())),
+        );
+        rows.push(row);
+    }
+    // The API server's own count of webhook calls that failed (a TLS failure fails the mutating
+    // webhook open and the validating one closed).
+    let metrics = ctx.kubectl(&["get", "--raw", "/metrics"])?;
+    for line in metrics.lines().filter(|l| {
+        (l.starts_with("apiserver_admission_webhook_fail_open_count")
+            || l.starts_with("apiserver_admission_webhook_rejection_count"))
+            && l.contains("sidecar-injector")
+    }) {
+        println!("      {line}");
+    }
+    println!("{}", availability::HEADER);
+    for row in &rows {
+        println!("{}", row.line());
+    }
+    let bad: Vec<String> = rows
+        .iter()
+        .filter(|r| r.failed + r.replica_set_refusals as usize > 0 || r.without_injection > 0)
+        .map(|r| format!("{}: {:?}", r.event, r.errors))
+        .collect();
+    ensure!(bad.is_empty(), "renewals cost creates: {}", bad.join("; "));
+    // Stronger than no failed create (the API server reuses connections it verified before): a
+    // fresh connection, as a restarted or new API server makes, was accepted at every moment.
+    ensure!(untrusted.is_empty(), "a fresh connection was refused: {}", untrusted.join("; "));
+
+    // The chart in certManager mode installs the same, and cert-manager serves it as well.
+    ctx.plane.kubectl_as(
+        &ctx.plane.admin_kubeconfig,
+        &["delete", "--wait=true", "--timeout=180s", "--ignore-not-found", "-f", "-"],
+        Some(&shipped),
+    )?;
+    ctx.kubectl(&["create", "namespace", INJECTOR_NS])?;
+    ctx.kubectl(&["label", "namespace", INJECTOR_NS, "pod-security.kubernetes.io/enforce=restricted"])?;
+    let image = INJECTOR_IMAGE.rsplit_once(':').context("the image has a tag")?;
+    let (repository, tag) = (format!("image.repository={}", image.0), format!("image.tag={}", image.1));
+    helm(
+        ctx,
+        &[
+            "install",
+            "sidecar-injector",
+            "charts/sidecar-injector",
+            "--wait",
+            "--timeout",
+            "180s",
+            "--namespace",
+            INJECTOR_NS,
+            "--set",
+            &repository,
+            "--set",
+            &tag,
+            "--set",
+            "image.pullPolicy=Never",
+            "--set",
+            "certificates.mode=certManager",
+        ],
+    )?;
+    ctx.kubectl(&["-n", INJECTOR_NS, "wait", "--for=condition=Ready", "certificate", "--all", "--timeout=90s"])?;
+    let chart_ca = ctx.secret_data("sidecar-injector-ca")?.remove("ca.crt").unwrap_or_default();
+    eventually("the chart's CA in all four webhook entries", Duration::from_secs(60), || {
+        let bundles = ctx.ca_bundles()?;
+        Ok((bundles.len() == 4 && bundles.iter().all(|b| b.contains(chart_ca.trim()))).then_some(()))
+    })?;
+    ctx.wait_for_injection(namespace, |_| true).context("injection with the chart in certManager mode")?;
+    println!("      the chart in certManager mode: certificates Ready, its CA injected, pods injected");
+    Ok(())
+}
+
+/// What a renewal did to the trust between the webhook configurations and the replicas, watched
+/// until it was complete.
+struct Trust {
+    /// When the caBundles changed, if they did.
+    bundles_changed: Option<Duration>,
+    /// The fewest replicas a fresh connection verifying with the caBundle of that moment accepted,
+    /// of how many.
+    least_trusted: (usize, usize),
+    /// How many times it was checked.
+    checks: usize,
+    /// When the renewal was complete.
+    done_after: Duration,
+}
+
+impl Trust {
+    fn describe(&self) -> String {
+        format!(
+            "caBundles {}, fresh connections: {} of {} replicas trusted at worst over {} checks, complete after {:.1} s",
+            self.bundles_changed
+                .map_or("unchanged".to_owned(), |at| format!("changed after {:.1} s", at.as_secs_f64())),
+            self.least_trusted.0,
+            self.least_trusted.1,
+            self.checks,
+            self.done_after.as_secs_f64()
+        )
+    }
+}
+
+/// Watches the caBundles and what a fresh connection verifying with them meets until `done`.
+fn watch_trust(
+    ctx: &Ctx,
+    started: Instant,
+    bundles_before: &[String],
+    done: impl Fn(&Ctx) -> Result<bool>,
+) -> Result<Trust> {
+    let mut trust =
+        Trust { bundles_changed: None, least_trusted: (usize::MAX, 0), checks: 0, done_after: Duration::ZERO };
+    eventually("the renewal complete", Duration::from_secs(120), || {
+        let bundles = ctx.ca_bundles()?;
+        if trust.bundles_changed.is_none() && bundles != bundles_before {
+            trust.bundles_changed = Some(started.elapsed());
+        }
+        let (trusted, all) = replicas_trusted_by(ctx, bundles.first().map(String::as_str).unwrap_or_default())?;
+        if trusted < trust.least_trusted.0 {
+            trust.least_trusted = (trusted, all);
+        }
+        trust.checks += 1;
+        Ok(done(ctx)?.then(|| started.elapsed()))
+    })
+    .map(|done_after| Trust { done_after, ..trust })
+}
+
+/// Renews a Certificate of the injector's namespace as `cmctl renew` does (an `Issuing` condition
+/// on its status) and waits until cert-manager has issued the next revision.
+fn renew(ctx: &Ctx, certificate: &str) -> Result<()> {
+    let revision = |ctx: &Ctx| -> Result<u64> {
+        let status = ctx.json(&["-n", INJECTOR_NS, "get", "certificate", certificate])?;
+        Ok(status["status"]["revision"].as_u64().unwrap_or(0))
+    };
+    let before = revision(ctx)?;
+    let condition = json!([{"op": "add", "path": "/status/conditions/-", "value": {
+        "type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
+        "message": "Certificate re-issuance manually triggered"}}]);
+    ctx.kubectl(&[
+        "-n",
+        INJECTOR_NS,
+        "patch",
+        "certificate",
+        certificate,
+        "--subresource=status",
+        "--type=json",
+        "-p",
+        &condition.to_string(),
+    ])?;
+    eventually(&format!("certificate {certificate} renewed"), Duration::from_secs(60), || {
+        Ok((revision(ctx)? > before).then_some(()))
+    })?;
+    Ok(())
+}
+
+/// How many replicas a fresh TLS connection verifying with `bundle` accepts, of how many.
+fn replicas_trusted_by(ctx: &Ctx, bundle: &str) -> Result<(usize, usize)> {
+    let file = std::env::temp_dir().join(format!("node-e2e-bundle-{}.pem", std::process::id()));
+    std::fs::write(&file, bundle)?;
+    let server = format!("sidecar-injector.{INJECTOR_NS}.svc");
+    let pods = ctx.injector_pods()?;
+    let trusted = pods
+        .iter()
+        .filter(|p| {
+            let ip = p["status"]["podIP"].as_str().unwrap_or_default();
+            std::process::Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "--max-time", "3", "--cacert"])
+                .arg(&file)
+                .args(["--resolve", &format!("{server}:8443:{ip}"), &format!("https://{server}:8443/")])
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .count();
+    let _ = std::fs::remove_file(&file);
+    Ok((trusted, pods.len()))
+}
+
+/// Whether every replica serves the certificate the Secret holds now (the kubelet updates the
+/// mounted Secret within seconds here; the injector reads its files every 5 s).
+fn serving_the_secret(ctx: &Ctx) -> Result<bool> {
+    let fingerprint = |pem_or_endpoint: Result<&str, &str>| -> String {
+        let script = match pem_or_endpoint {
+            Ok(_) => "openssl x509 -noout -fingerprint -sha256".to_owned(),
+            Err(ip) => format!(
+                "openssl s_client -connect {ip}:8443 -servername sidecar-injector.{INJECTOR_NS}.svc </dev/null 2>/dev/null | openssl x509 -noout -fingerprint -sha256"
+            ),
+        };
+        let mut child = match std::process::Command::new("sh")
+            .args(["-c", &script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+        {
+            Ok(child) => child,
+            Err(_) => return String::new(),
+        };
+        if let (Ok(pem), Some(mut stdin)) = (pem_or_endpoint, child.stdin.take()) {
+            use std::io::Write;
+            let _ = stdin.write_all(pem.as_bytes());
+        }
+        child.wait_with_output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned()).unwrap_or_default()
+    };
+    let secret = ctx.secret_data("sidecar-injector-cert")?;
+    let want = fingerprint(Ok(secret.get("tls.crt").map(String::as_str).unwrap_or_default()));
+    let pods = ctx.injector_pods()?;
+    let serving = pods.iter().filter(|p| p["metadata"]["deletionTimestamp"].is_null()).all(|p| {
+        let ip = p["status"]["podIP"].as_str().unwrap_or_default();
+        !want.is_empty() && fingerprint(Err(ip)) == want
+    });
+    Ok(serving && !pods.is_empty())
 }
