@@ -93,6 +93,21 @@ impl std::fmt::Display for NativeRule {
     }
 }
 
+impl NativeRule {
+    /// The nodes that decided, without the kubelet version (what decides image volumes, whose
+    /// limit may be a container runtime: `image_volumes`).
+    pub fn nodes(&self) -> String {
+        match self {
+            NativeRule::ApiServer => "by the Kubernetes version, as no node's kubelet version is known".to_owned(),
+            NativeRule::NodeName { .. } => "by the pod's node (spec.nodeName)".to_owned(),
+            NativeRule::NodesAllowed { nodes, .. } => {
+                format!("by the {nodes} node(s) its nodeSelector and node affinity allow")
+            }
+            NativeRule::OldestNode { nodes, .. } => format!("by the cluster's {nodes} node(s)"),
+        }
+    }
+}
+
 impl Default for ClusterFacts {
     /// Unknown clusters are assumed to be recent (native sidecars are GA since 1.33, on by
     /// default since 1.29).
@@ -157,6 +172,10 @@ mod tests {
         // Image volumes from 1.35; a subPath into one is not known to be applied without a node.
         assert!(ClusterFacts::from_version_string("1.34").unwrap().image_volumes.volumes.is_err());
         assert!(recent.image_volumes.volumes.is_ok() && recent.image_volumes.sub_path.is_err());
+        // Image volumes name the nodes that decided, not a kubelet version (a runtime may be the limit).
+        let allowed = NativeRule::NodesAllowed { oldest: (1, 36), nodes: 2 };
+        assert_eq!(allowed.nodes(), "by the 2 node(s) its nodeSelector and node affinity allow");
+        assert!(allowed.to_string().ends_with(": 1.36"));
         assert_eq!(ClusterFacts::from_version_string("banana"), None);
     }
 }

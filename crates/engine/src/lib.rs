@@ -480,14 +480,14 @@ fn image_volume_warnings(template: &Template, rendered: &RenderedTemplate, clust
                 WarningCode::ImageVolumeFallback,
                 format!(
                     "template {}: volume {} is an emptyDir filled by init container {init}, not an image volume: where the pod can run there is {limit} (decided {})",
-                    template.name, choice.volume, cluster.rule
+                    template.name, choice.volume, cluster.rule.nodes()
                 ),
             ),
             None => Warning::new(
                 WarningCode::ImageVolumeUnsupported,
                 format!(
                     "template {} adds image volume {}, which does not work where the pod can run: there is {limit} (decided {}); the template can declare a fallback",
-                    template.name, choice.volume, cluster.rule
+                    template.name, choice.volume, cluster.rule.nodes()
                 ),
             ),
         })

@@ -98,7 +98,7 @@ pub fn one(found: PodDecision, labels_known: bool) -> Explanation {
         _ => (Vec::new(), Vec::new(), Vec::new()),
     };
     if !volume_forms.is_empty() {
-        volume_forms.push(format!("decided {}", found.cluster.rule));
+        volume_forms.push(format!("decided {}", found.cluster.rule.nodes()));
     }
     let removes = match &decision.outcome {
         Outcome::Inject(injection) if !is_empty(&injection.removed) => Some((*injection.removed).clone()),
