@@ -1378,25 +1378,9 @@ fn rotate_the_ca(ctx: &Ctx) -> Result<()> {
         let done = !now.contains_key("next-ca.crt") && ca != ending && ca != original && field(&now, "ca.key") != key;
         Ok(done.then_some(ca))
     })?;
-    let ca_file = std::env::temp_dir().join(format!("node-e2e-new-ca-{}.pem", std::process::id()));
-    std::fs::write(&ca_file, &new_ca)?;
-    let server = format!("sidecar-injector.{INJECTOR_NS}.svc");
-    let serving_new = eventually("both replicas serving from the new CA", Duration::from_secs(60), || {
-        let pods = ctx.injector_pods()?;
-        let all = pods.len() == 2
-            && pods.iter().all(|p| {
-                let ip = p["status"]["podIP"].as_str().unwrap_or_default();
-                std::process::Command::new("curl")
-                    .args(["-s", "-o", "/dev/null", "--max-time", "3", "--cacert"])
-                    .arg(&ca_file)
-                    .args(["--resolve", &format!("{server}:8443:{ip}"), &format!("https://{server}:8443/")])
-                    .status()
-                    .is_ok_and(|s| s.success())
-            });
-        Ok(all.then_some(()))
-    });
-    let _ = std::fs::remove_file(&ca_file);
-    serving_new?;
+    eventually("both replicas serving from the new CA", Duration::from_secs(60), || {
+        Ok((replicas_trusted_by(ctx, &new_ca)? == (2, 2)).then_some(()))
+    })?;
     ensure!(ctx.ca_bundles()?.iter().all(|b| b.contains(new_ca.trim())), "a caBundle does not hold the new CA");
     Ok(())
 }
