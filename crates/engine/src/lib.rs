@@ -447,16 +447,11 @@ fn agree_on_volume_forms<E>(
         with_fallback.map(|c| (c.volume.clone(), c.fallback.is_none())).collect()
     };
     let all: Vec<(String, bool)> = renderings.iter().flat_map(declared).collect();
-    let image: Vec<String> = all
-        .iter()
-        .filter(|(name, _)| all.iter().filter(|(other, _)| other == name).all(|(_, image)| *image))
-        .map(|(name, _)| name.clone())
-        .fold(Vec::new(), |mut names, name| {
-            if !names.contains(&name) {
-                names.push(name);
-            }
-            names
-        });
+    let image = injection::image_volumes::distinct(
+        all.iter()
+            .filter(|(name, _)| all.iter().filter(|(other, _)| other == name).all(|(_, image)| *image))
+            .map(|(name, _)| name),
+    );
     for (index, rendered) in renderings.iter_mut().enumerate() {
         if declared(rendered).iter().all(|(name, kept)| *kept == image.contains(name)) {
             continue;

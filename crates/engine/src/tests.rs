@@ -1447,6 +1447,17 @@ fn an_image_volume_or_its_fallback_is_injected_as_the_nodes_allow_and_stays_as_i
         }
         assert!(stripped["spec"]["containers"][0]["volumeMounts"].as_array().is_some_and(Vec::is_empty));
     }
+    // A controller-made pod with no annotation but the status: the check still recomputes the form
+    // the pod was given, whatever the nodes say now.
+    let made = json!({"metadata": {"generateName": "web-7d9f8c6b5-", "namespace": "shop",
+        "ownerReferences": [{"kind": "ReplicaSet", "name": "web-7d9f8c6b5", "controller": true}]},
+        "spec": {"containers": [{"name": "web", "image": "nginx"}]}});
+    for (injected_on, validated_on) in [(false, true), (true, false)] {
+        let Outcome::Inject(injection) = engine.evaluate(&on_nodes(&made, injected_on)).outcome else { panic!() };
+        let stored = apply(&made, &injection.patch);
+        let verdict = validate::validate_pod(&engine, &on_nodes(&stored, validated_on));
+        assert_eq!(verdict, validate::Verdict::Allowed(Vec::new()), "injected {injected_on}, validated {validated_on}");
+    }
     // The fallback comes with a warning naming the reason.
     let decision = engine.evaluate(&on_nodes(&web_pod(), false));
     let warning = decision.warnings.iter().find(|w| w.code == WarningCode::ImageVolumeFallback).expect("a warning");

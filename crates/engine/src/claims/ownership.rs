@@ -107,8 +107,9 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             let found = judged.judge(kind.kind, identity, None, expected.map(Fixed), actual);
             found.record(identity, (kind.claimed_mut)(&mut present), (kind.claimed_mut)(&mut owned));
             // Its form too, where the claimed version renders it as the image volume claimed.
-            let image_volume = renderings.iter().flatten().any(|r| r.image_volumes.iter().any(|v| v == identity));
-            if kind.index == VOLUMES.index && image_volume {
+            if kind.index == VOLUMES.index
+                && renderings.iter().flatten().any(|r| r.image_volumes.iter().any(|v| v == identity))
+            {
                 found.record(identity, &mut present.image_volumes, &mut owned.image_volumes);
             }
         }

@@ -298,6 +298,17 @@ pub(crate) fn apply(
     (choices, kept_as_image)
 }
 
+/// Each name once, in the order first met (the volume names several templates give one form).
+pub(crate) fn distinct<'n>(names: impl IntoIterator<Item = &'n String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for name in names {
+        if !out.contains(name) {
+            out.push(name.clone());
+        }
+    }
+    out
+}
+
 /// Whether a mount of volume `name` by the template's containers or app-container mounts uses
 /// `subPath` or `subPathExpr`.
 fn uses_sub_path<'c>(name: &str, containers: impl Iterator<Item = &'c Value>, app_mounts: &[Value]) -> bool {

@@ -31,7 +31,7 @@ use crate::findings::{Warning, WarningCode};
 use crate::injection::compare::env_from_key;
 use crate::injection::ports::{self, Running};
 use crate::injection::render::RenderedTemplate;
-use crate::injection::{api_limits, env_merge, native, pod_resources};
+use crate::injection::{api_limits, env_merge, image_volumes, native, pod_resources};
 use crate::kinds::{
     APP_LISTS, CONTAINER_LISTS, ContainerPosition, ENV, Identity, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList,
     Placement, PodListKind, VOLUMES, WhenHeld,
@@ -132,12 +132,7 @@ pub fn plan(
         reason: templates.is_empty().then_some(reason_if_none).flatten(),
         // The form of every volume with a fallback, injected or skipped: a skipped one's form
         // decides whether it is displaced when the claim is re-rendered.
-        image_volumes: templates.iter().flat_map(|t| &t.rendered.image_volumes).fold(Vec::new(), |mut names, name| {
-            if !names.contains(name) {
-                names.push(name.clone());
-            }
-            names
-        }),
+        image_volumes: image_volumes::distinct(templates.iter().flat_map(|t| &t.rendered.image_volumes)),
         ..InjectionStatus::default()
     };
     // The templates' whole items, out of the templates: the claims below borrow their names, and
