@@ -119,6 +119,9 @@ pub struct Metrics {
     /// `sidecar_injector_pods_watched`: pods in the drift watch's pod index, kept current with every
     /// watch event.
     pub pods_watched: Gauge,
+    /// `sidecar_injector_nodes_watched`: nodes the node watch knows, whether their kubelet version
+    /// can be read or not (those that can decide native sidecars and image volumes).
+    pub nodes_watched: Gauge,
     /// `sidecar_injector_drifted_pods{namespace,template,state}`: pods whose injection is not what
     /// the templates would do now. Only non-zero series exist.
     pub drifted_pods: Family<DriftLabels, Gauge>,
@@ -213,6 +216,8 @@ impl Default for Metrics {
         registry.register("namespaces_watched", "Namespaces in the namespace cache", namespaces_watched.clone());
         let pods_watched = Gauge::default();
         registry.register("pods_watched", "Pods in the drift watch's pod index", pods_watched.clone());
+        let nodes_watched = Gauge::default();
+        registry.register("nodes_watched", "Nodes the node watch knows", nodes_watched.clone());
         let drifted_pods = Family::<DriftLabels, Gauge>::default();
         registry.register(
             "drifted_pods",
@@ -239,6 +244,7 @@ impl Default for Metrics {
             ready,
             namespaces_watched,
             pods_watched,
+            nodes_watched,
             drifted_pods,
         }
     }

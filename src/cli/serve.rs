@@ -126,7 +126,7 @@ impl Starting {
         if let Some(client) = &client {
             cluster::watch_templates(client.clone(), &own_namespace, state.clone());
             if settings.cluster.watch_nodes {
-                cluster::watch_nodes(client.clone(), state.clone());
+                cluster::watch_nodes(client.clone(), state.clone(), settings.cluster.streaming_lists);
             }
             let modes = cluster::enforcement::Modes {
                 enforcement: settings.cluster.enforcement_policy,

@@ -29,7 +29,7 @@ use kube::{Client, ResourceExt};
 
 use crate::engine::checks::validate::template_sources;
 use crate::engine::drift::pod_index::{PodIndex, drift_counts};
-use crate::engine::injection::nodes::{NodeFacts, NodeObject, NodePool};
+use crate::engine::injection::nodes::{KnownNodes, NodeFacts, NodeObject};
 use crate::engine::{ClusterFacts, NamespaceFacts, TemplateSource, names};
 use crate::state::{AppState, Readiness};
 use crate::telemetry::Metrics;
@@ -78,35 +78,58 @@ pub fn watch_namespaces(
     reader
 }
 
-/// Starts a watch of the nodes that keeps, per node, only its name, labels and kubelet version
-/// (`engine::injection::nodes`), and publishes a new pool to `state.nodes` whenever one of those changes
-/// (a node's status heartbeat changes nothing here, so it costs one comparison).
-pub fn watch_nodes(client: Client, state: Arc<AppState>) {
-    let stream = watcher(Api::<NodeObject>::all(client), watcher::Config::default()).backoff(backoff());
+/// How long a change of the nodes waits to be published with the changes that follow it: nodes
+/// join by the hundred when a cluster scales up, and one pool per batch costs what one per node
+/// would cost a hundred times over.
+const NODE_POOL_DELAY: Duration = Duration::from_millis(250);
+
+/// Starts a watch of the nodes that keeps, per node, only its name, labels, kubelet and runtime
+/// versions (`engine::injection::nodes::KnownNodes`), and publishes a new pool to `state.nodes`
+/// at most [`NODE_POOL_DELAY`] after one of those changes (a node's status heartbeat changes
+/// nothing kept, so it costs the decoding of the fields read and one comparison). With `streaming`
+/// the first list comes as watch events from the API server's cache, one node at a time.
+pub fn watch_nodes(client: Client, state: Arc<AppState>, streaming: bool) {
+    let config = if streaming { watcher::Config::default().streaming_lists() } else { watcher::Config::default() };
+    let stream = watcher(Api::<NodeObject>::all(client), config).backoff(backoff());
     tokio::spawn(async move {
         futures::pin_mut!(stream);
-        let mut nodes: BTreeMap<String, NodeFacts> = BTreeMap::new();
-        let mut listing: Option<BTreeMap<String, NodeFacts>> = None;
-        let facts = NodeFacts::of;
+        let mut known = KnownNodes::default();
+        let mut listing: Option<KnownNodes> = None;
+        let mut changed_since: Option<tokio::time::Instant> = None;
+        let publish = |known: &mut KnownNodes| {
+            let pool = known.pool();
+            tracing::info!(nodes = known.len(), readable = pool.len(), oldest_kubelet = ?pool.oldest(), "node kubelet versions");
+            state.metrics.nodes_watched.set(known.len() as i64);
+            state.nodes.store(Arc::new(pool));
+        };
         loop {
-            let changed = match stream.try_next().await {
-                Ok(Some(watcher::Event::Apply(node))) => {
-                    let fresh = facts(&node);
-                    nodes.insert(fresh.name.clone(), fresh.clone()) != Some(fresh)
-                }
-                Ok(Some(watcher::Event::Delete(node))) => nodes.remove(&node.name_any()).is_some(),
+            let event = match changed_since {
+                Some(since) => match tokio::time::timeout_at(since + NODE_POOL_DELAY, stream.try_next()).await {
+                    Ok(event) => event,
+                    Err(_) => {
+                        publish(&mut known);
+                        changed_since = None;
+                        continue;
+                    }
+                },
+                None => stream.try_next().await,
+            };
+            let changed = match event {
+                Ok(Some(watcher::Event::Apply(node))) => known.upsert(&NodeFacts::of(&node)),
+                Ok(Some(watcher::Event::Delete(node))) => known.remove(&node.name_any()),
                 Ok(Some(watcher::Event::Init)) => {
-                    listing = Some(BTreeMap::new());
+                    listing = Some(KnownNodes::default());
                     false
                 }
                 Ok(Some(watcher::Event::InitApply(node))) => {
-                    let fresh = facts(&node);
-                    listing.get_or_insert_with(BTreeMap::new).insert(fresh.name.clone(), fresh);
+                    listing.get_or_insert_with(KnownNodes::default).upsert(&NodeFacts::of(&node));
                     false
                 }
                 Ok(Some(watcher::Event::InitDone)) => {
-                    nodes = listing.take().unwrap_or_default();
-                    true
+                    known = listing.take().unwrap_or_default();
+                    publish(&mut known);
+                    changed_since = None;
+                    false
                 }
                 Ok(None) => break,
                 Err(error) => {
@@ -114,10 +137,8 @@ pub fn watch_nodes(client: Client, state: Arc<AppState>) {
                     false
                 }
             };
-            if changed {
-                let pool = NodePool::new(nodes.values().cloned());
-                tracing::info!(nodes = pool.len(), oldest_kubelet = ?pool.oldest(), "node kubelet versions");
-                state.nodes.store(Arc::new(pool));
+            if changed && changed_since.is_none() {
+                changed_since = Some(tokio::time::Instant::now());
             }
         }
     });

@@ -1,7 +1,8 @@
 //! Micro-benchmark of the engine: the cost of one admission decision (parse the pod JSON, evaluate,
 //! serialize the patch) for a typical pod and for huge ones, and how it scales with pod size.
 //! Prints a table and the ratios, and the heap allocations of one typical decision (counted by a
-//! wrapping global allocator); run with `make bench`.
+//! wrapping global allocator); then what the node pool costs per decision and in memory from one
+//! node to 15,000 (the nodes decide native sidecars and image volumes); run with `make bench`.
 
 #[path = "../../../tests/common/fixtures.rs"]
 mod fixtures;
@@ -9,10 +10,11 @@ mod fixtures;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
+use sidecar_injector_engine::injection::nodes::{KnownNodes, NodeFacts};
 use sidecar_injector_engine::templates::template::embedded_sources;
 use sidecar_injector_engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource};
 
@@ -20,18 +22,23 @@ use sidecar_injector_engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, Pod
 struct Counting;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+/// Bytes allocated and not yet freed.
+static LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
 
 // SAFETY: every call is passed to the system allocator unchanged.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        LIVE_BYTES.fetch_add(layout.size() as i64, Ordering::Relaxed);
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size() as i64, Ordering::Relaxed);
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        LIVE_BYTES.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
@@ -107,6 +114,80 @@ fn with_unmatched_defaults(extra: usize) -> TemplateSet {
     templates
 }
 
+/// Node `i` of a cluster labelled as a cloud provider labels its nodes (20 labels: a hostname of
+/// its own, 4 zones, 10 node groups, 3 instance types), kubelets of four versions and one in 50
+/// unreadable.
+fn cloud_node(i: usize) -> NodeFacts {
+    let (zone, group, size) = (["a", "b", "c", "d"][i % 4], i % 10, ["large", "xlarge", "2xlarge"][i % 3]);
+    let host = format!("ip-10-0-{}-{}.eu-west-1.compute.internal", i / 250, i % 250);
+    let labels = [
+        ("kubernetes.io/hostname", host.clone()),
+        ("kubernetes.io/os", "linux".into()),
+        ("beta.kubernetes.io/os", "linux".into()),
+        ("kubernetes.io/arch", "amd64".into()),
+        ("beta.kubernetes.io/arch", "amd64".into()),
+        ("topology.kubernetes.io/zone", format!("eu-west-1{zone}")),
+        ("failure-domain.beta.kubernetes.io/zone", format!("eu-west-1{zone}")),
+        ("topology.kubernetes.io/region", "eu-west-1".into()),
+        ("failure-domain.beta.kubernetes.io/region", "eu-west-1".into()),
+        ("topology.k8s.aws/zone-id", format!("euw1-az{}", i % 4)),
+        ("topology.ebs.csi.aws.com/zone", format!("eu-west-1{zone}")),
+        ("node.kubernetes.io/instance-type", format!("m6i.{size}")),
+        ("beta.kubernetes.io/instance-type", format!("m6i.{size}")),
+        ("eks.amazonaws.com/nodegroup", format!("group-{group}")),
+        ("eks.amazonaws.com/nodegroup-image", format!("ami-0f3c2a9b8e7d6c5{group}")),
+        ("eks.amazonaws.com/capacityType", "ON_DEMAND".into()),
+        ("eks.amazonaws.com/sourceLaunchTemplateId", format!("lt-0a1b2c3d4e5f6a7b{group}")),
+        ("eks.amazonaws.com/sourceLaunchTemplateVersion", "3".into()),
+        ("k8s.io/cloud-provider-aws", "8c5b1f0e7a2d4c9b6e3f1a0d5c7b9e2f".into()),
+        ("team", format!("team-{}", group % 3)),
+    ];
+    let labels = labels.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    let kubelet =
+        if i % 50 == 49 { "unknown" } else { ["v1.37.1", "v1.36.4", "v1.35.2", "v1.34.3-eks-113cf36"][i % 4] };
+    NodeFacts::new(host, labels, kubelet).with_runtime("containerd://2.2.1")
+}
+
+/// The node pool from 1 node to 15,000: what building it costs, what the watch's store and the
+/// pool keep, and the cost of one decision for a pod that says nothing of nodes, one whose
+/// required node affinity allows half of them, and one bound to a node by name.
+fn node_pools(budget: Duration) {
+    println!();
+    println!(
+        "{:>7} {:>11} {:>11} {:>14} {:>14} {:>14}",
+        "nodes", "build ms", "KiB kept", "µs anywhere", "µs half", "µs nodeName"
+    );
+    let api = ClusterFacts::api_server(true);
+    let anywhere = json!({"spec": {"containers": [{"name": "app"}]}});
+    let half = json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["eu-west-1a", "eu-west-1b"]},
+                              {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}}}});
+    let named = json!({"spec": {"nodeName": "ip-10-0-0-1.eu-west-1.compute.internal"}});
+    for count in [1, 500, 5_000, 15_000] {
+        let nodes: Vec<NodeFacts> = (0..count).map(cloud_node).collect();
+        let before = LIVE_BYTES.load(Ordering::Relaxed);
+        let started = Instant::now();
+        let mut known = KnownNodes::default();
+        for node in &nodes {
+            known.upsert(node);
+        }
+        let pool = known.pool();
+        let build = started.elapsed();
+        let kept = LIVE_BYTES.load(Ordering::Relaxed) - before;
+        let time = |pod: &Value| {
+            median_time(budget / 4, || black_box(pool.facts_for(black_box(pod), api)).native_sidecars as usize)
+        };
+        println!(
+            "{count:>7} {:>11.1} {:>11.0} {:>14.2} {:>14.2} {:>14.2}",
+            build.as_secs_f64() * 1e3,
+            kept as f64 / 1024.0,
+            time(&anywhere).as_secs_f64() * 1e6,
+            time(&half).as_secs_f64() * 1e6,
+            time(&named).as_secs_f64() * 1e6
+        );
+    }
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let budget = Duration::from_millis(if quick { 200 } else { 2000 });
@@ -165,4 +246,5 @@ fn main() {
         last.0,
         last.2.as_secs_f64() / first.2.as_secs_f64()
     );
+    node_pools(budget);
 }

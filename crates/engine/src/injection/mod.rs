@@ -12,6 +12,7 @@ pub mod compare;
 pub mod env_merge;
 pub mod image_volumes;
 pub mod native;
+pub mod node_index;
 pub mod nodes;
 pub mod plan;
 pub mod pod_resources;
