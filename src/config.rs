@@ -193,9 +193,9 @@ pub struct ClusterSettings {
     pub watch_pods: bool,
     /// How often the drift metrics are recomputed, in seconds.
     pub drift_interval_seconds: u64,
-    /// List pods for the drift watch as a streaming list (the API server's `WatchList`: pods sent
-    /// one by one from its watch cache) rather than in pages; an API server that refuses it gets
-    /// paged lists.
+    /// List pods for the drift watch, and nodes for the node watch, as a streaming list (the API
+    /// server's `WatchList`: objects sent one by one from its watch cache) rather than in pages; an
+    /// API server that refuses it gets paged lists.
     pub streaming_lists: bool,
     /// Keep a binding of the `sidecar-injector.io-enforced` ValidatingAdmissionPolicy (and its
     /// params ConfigMap) for every enforced template, so the API server refuses pods that lack an

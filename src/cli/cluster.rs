@@ -194,14 +194,8 @@ pub async fn explain(
     );
     // As the webhook decides native sidecars: by the kubelets of the nodes the pod can run on
     // (when the nodes can be listed).
-    let cluster = match Api::<crate::engine::injection::nodes::NodeObject>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-    {
-        Ok(nodes) => crate::engine::injection::nodes::NodePool::new(
-            nodes.items.iter().map(crate::engine::injection::nodes::NodeFacts::of),
-        )
-        .facts_for(&fresh, cluster),
+    let cluster = match node_pool(client).await {
+        Ok(pool) => pool.facts_for(&fresh, cluster),
         Err(_) => cluster,
     };
     let request = PodRequest { pod: Arc::new(fresh), namespace: facts.clone(), cluster, workload: None };
@@ -758,5 +752,24 @@ async fn wait_for_rollout(api: &Api<DynamicObject>, workload: &WorkloadRef, time
             );
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// The cluster's nodes as the webhook's node watch keeps them, listed in pages of 500 (a real Node
+/// is 10-20 KiB of JSON: a cluster of 5,000 in one response would be 75 MiB).
+async fn node_pool(client: &Client) -> Result<crate::engine::injection::nodes::NodePool, kube::Error> {
+    use crate::engine::injection::nodes::{KnownNodes, NodeFacts, NodeObject};
+    let api = Api::<NodeObject>::all(client.clone());
+    let mut known = KnownNodes::default();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await?;
+        for node in &page.items {
+            known.upsert(&NodeFacts::of(node));
+        }
+        match page.metadata.continue_.filter(|next| !next.is_empty()) {
+            Some(next) => params = params.continue_token(&next),
+            None => return Ok(known.pool()),
+        }
     }
 }
