@@ -66,7 +66,6 @@ impl Size {
         };
         let (pods, namespaces) = (size.pods, size.namespaces);
         ensure!(namespaces > 0 && pods >= namespaces, "PODS ({pods}) must be at least NAMESPACES ({namespaces}) > 0");
-        ensure!(namespaces >= 2, "NAMESPACES must be at least 2");
         ensure!(size.churn_minutes >= 0.0 && size.churn_rate > 0.0, "CHURN_MINUTES ≥ 0 and CHURN_RATE > 0");
         Ok(size)
     }
@@ -493,9 +492,9 @@ pub async fn scale(ctx: &mut Ctx) -> Result<()> {
         .context("the probe was not injected")?;
     drift_agrees(ctx, &fresh, &current_hash, "after an edit made every pod stale").await?;
 
-    admission_with_pod_cache(ctx, &names[1], size.pods, &mut goals).await?;
+    admission_with_pod_cache(ctx, &names[1 % names.len()], size.pods, &mut goals).await?;
     if size.nodes > 0 {
-        admission_with_nodes(ctx, &names[1], size.nodes, everything, &mut goals).await?;
+        admission_with_nodes(ctx, &names[1 % names.len()], size.nodes, everything, &mut goals).await?;
         pool_cost(ctx).await?;
     }
     if size.churn_minutes > 0.0 {
@@ -855,6 +854,7 @@ async fn create_nodes(ctx: &Ctx, injector: &Injector, log_from: u64, count: usiz
         .await;
     let kept_on_create = results.into_iter().collect::<Result<Vec<bool>>>()?.into_iter().filter(|k| *k).count();
     let took = started.elapsed();
+    let created = Instant::now();
 
     // What the API server stored, as a GET returns it (managed fields included).
     let stored = list_all(&api, ListParams::default().labels(&format!("{NODE_LABEL}=true"))).await?;
@@ -870,7 +870,8 @@ async fn create_nodes(ctx: &Ctx, injector: &Injector, log_from: u64, count: usiz
     drop(stored);
 
     let pool = node_pool(ctx).await?;
-    let known = wait_for_nodes_known(injector, log_from, pool.len(), Duration::from_secs(120)).await?;
+    wait_for_nodes_known(injector, log_from, pool.len(), Duration::from_secs(120)).await?;
+    let known = created.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let share = rss_kib(injector, "VmRSS")? - rss_before;
     println!(
@@ -886,7 +887,7 @@ async fn create_nodes(ctx: &Ctx, injector: &Injector, log_from: u64, count: usiz
         kubelets.join(", ")
     );
     println!(
-        "      the injector's node pool: {} nodes with a readable kubelet (of {} with the plane's own), {:.1} s after the last create; its share of the RSS: {:.1} MiB ({:.2} KiB per node)",
+        "      the injector's node pool: {} nodes with a readable kubelet (of {} with the plane's own), all of them known {:.1} s after the last create (at most: looked at once they were read back); its share of the RSS: {:.1} MiB ({:.2} KiB per node)",
         pool.len(),
         count + controlplane::NODES,
         known.as_secs_f64(),
@@ -1002,10 +1003,11 @@ async fn measured_start(ctx: &Ctx, pods: usize, nodes: usize, env: &[(&str, &str
     let log_from = log_length(&injector);
     injector.wait_ready()?;
     let ready = started.elapsed();
-    wait_for_pods_watched(&injector, pods, Duration::from_secs(300)).await?;
-    let pods_synced = started.elapsed();
-    wait_for_nodes_known(&injector, log_from, nodes, Duration::from_secs(300)).await?;
-    let nodes_known = started.elapsed();
+    let (pods_synced, nodes_known) = tokio::join!(
+        wait_for_pods_watched(&injector, pods, Duration::from_secs(300)),
+        wait_for_nodes_known(&injector, log_from, nodes, Duration::from_secs(300))
+    );
+    let (pods_synced, nodes_known) = (ready + pods_synced?, ready + nodes_known?);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = apiserver_traffic(ctx);
     let start = Start {
@@ -1280,7 +1282,7 @@ struct ChurnSides {
     /// Namespaces served by the null webhook.
     null: Vec<String>,
     /// Stopped when dropped.
-    _webhook: nullwebhook::NullWebhook,
+    webhook: nullwebhook::NullWebhook,
 }
 
 /// Registers the null webhook with the very entries the injector's pod webhooks have (copied from
@@ -1364,7 +1366,7 @@ async fn churn_sides(ctx: &Ctx, injector: &Injector, names: &[String]) -> Result
     let ours_side = ctx.dry_run_pod(&ours[0], churn_pod()).await?;
     let shape = |pod: &Pod| (pod.metadata.labels.clone(), pod.metadata.annotations.clone(), pod.spec.clone());
     ensure!(shape(&ours_side) == shape(&null_side), "the null webhook's pod differs from the injector's");
-    Ok(ChurnSides { ours, null, _webhook: webhook })
+    Ok(ChurnSides { ours, null, webhook })
 }
 
 /// One churn pod: which side, its create's latency or error, whether it came back injected, and
@@ -1377,17 +1379,20 @@ struct Churned {
 }
 
 /// Creates `rate` pods a second for `minutes`, alternating the sides pod by pod, each deleted
-/// [`CHURN_POD_LIFETIME`] after its creation; returns once the last is deleted.
-async fn churn_pods(ctx: &Ctx, sides: &ChurnSides, rate: f64, minutes: f64) -> Result<Vec<Churned>> {
+/// [`CHURN_POD_LIFETIME`] after its creation; returns once the last is deleted, with the most
+/// creates that were in flight at once.
+async fn churn_pods(ctx: &Ctx, sides: &ChurnSides, rate: f64, minutes: f64) -> Result<(Vec<Churned>, usize)> {
     let total = (rate * minutes * 60.0).round() as usize;
     let every = Duration::from_secs_f64(1.0 / rate);
     let creates = Arc::new(Semaphore::new(CHURN_CREATES_IN_FLIGHT));
     let deletes = Arc::new(Semaphore::new(CHURN_CREATES_IN_FLIGHT));
     let mut tasks = tokio::task::JoinSet::new();
     let started = tokio::time::Instant::now();
+    let mut most_in_flight = 0;
     for k in 0..total {
         tokio::time::sleep_until(started + every.mul_f64(k as f64)).await;
         let permit = creates.clone().acquire_owned().await?;
+        most_in_flight = most_in_flight.max(CHURN_CREATES_IN_FLIGHT - creates.available_permits());
         let ours = k % 2 == 0;
         let namespaces = if ours { &sides.ours } else { &sides.null };
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespaces[(k / 2) % namespaces.len()]);
@@ -1415,7 +1420,7 @@ async fn churn_pods(ctx: &Ctx, sides: &ChurnSides, rate: f64, minutes: f64) -> R
     while let Some(result) = tasks.join_next().await {
         churned.push(result?);
     }
-    Ok(churned)
+    Ok((churned, most_in_flight))
 }
 
 /// Every [`CHURN_SAMPLE_EVERY`] until `stop`: seconds since the start, the process's CPU over the
@@ -1477,12 +1482,35 @@ async fn churn(
     let pid = injector.process.pid().context("the injector is not running")?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let (webhooks_before, traffic_before) = (webhook_times(ctx), apiserver_traffic(ctx));
+    let processes = [
+        ("injector", Some(pid)),
+        ("null webhook", sides.webhook.process.pid()),
+        ("kube-apiserver", ctx.plane.apiserver.as_ref().and_then(|p| p.pid())),
+        ("etcd", ctx.plane.etcd.pid()),
+        ("this test process", Some(std::process::id())),
+    ];
+    let cpu = || processes.map(|(_, pid)| pid.and_then(|pid| cpu_ticks(pid).ok()).unwrap_or(f64::NAN));
+    let cpu_before = cpu();
     let sampler = sample_process(pid, stopped);
     let started = Instant::now();
-    let churned = churn_pods(ctx, &sides, size.churn_rate, size.churn_minutes).await?;
+    let (churned, most_in_flight) = churn_pods(ctx, &sides, size.churn_rate, size.churn_minutes).await?;
     let took = started.elapsed();
     let _ = stop.send(true);
     let samples = sampler.await?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let cores: Vec<String> = processes
+        .iter()
+        .zip(cpu().iter().zip(cpu_before))
+        .map(|((name, _), (after, before))| {
+            format!("{name} {:.2}", (after - before) / ticks_per_second / took.as_secs_f64())
+        })
+        .collect();
+    println!(
+        "      churn: CPU over the phase (cores of the machine's {}): {}; at most {most_in_flight} creates in flight (of {CHURN_CREATES_IN_FLIGHT} allowed)",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cores.join(", ")
+    );
     let (webhooks_after, traffic) = (webhook_times(ctx), apiserver_traffic(ctx).since(&traffic_before));
     let webhooks: Vec<String> = webhooks_after
         .iter()
