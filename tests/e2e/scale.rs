@@ -471,11 +471,10 @@ pub async fn scale(ctx: &mut Ctx) -> Result<()> {
     let baseline_pods = gauge(&injector.metrics(), "sidecar_injector_pods_watched") as usize;
     let log_from = log_length(&injector);
 
-    // Nodes first (their status updates run from here to the end of the churn phase), then
-    // namespaces and pods.
+    // Namespaces, nodes (their status updates run from here to the end of the churn phase), pods.
+    let names = create_namespaces(ctx, &injector, size.namespaces).await?;
     let heartbeats = create_nodes(ctx, &injector, log_from, size.nodes).await?;
     let pool_size = node_pool(ctx).await?.len();
-    let names = create_namespaces(ctx, &injector, size.namespaces).await?;
     create_scale_pods(ctx, &injector, &names, size.pods, baseline_pods, &mut goals).await?;
 
     // Start afresh, with paged lists and then with streaming lists.
