@@ -37,7 +37,7 @@ use crate::scenarios::{Ctx, edit_tag_and_wait, pod, webhook_client};
 
 /// The size of the run: `make scale PODS=… NAMESPACES=… NODES=… CHURN_MINUTES=… CHURN_RATE=…`
 /// (defaults: the 10,000-pod run whose figures docs/performance.md has carried since the first
-/// scale run, 500 nodes and 2 minutes of churn at 100 pods/s, about 10 minutes in all).
+/// scale run, 500 nodes and 2 minutes of churn at 100 pods/s: about 4 minutes in all).
 struct Size {
     pods: usize,
     namespaces: usize,
@@ -1234,7 +1234,8 @@ async fn admission_with_nodes(ctx: &Ctx, namespace: &str, nodes: usize, pods: us
 }
 
 /// The node pool's own cost per decision (`NodePool::facts_for`), with the cluster's nodes read
-/// as the injector reads them and with 1 node, timed in this process.
+/// as the injector reads them and with 1 node, timed in this process (hot in the cache, unlike
+/// in the injector, where a decision also reads the pod and the templates).
 async fn pool_cost(ctx: &Ctx) -> Result<()> {
     let nodes = list_all(&Api::<NodeObject>::all(ctx.client.clone()), ListParams::default()).await?;
     let info = ctx.client.apiserver_version().await?;
@@ -1251,7 +1252,7 @@ async fn pool_cost(ctx: &Ctx) -> Result<()> {
         start.elapsed().as_secs_f64() * 1e6 / f64::from(decisions)
     };
     let build = if cfg!(debug_assertions) {
-        "; this test binary is a debug build, the injector's code is optimized"
+        "; a debug build of this test, unlike the injector: `make scale` builds it optimized"
     } else {
         ""
     };
