@@ -194,33 +194,57 @@ fn log_length(injector: &Injector) -> u64 {
     std::fs::metadata(&injector.process.log).map(|m| m.len()).unwrap_or(0)
 }
 
-/// Waits until the injector's node pool holds `count` nodes. It exports no metric of its nodes:
-/// this reads its log line `node kubelet versions nodes=N`, written at every change of the pool,
-/// from `from` (its log's length when it started). N counts the nodes whose kubelet version can be
-/// read (those the pool keeps).
-async fn wait_for_nodes_known(injector: &Injector, from: u64, count: usize, limit: Duration) -> Result<Duration> {
+/// The cluster's nodes as the injector should know them: all of them, and those whose kubelet
+/// version can be read (the ones its pool keeps).
+#[derive(Clone, Copy)]
+struct NodeCount {
+    all: usize,
+    readable: usize,
+}
+
+/// The nodes its pool holds by the injector's last log line `node kubelet versions nodes=N
+/// [readable=R]` from `from` (its log's length when it started): R where the line has it (N is
+/// then every node), else N.
+fn logged_pool_size(injector: &Injector, from: u64) -> Result<Option<usize>> {
+    let mut log = Vec::new();
+    if let Ok(mut file) = std::fs::File::open(&injector.process.log) {
+        use std::io::{Read as _, Seek as _};
+        file.seek(std::io::SeekFrom::Start(from))?;
+        file.read_to_end(&mut log)?;
+    }
+    let log = String::from_utf8_lossy(&log);
+    let Some(line) = log.lines().rev().find(|l| l.contains("node kubelet versions")) else { return Ok(None) };
+    let field = |name: &str| {
+        let rest = line.split(&format!(" {name}=")).nth(1)?;
+        rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<usize>().ok()
+    };
+    Ok(field("readable").or_else(|| field("nodes")))
+}
+
+/// Waits until the injector knows the cluster's nodes: by `sidecar_injector_nodes_watched` (every
+/// node its watch holds; the pool it builds from them follows within its publication delay) where
+/// it exports it, else by its log line (see [`logged_pool_size`]). Returns the time and which told.
+async fn wait_for_nodes_known(
+    injector: &Injector,
+    from: u64,
+    nodes: NodeCount,
+    limit: Duration,
+) -> Result<(Duration, &'static str)> {
     let start = Instant::now();
     loop {
-        let mut log = Vec::new();
-        if let Ok(mut file) = std::fs::File::open(&injector.process.log) {
-            use std::io::{Read as _, Seek as _};
-            file.seek(std::io::SeekFrom::Start(from))?;
-            file.read_to_end(&mut log)?;
-        }
-        let log = String::from_utf8_lossy(&log);
-        let last = log
-            .lines()
-            .rev()
-            .find(|l| l.contains("node kubelet versions"))
-            .and_then(|l| l.split(" nodes=").nth(1))
-            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-            .and_then(|n| n.parse::<usize>().ok());
-        if last == Some(count) {
-            return Ok(start.elapsed());
+        let metrics = injector.metrics();
+        let (known, want, by) = if metrics.lines().any(|l| l.starts_with("sidecar_injector_nodes_watched ")) {
+            let watched = gauge(&metrics, "sidecar_injector_nodes_watched") as usize;
+            (Some(watched), nodes.all, "sidecar_injector_nodes_watched")
+        } else {
+            (logged_pool_size(injector, from)?, nodes.readable, "its log line, without a node metric")
+        };
+        if known == Some(want) {
+            return Ok((start.elapsed(), by));
         }
         ensure!(
             start.elapsed() < limit,
-            "the injector's node pool did not reach {count} nodes within {limit:?} (last logged: {last:?})"
+            "the injector did not know the {want} nodes within {limit:?} by {by} (last: {known:?})"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -358,10 +382,11 @@ where
     }
 }
 
-/// The pool the injector builds from the cluster's nodes (KWOK's and the run's), as it reads them.
-async fn node_pool(ctx: &Ctx) -> Result<NodePool> {
+/// The cluster's nodes (KWOK's and the run's), and those the injector's pool keeps, read as it
+/// reads them.
+async fn node_count(ctx: &Ctx) -> Result<NodeCount> {
     let nodes = list_all(&Api::<NodeObject>::all(ctx.client.clone()), ListParams::default()).await?;
-    Ok(NodePool::new(nodes.iter().map(NodeFacts::of)))
+    Ok(NodeCount { all: nodes.len(), readable: NodePool::new(nodes.iter().map(NodeFacts::of)).len() })
 }
 
 /// The ConfigMap of look-alike templates that brings the templates in service to [`TEMPLATES`].
@@ -474,13 +499,13 @@ pub async fn scale(ctx: &mut Ctx) -> Result<()> {
     // Namespaces, nodes (their status updates run from here to the end of the churn phase), pods.
     let names = create_namespaces(ctx, &injector, size.namespaces).await?;
     let heartbeats = create_nodes(ctx, &injector, log_from, size.nodes).await?;
-    let pool_size = node_pool(ctx).await?.len();
+    let node_count = node_count(ctx).await?;
     create_scale_pods(ctx, &injector, &names, size.pods, baseline_pods, &mut goals).await?;
 
     // Start afresh, with paged lists and then with streaming lists.
     drop(injector);
     let everything = baseline_pods + size.pods;
-    let fresh = restarts(ctx, everything, pool_size, &mut goals).await?;
+    let fresh = restarts(ctx, everything, node_count, &mut goals).await?;
 
     // The drift gauge against a recount from the API, after an edit makes every injected pod stale.
     edit_tag_and_wait(ctx, &names[0], "3.2.99", Duration::from_secs(10)).await?;
@@ -868,8 +893,8 @@ async fn create_nodes(ctx: &Ctx, injector: &Injector, log_from: u64, count: usiz
     let kubelets: Vec<String> = kubelets.iter().map(|(version, n)| format!("{version} ×{n}")).collect();
     drop(stored);
 
-    let pool = node_pool(ctx).await?;
-    wait_for_nodes_known(injector, log_from, pool.len(), Duration::from_secs(120)).await?;
+    let nodes = node_count(ctx).await?;
+    let (_, known_by) = wait_for_nodes_known(injector, log_from, nodes, Duration::from_secs(120)).await?;
     let known = created.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let share = rss_kib(injector, "VmRSS")? - rss_before;
@@ -886,9 +911,9 @@ async fn create_nodes(ctx: &Ctx, injector: &Injector, log_from: u64, count: usiz
         kubelets.join(", ")
     );
     println!(
-        "      the injector's node pool: {} nodes with a readable kubelet (of {} with the plane's own), all of them known {:.1} s after the last create (at most: looked at once they were read back); its share of the RSS: {:.1} MiB ({:.2} KiB per node)",
-        pool.len(),
-        count + controlplane::NODES,
+        "      the injector's nodes: {} with a readable kubelet (its pool) of {} with the plane's own, all of them known {:.1} s after the last create (by {known_by}; at most: looked at once they were read back); their share of the RSS: {:.1} MiB ({:.2} KiB per node)",
+        nodes.readable,
+        nodes.all,
         known.as_secs_f64(),
         share / 1024.0,
         share / count as f64
@@ -993,7 +1018,7 @@ impl Start {
 }
 
 /// Starts an injector (drift counted every second) and measures its start.
-async fn measured_start(ctx: &Ctx, pods: usize, nodes: usize, env: &[(&str, &str)]) -> Result<(Injector, Start)> {
+async fn measured_start(ctx: &Ctx, pods: usize, nodes: NodeCount, env: &[(&str, &str)]) -> Result<(Injector, Start)> {
     let before = apiserver_traffic(ctx);
     let started = Instant::now();
     let mut env = env.to_vec();
@@ -1006,7 +1031,7 @@ async fn measured_start(ctx: &Ctx, pods: usize, nodes: usize, env: &[(&str, &str
         wait_for_pods_watched(&injector, pods, Duration::from_secs(300)),
         wait_for_nodes_known(&injector, log_from, nodes, Duration::from_secs(300))
     );
-    let (pods_synced, nodes_known) = (ready + pods_synced?, ready + nodes_known?);
+    let (pods_synced, nodes_known) = (ready + pods_synced?, ready + nodes_known?.0);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = apiserver_traffic(ctx);
     let start = Start {
@@ -1022,7 +1047,7 @@ async fn measured_start(ctx: &Ctx, pods: usize, nodes: usize, env: &[(&str, &str
 
 /// Restarts with paged lists and then with streaming lists: time to be ready and to sync pods and
 /// nodes, memory, and what the start costs the API server. Returns the second injector.
-async fn restarts(ctx: &Ctx, pods: usize, nodes: usize, goals: &mut Goals) -> Result<Injector> {
+async fn restarts(ctx: &Ctx, pods: usize, nodes: NodeCount, goals: &mut Goals) -> Result<Injector> {
     let (paged_injector, paged) =
         measured_start(ctx, pods, nodes, &[("SIDECAR_INJECTOR__CLUSTER__STREAMING_LISTS", "false")]).await?;
     drop(paged_injector);
@@ -1031,9 +1056,11 @@ async fn restarts(ctx: &Ctx, pods: usize, nodes: usize, goals: &mut Goals) -> Re
     for (how, start) in [("paged lists", &paged), ("streaming lists", &streaming)] {
         let traffic = &start.traffic;
         println!(
-            "      restart with {how}: ready in {:.2} s, {pods} pods synced in {:.2} s, {nodes} nodes in {:.2} s, RSS {:.1} MiB (peak {:.1} MiB); API server: {:.0} LIST calls, {:.1} MiB of LIST responses (pods {:.1}, nodes {:.1}, other {:.1}), {:.1} MiB of pod watch events",
+            "      restart with {how}: ready in {:.2} s, {pods} pods synced in {:.2} s, {} nodes ({} readable) in {:.2} s, RSS {:.1} MiB (peak {:.1} MiB); API server: {:.0} LIST calls, {:.1} MiB of LIST responses (pods {:.1}, nodes {:.1}, other {:.1}), {:.1} MiB of pod watch events",
             start.ready.as_secs_f64(),
             start.pods_synced.as_secs_f64(),
+            nodes.all,
+            nodes.readable,
             start.nodes_known.as_secs_f64(),
             start.rss_mib,
             start.peak_mib,
