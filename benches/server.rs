@@ -16,6 +16,8 @@
 mod controlplane;
 #[path = "../tests/common/fixtures.rs"]
 mod fixtures;
+#[path = "../tests/common/nullwebhook.rs"]
+mod nullwebhook;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -30,6 +32,7 @@ use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 use controlplane::{ControlPlane, INJECTOR_HTTPS_PORT, Injector, Process, free_port};
+use nullwebhook::{bench_pod, not_for_the_injector, wait_for_injection};
 
 /// How long each oha run lasts.
 struct Durations {
@@ -628,7 +631,7 @@ async fn on_a_cluster(
             accounts.create(&PostParams::default(), &account).await?;
         }
     }
-    not_for_the_injector(&plane, &["policy", "null-p", "null-m", "null-mv", "null-m2"])?;
+    not_for_the_injector(&plane, "bench", &["policy", "null-p", "null-m", "null-mv", "null-m2"])?;
     let (_null, null_port) = null_webhooks(&plane, &ca, &dir.path().join("null"), &client).await?;
     // Lean: the pod validating webhook does not see the "lean" namespace (the policy still does).
     plane.kubectl(&[
@@ -835,19 +838,6 @@ async fn policy_mode_alone(plane: &ControlPlane, client: &kube::Client) -> Resul
     wait_for_injection(client, "policy", pod, "the injection policy").await
 }
 
-/// Patches the injector's pod webhooks not to see the namespaces labelled `bench` with one of
-/// `rows`: opted in (so the policies check their pods), but served by something else.
-fn not_for_the_injector(plane: &ControlPlane, rows: &[&str]) -> Result<()> {
-    let not_ours = json!({"key": "bench", "operator": "NotIn", "values": rows});
-    for (kind, entries) in [("mutatingwebhookconfiguration", 2), ("validatingwebhookconfiguration", 1)] {
-        let ops: Vec<Value> = (0..entries)
-            .map(|i| json!({"op": "add", "path": format!("/webhooks/{i}/namespaceSelector/matchExpressions/-"), "value": not_ours}))
-            .collect();
-        plane.kubectl(&["patch", kind, "sidecar-injector", "--type=json", "-p", &Value::Array(ops).to_string()])?;
-    }
-    Ok(())
-}
-
 /// Starts the null webhook with the injector's patch for the bench pod and registers it, mutating
 /// for the namespaces labelled `bench=null-m` or `null-mv`, validating for `null-mv`, with the same
 /// settings as the injector's own entries, over HTTP/1.1 as the API server speaks to a webhook
@@ -860,42 +850,16 @@ async fn null_webhooks(
     dir: &Path,
     client: &kube::Client,
 ) -> Result<(Process, u16)> {
-    std::fs::create_dir_all(dir)?;
     // The injector's answer for the bench pod, as the API server would send it.
-    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "bench", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "shop",
-        "operation": "CREATE", "userInfo": {"username": "bench"}, "object": bench_pod("bench-null-")}});
     let identity =
         reqwest::Identity::from_pem(format!("{}{}", plane.webhook_client.cert, plane.webhook_client.key).as_bytes())?;
     let https = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(injector_ca)?)?)
         .identity(identity)
         .build()?;
-    let answer: Value = https
-        .post(format!("https://127.0.0.1:{INJECTOR_HTTPS_PORT}/mutate"))
-        .json(&review)
-        .send()
-        .await?
-        .json()
-        .await?;
-    use base64::Engine as _;
-    let patch = base64::engine::general_purpose::STANDARD
-        .decode(answer["response"]["patch"].as_str().context("the injector returned no patch")?)?;
-    std::fs::write(dir.join("patch.json"), &patch)?;
-    let now = time::OffsetDateTime::now_utc();
-    let ca = sidecar_injector::certs::generate_ca("bench null webhook CA", now, 1)?;
-    let serving = sidecar_injector::certs::issue(&ca, &["127.0.0.1".into()], now, 1)?;
-    std::fs::write(dir.join("tls.crt"), &serving.cert)?;
-    std::fs::write(dir.join("tls.key"), &serving.key)?;
-    let (port, port_h2) = (free_port(), free_port());
-    let mut command = Command::new(plane.bin.join("nullwebhook"));
-    command.args(["-listen", &format!("127.0.0.1:{port}"), "-listen-h2", &format!("127.0.0.1:{port_h2}")]);
-    command.arg("-cert").arg(dir.join("tls.crt"));
-    command.arg("-key").arg(dir.join("tls.key")).arg("-patch").arg(dir.join("patch.json"));
-    let process = Process::spawn("nullwebhook", command, dir)?;
-    use base64::engine::general_purpose::STANDARD;
-    let bundle = STANDARD.encode(&ca.cert);
+    let patch = nullwebhook::injector_patch(&https, "shop", bench_pod("bench-null-")).await?;
+    let null = nullwebhook::start(plane, dir, &patch, true)?;
+    let (port, port_h2, bundle) = (null.port, null.port_h2.context("no HTTP/2 port")?, null.ca_bundle.clone());
     let not_mirror = json!({"name": "not-a-mirror-pod", "expression": "!has(object.metadata.annotations) || !('kubernetes.io/config.mirror' in object.metadata.annotations)"});
     let webhook = |name: &str, port: u16, path: &str, namespaces: Value| {
         json!({"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
@@ -918,37 +882,7 @@ async fn null_webhooks(
     plane.kubectl_as(&plane.admin_kubeconfig, &["apply", "-f", "-"], Some(&list.to_string()))?;
     wait_for_injection(client, "null-m", bench_pod("probe-"), "the null webhook").await?;
     wait_for_injection(client, "null-m2", bench_pod("probe-"), "the null webhook over HTTP/2").await?;
-    Ok((process, port))
-}
-
-/// Polls a server-side dry run of `pod` in `namespace` until it comes back with a status
-/// annotation: admission configurations and policies take a moment to take effect.
-async fn wait_for_injection(client: &kube::Client, namespace: &str, pod: Value, what: &str) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pod: Pod = serde_json::from_value(pod)?;
-    let start = Instant::now();
-    loop {
-        let dry = pods.create(&PostParams { dry_run: true, ..Default::default() }, &pod).await;
-        if dry.is_ok_and(|p| p.metadata.annotations.unwrap_or_default().contains_key("sidecar-injector.io/status")) {
-            return Ok(());
-        }
-        ensure!(start.elapsed() < Duration::from_secs(30), "{what} did not take effect");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// The pod part C creates: the typical Deployment pod, made by a controller, without the API token
-/// mount (so one fixed patch fits every pod).
-fn bench_pod(generate_name: &str) -> Value {
-    let mut pod = fixtures::typical_pod();
-    pod["metadata"]["generateName"] = json!(generate_name);
-    let metadata = pod["metadata"].as_object_mut().unwrap();
-    metadata.remove("ownerReferences");
-    metadata.remove("namespace");
-    metadata.remove("name");
-    pod["spec"]["serviceAccountName"] = json!("default");
-    pod["spec"]["automountServiceAccountToken"] = json!(false);
-    pod
+    Ok((null.process, port))
 }
 
 /// Part C at one concurrency: pod-create latencies (ms) and API-server phase totals per namespace.

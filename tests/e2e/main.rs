@@ -142,14 +142,8 @@ async fn run(root: &Path) -> Result<bool> {
     // `make scale` (SIDECAR_INJECTOR_E2E_SCALE=1): the scale run alone, with a budget of its own.
     let scale_run = std::env::var_os("SIDECAR_INJECTOR_E2E_SCALE").is_some();
     let (all, limit) = match scale_run {
-        // 30 minutes, and 12 ms more per pod beyond the default 10,000.
-        true => {
-            let pods: u64 = std::env::var("SIDECAR_INJECTOR_SCALE_PODS").ok().and_then(|p| p.parse().ok()).unwrap_or(0);
-            (
-                scenarios![scale_run_scenario],
-                Duration::from_secs(1800) + Duration::from_millis(12 * pods.saturating_sub(10_000)),
-            )
-        }
+        // 30 minutes at the default size, more for a larger one (`scale::time_budget`).
+        true => (scenarios![scale_run_scenario], scale::time_budget()),
         false => (all, Duration::from_secs(180)),
     };
     let mut failed = Vec::new();
