@@ -189,11 +189,6 @@ async fn wait_for_pods_watched(injector: &Injector, count: usize, limit: Duratio
     }
 }
 
-/// The size of the injector's log, to read what it logs from there on.
-fn log_length(injector: &Injector) -> u64 {
-    std::fs::metadata(&injector.process.log).map(|m| m.len()).unwrap_or(0)
-}
-
 /// The cluster's nodes as the injector should know them: all of them, and those whose kubelet
 /// version can be read (the ones its pool keeps).
 #[derive(Clone, Copy)]
@@ -202,50 +197,16 @@ struct NodeCount {
     readable: usize,
 }
 
-/// The nodes its pool holds by the injector's last log line `node kubelet versions nodes=N
-/// [readable=R]` from `from` (its log's length when it started): R where the line has it (N is
-/// then every node), else N.
-fn logged_pool_size(injector: &Injector, from: u64) -> Result<Option<usize>> {
-    let mut log = Vec::new();
-    if let Ok(mut file) = std::fs::File::open(&injector.process.log) {
-        use std::io::{Read as _, Seek as _};
-        file.seek(std::io::SeekFrom::Start(from))?;
-        file.read_to_end(&mut log)?;
-    }
-    let log = String::from_utf8_lossy(&log);
-    let Some(line) = log.lines().rev().find(|l| l.contains("node kubelet versions")) else { return Ok(None) };
-    let field = |name: &str| {
-        let rest = line.split(&format!(" {name}=")).nth(1)?;
-        rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<usize>().ok()
-    };
-    Ok(field("readable").or_else(|| field("nodes")))
-}
-
-/// Waits until the injector knows the cluster's nodes: by `sidecar_injector_nodes_watched` (every
-/// node its watch holds; the pool it builds from them follows within its publication delay) where
-/// it exports it, else by its log line (see [`logged_pool_size`]). Returns the time and which told.
-async fn wait_for_nodes_known(
-    injector: &Injector,
-    from: u64,
-    nodes: NodeCount,
-    limit: Duration,
-) -> Result<(Duration, &'static str)> {
+/// Waits until `sidecar_injector_nodes_watched` counts every node (the pool built from them
+/// follows within the watch's publication delay).
+async fn wait_for_nodes_known(injector: &Injector, nodes: NodeCount, limit: Duration) -> Result<Duration> {
     let start = Instant::now();
     loop {
-        let metrics = injector.metrics();
-        let (known, want, by) = if metrics.lines().any(|l| l.starts_with("sidecar_injector_nodes_watched ")) {
-            let watched = gauge(&metrics, "sidecar_injector_nodes_watched") as usize;
-            (Some(watched), nodes.all, "sidecar_injector_nodes_watched")
-        } else {
-            (logged_pool_size(injector, from)?, nodes.readable, "its log line, without a node metric")
-        };
-        if known == Some(want) {
-            return Ok((start.elapsed(), by));
+        let known = gauge(&injector.metrics(), "sidecar_injector_nodes_watched") as usize;
+        if known == nodes.all {
+            return Ok(start.elapsed());
         }
-        ensure!(
-            start.elapsed() < limit,
-            "the injector did not know the {want} nodes within {limit:?} by {by} (last: {known:?})"
-        );
+        ensure!(start.elapsed() < limit, "the injector knew {known} of the {} nodes after {limit:?}", nodes.all);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -494,11 +455,10 @@ pub async fn scale(ctx: &mut Ctx) -> Result<()> {
     wait_for_pods_watched(&injector, 0, Duration::from_secs(10)).await?;
     templates_in_service(ctx, &injector).await?;
     let baseline_pods = gauge(&injector.metrics(), "sidecar_injector_pods_watched") as usize;
-    let log_from = log_length(&injector);
 
     // Namespaces, nodes (their status updates run from here to the end of the churn phase), pods.
     let names = create_namespaces(ctx, &injector, size.namespaces).await?;
-    let heartbeats = create_nodes(ctx, &injector, log_from, size.nodes).await?;
+    let heartbeats = create_nodes(ctx, &injector, size.nodes).await?;
     let node_count = node_count(ctx).await?;
     create_scale_pods(ctx, &injector, &names, size.pods, baseline_pods, &mut goals).await?;
 
@@ -849,8 +809,8 @@ fn scale_node(i: usize, now: &str) -> Value {
 
 /// Creates the run's nodes, checks what the API server stored and that the injector has them,
 /// prints their size, how long it took and the node pool's share of the injector's RSS; starts
-/// their status updates (`None` without nodes). `log_from`: the injector's log length at its start.
-async fn create_nodes(ctx: &Ctx, injector: &Injector, log_from: u64, count: usize) -> Result<Option<Heartbeats>> {
+/// their status updates (`None` without nodes).
+async fn create_nodes(ctx: &Ctx, injector: &Injector, count: usize) -> Result<Option<Heartbeats>> {
     if count == 0 {
         return Ok(None);
     }
@@ -894,7 +854,7 @@ async fn create_nodes(ctx: &Ctx, injector: &Injector, log_from: u64, count: usiz
     drop(stored);
 
     let nodes = node_count(ctx).await?;
-    let (_, known_by) = wait_for_nodes_known(injector, log_from, nodes, Duration::from_secs(120)).await?;
+    wait_for_nodes_known(injector, nodes, Duration::from_secs(120)).await?;
     let known = created.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let share = rss_kib(injector, "VmRSS")? - rss_before;
@@ -911,7 +871,7 @@ async fn create_nodes(ctx: &Ctx, injector: &Injector, log_from: u64, count: usiz
         kubelets.join(", ")
     );
     println!(
-        "      the injector's nodes: {} with a readable kubelet (its pool) of {} with the plane's own, all of them known {:.1} s after the last create (by {known_by}; at most: looked at once they were read back); their share of the RSS: {:.1} MiB ({:.2} KiB per node)",
+        "      the injector's nodes: {} with a readable kubelet (its pool) of {} with the plane's own, all of them known {:.1} s after the last create (by sidecar_injector_nodes_watched; at most: looked at once they were read back); their share of the RSS: {:.1} MiB ({:.2} KiB per node)",
         nodes.readable,
         nodes.all,
         known.as_secs_f64(),
@@ -1033,14 +993,13 @@ async fn measured_start(ctx: &Ctx, pods: usize, nodes: NodeCount, env: &[(&str, 
     let mut env = env.to_vec();
     env.push(("SIDECAR_INJECTOR__CLUSTER__DRIFT_INTERVAL_SECONDS", "1"));
     let mut injector = Injector::spawn(&ctx.plane, &ctx.binary, &env)?;
-    let log_from = log_length(&injector);
     injector.wait_ready()?;
     let ready = started.elapsed();
     let (pods_synced, nodes_known) = tokio::join!(
         wait_for_pods_watched(&injector, pods, Duration::from_secs(300)),
-        wait_for_nodes_known(&injector, log_from, nodes, Duration::from_secs(300))
+        wait_for_nodes_known(&injector, nodes, Duration::from_secs(300))
     );
-    let (pods_synced, nodes_known) = (ready + pods_synced?, ready + nodes_known?.0);
+    let (pods_synced, nodes_known) = (ready + pods_synced?, ready + nodes_known?);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = apiserver_traffic(ctx);
     let start = Start {
