@@ -317,6 +317,10 @@ impl ControlPlane {
             &format!("--root-ca-file={}", self.dir.join("ca.crt").display()),
             // Namespaces delete in seconds rather than after the default sync periods.
             "--namespace-sync-period=5s",
+            // The scale run's nodes post their status once a minute and renew no Lease (the
+            // injector does not watch Leases): with the default 50 s grace every node would turn
+            // Unknown, be tainted and untainted each minute, tripling the node writes.
+            "--node-monitor-grace-period=2m",
             "--concurrent-namespace-syncs=4",
         ]);
         self.components.push(Process::spawn("kube-controller-manager", controllers, &self.dir)?);
