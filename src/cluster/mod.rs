@@ -78,9 +78,9 @@ pub fn watch_namespaces(
     reader
 }
 
-/// How long a change of the nodes waits at least to be published with the changes that follow
-/// it: nodes join by the hundred when a cluster scales up, and one pool per batch costs what one
-/// per node would cost a hundred times over.
+/// The least time between two publications of the node pool: a change after a quiet spell is
+/// published at once, but nodes join by the hundred when a cluster scales up, and one pool per
+/// batch costs what one per node would cost a hundred times over.
 const NODE_POOL_DELAY: Duration = Duration::from_millis(250);
 /// And at least this many times what building the last pool took, so that rebuilding stays a
 /// tenth of a core whatever the cluster's size (a pool of 5,000 nodes builds in ~20 ms, one of
@@ -94,9 +94,9 @@ const NODE_PAGE_SIZE: u32 = 100;
 
 /// Starts a watch of the nodes that keeps, per node, only its name, labels, kubelet and runtime
 /// versions (`engine::injection::nodes::KnownNodes`), and publishes a new pool to `state.nodes`
-/// [`NODE_POOL_DELAY`] (or more, see [`NODE_POOL_DELAY_PER_BUILD`]) after one of those changes
-/// (a node's status heartbeat changes nothing kept, so it costs the decoding of the fields read
-/// and one comparison). With `streaming` the first list comes as watch events from the API
+/// when one of those changes, at most once per [`NODE_POOL_DELAY`] (or more, see
+/// [`NODE_POOL_DELAY_PER_BUILD`]) (a node's status heartbeat changes nothing kept, so it costs the
+/// decoding of the fields read and one comparison). With `streaming` the first list comes as watch events from the API
 /// server's cache, one node at a time.
 pub fn watch_nodes(client: Client, state: Arc<AppState>, streaming: bool) {
     let config = watcher::Config::default().page_size(NODE_PAGE_SIZE);
@@ -106,19 +106,22 @@ pub fn watch_nodes(client: Client, state: Arc<AppState>, streaming: bool) {
         futures::pin_mut!(stream);
         let mut known = KnownNodes::default();
         let mut listing: Option<KnownNodes> = None;
-        let mut changed_since: Option<tokio::time::Instant> = None;
+        // A change publishes at once when the last publication is `delay` old; changes that
+        // follow sooner wait for `last + delay`, and publish together.
+        let mut pending = false;
         let mut delay = NODE_POOL_DELAY;
+        let mut last = tokio::time::Instant::now();
         loop {
-            let event = match changed_since {
-                Some(since) => match tokio::time::timeout_at(since + delay, stream.try_next()).await {
+            let event = match pending {
+                true => match tokio::time::timeout_at(last + delay, stream.try_next()).await {
                     Ok(event) => event,
                     Err(_) => {
                         (known, delay) = publish_nodes(known, &state).await;
-                        changed_since = None;
+                        (pending, last) = (false, tokio::time::Instant::now());
                         continue;
                     }
                 },
-                None => stream.try_next().await,
+                false => stream.try_next().await,
             };
             let changed = match event {
                 Ok(Some(watcher::Event::Apply(node))) => known.upsert(&NodeFacts::of(&node)),
@@ -133,7 +136,7 @@ pub fn watch_nodes(client: Client, state: Arc<AppState>, streaming: bool) {
                 }
                 Ok(Some(watcher::Event::InitDone)) => {
                     (known, delay) = publish_nodes(listing.take().unwrap_or_default(), &state).await;
-                    changed_since = None;
+                    (pending, last) = (false, tokio::time::Instant::now());
                     false
                 }
                 Ok(None) => break,
@@ -142,8 +145,13 @@ pub fn watch_nodes(client: Client, state: Arc<AppState>, streaming: bool) {
                     false
                 }
             };
-            if changed && changed_since.is_none() {
-                changed_since = Some(tokio::time::Instant::now());
+            if changed && !pending {
+                if last.elapsed() >= delay {
+                    (known, delay) = publish_nodes(known, &state).await;
+                    last = tokio::time::Instant::now();
+                } else {
+                    pending = true;
+                }
             }
         }
     });

@@ -714,6 +714,19 @@ status:
     );
     ctx.kubectl(&["-n", SHOP, "delete", "pod", "anywhere", "pinned", "--wait=false"])?;
     ctx.kubectl(&["delete", "node", "upgrade-pending"])?;
+    // The scenarios after this one expect native sidecars again: wait until the injector has
+    // let the old node go.
+    eventually("the 1.28 node gone", Duration::from_secs(30), || {
+        let out = ctx.plane.kubectl_as(
+            &ctx.plane.admin_kubeconfig,
+            &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+            Some(&pod("probe", false)),
+        )?;
+        let stored: Value = serde_json::from_str(&out)?;
+        let native =
+            stored["spec"]["initContainers"].as_array().is_some_and(|c| c.iter().any(|c| c["name"] == "log-shipper"));
+        Ok(native.then_some(()))
+    })?;
     Ok(())
 }
 
