@@ -78,15 +78,6 @@ pub fn watch_namespaces(
     reader
 }
 
-/// The least time between two publications of the node pool: a change after a quiet spell is
-/// published at once, but nodes join by the hundred when a cluster scales up, and one pool per
-/// batch costs what one per node would cost a hundred times over.
-const NODE_POOL_DELAY: Duration = Duration::from_millis(250);
-/// And at least this many times what building the last pool took, so that rebuilding stays a
-/// tenth of a core whatever the cluster's size (a pool of 5,000 nodes builds in ~20 ms, one of
-/// 100,000 in ~0.5 s, which an autoscaler changing nodes all day would otherwise spend every
-/// 250 ms).
-const NODE_POOL_DELAY_PER_BUILD: u32 = 10;
 /// Nodes per page of a paged list: a real Node is 10-20 KiB of JSON, so kube's default of 500 made
 /// pages of 8 MiB, each read whole before it was parsed (the scale run's restart with paged lists
 /// at 5,000 nodes ended 18 MiB above the same start without nodes).
@@ -94,8 +85,7 @@ const NODE_PAGE_SIZE: u32 = 100;
 
 /// Starts a watch of the nodes that keeps, per node, only its name, labels, kubelet and runtime
 /// versions (`engine::injection::nodes::KnownNodes`), and publishes a new pool to `state.nodes`
-/// when one of those changes, at most once per [`NODE_POOL_DELAY`] (or more, see
-/// [`NODE_POOL_DELAY_PER_BUILD`]) (a node's status heartbeat changes nothing kept, so it costs the
+/// whenever one of those changes (a node's status heartbeat changes nothing kept, so it costs the
 /// decoding of the fields read and one comparison). With `streaming` the first list comes as watch events from the API
 /// server's cache, one node at a time.
 pub fn watch_nodes(client: Client, state: Arc<AppState>, streaming: bool) {
@@ -106,24 +96,8 @@ pub fn watch_nodes(client: Client, state: Arc<AppState>, streaming: bool) {
         futures::pin_mut!(stream);
         let mut known = KnownNodes::default();
         let mut listing: Option<KnownNodes> = None;
-        // A change publishes at once when the last publication is `delay` old; changes that
-        // follow sooner wait for `last + delay`, and publish together.
-        let mut pending = false;
-        let mut delay = NODE_POOL_DELAY;
-        let mut last = tokio::time::Instant::now();
         loop {
-            let event = match pending {
-                true => match tokio::time::timeout_at(last + delay, stream.try_next()).await {
-                    Ok(event) => event,
-                    Err(_) => {
-                        (known, delay) = publish_nodes(known, &state).await;
-                        (pending, last) = (false, tokio::time::Instant::now());
-                        continue;
-                    }
-                },
-                false => stream.try_next().await,
-            };
-            let changed = match event {
+            let changed = match stream.try_next().await {
                 Ok(Some(watcher::Event::Apply(node))) => known.upsert(&NodeFacts::of(&node)),
                 Ok(Some(watcher::Event::Delete(node))) => known.remove(&node.name_any()),
                 Ok(Some(watcher::Event::Init)) => {
@@ -135,9 +109,8 @@ pub fn watch_nodes(client: Client, state: Arc<AppState>, streaming: bool) {
                     false
                 }
                 Ok(Some(watcher::Event::InitDone)) => {
-                    (known, delay) = publish_nodes(listing.take().unwrap_or_default(), &state).await;
-                    (pending, last) = (false, tokio::time::Instant::now());
-                    false
+                    known = listing.take().unwrap_or_default();
+                    true
                 }
                 Ok(None) => break,
                 Err(error) => {
@@ -145,38 +118,31 @@ pub fn watch_nodes(client: Client, state: Arc<AppState>, streaming: bool) {
                     false
                 }
             };
-            if changed && !pending {
-                if last.elapsed() >= delay {
-                    (known, delay) = publish_nodes(known, &state).await;
-                    last = tokio::time::Instant::now();
-                } else {
-                    pending = true;
-                }
+            if changed {
+                known = publish_nodes(known, &state).await;
             }
         }
     });
 }
 
 /// Builds a pool of `known` off the async workers (tens of milliseconds at thousands of nodes) and
-/// publishes it; returns `known` and the delay before the next publication.
-async fn publish_nodes(mut known: KnownNodes, state: &Arc<AppState>) -> (KnownNodes, Duration) {
+/// publishes it; returns `known`.
+async fn publish_nodes(mut known: KnownNodes, state: &Arc<AppState>) -> KnownNodes {
     let state = state.clone();
     let built = tokio::task::spawn_blocking(move || {
-        let started = std::time::Instant::now();
         let pool = known.pool();
-        let delay = NODE_POOL_DELAY.max(started.elapsed() * NODE_POOL_DELAY_PER_BUILD);
         tracing::info!(nodes = known.len(), readable = pool.len(), oldest_kubelet = ?pool.oldest(), "node kubelet versions");
         state.metrics.nodes_watched.set(known.len() as i64);
         state.nodes.store(Arc::new(pool));
-        (known, delay)
+        known
     });
     match built.await {
-        Ok(built) => built,
+        Ok(known) => known,
         // Only a panic in the pure build gets here: the pool in service stays, and the nodes come
         // back with their next update or the next list.
         Err(error) => {
             tracing::error!(%error, "building the node pool failed");
-            (KnownNodes::default(), NODE_POOL_DELAY)
+            KnownNodes::default()
         }
     }
 }
