@@ -1148,15 +1148,21 @@ async fn alternate(client: &reqwest::Client, ports: [u16; 2], review: &Value) ->
     Ok([median(&mut first), median(&mut second)])
 }
 
-/// Admission cost with the full pod index against an injector without one, alternating.
-async fn admission_with_pod_cache(ctx: &Ctx, namespace: &str, pods: usize, goals: &mut Goals) -> Result<()> {
+/// A second injector on the next port with one watch (`setting`) off, to compare admissions with.
+fn injector_without(ctx: &Ctx, setting: &str) -> Result<(Injector, u16)> {
     let second_port = INJECTOR_HTTPS_PORT + 1;
     let port = second_port.to_string();
-    let empty = Injector::start(
+    let injector = Injector::start(
         &ctx.plane,
         &ctx.binary,
-        &[("SIDECAR_INJECTOR__SERVER__HTTPS_PORT", port.as_str()), ("SIDECAR_INJECTOR__CLUSTER__WATCH_PODS", "false")],
+        &[("SIDECAR_INJECTOR__SERVER__HTTPS_PORT", port.as_str()), (setting, "false")],
     )?;
+    Ok((injector, second_port))
+}
+
+/// Admission cost with the full pod index against an injector without one, alternating.
+async fn admission_with_pod_cache(ctx: &Ctx, namespace: &str, pods: usize, goals: &mut Goals) -> Result<()> {
+    let (empty, second_port) = injector_without(ctx, "SIDECAR_INJECTOR__CLUSTER__WATCH_PODS")?;
     let client = webhook_client(ctx, Some(&ctx.plane.webhook_client))?;
     let review = review(namespace, pod("bench", json!({"app": "scale"}), json!({})));
     let [big, small] = alternate(&client, [INJECTOR_HTTPS_PORT, second_port], &review).await?;
@@ -1174,7 +1180,7 @@ async fn admission_with_pod_cache(ctx: &Ctx, namespace: &str, pods: usize, goals
 
 /// The two pods the node pool is measured with: one without node constraints (decided by the
 /// oldest kubelet of all, kept by the pool) and the worst realistic one, whose required node
-/// affinity matches half the nodes (every node is looked at).
+/// affinity matches half the nodes (the pool's index gives the most nodes to combine).
 fn node_test_pods() -> [(&'static str, Value); 2] {
     let plain = nullwebhook::bench_pod("bench-");
     let mut affinity = plain.clone();
@@ -1198,13 +1204,7 @@ async fn patch_of(client: &reqwest::Client, port: u16, review: &Value) -> Result
 /// both [`node_test_pods`]. Stricter than against a pool of 1 node, which costs at least what no
 /// pool costs. Both injectors must answer the same patch (the same work).
 async fn admission_with_nodes(ctx: &Ctx, namespace: &str, nodes: usize, pods: usize, goals: &mut Goals) -> Result<()> {
-    let second_port = INJECTOR_HTTPS_PORT + 1;
-    let port = second_port.to_string();
-    let without = Injector::start(
-        &ctx.plane,
-        &ctx.binary,
-        &[("SIDECAR_INJECTOR__SERVER__HTTPS_PORT", port.as_str()), ("SIDECAR_INJECTOR__CLUSTER__WATCH_NODES", "false")],
-    )?;
+    let (without, second_port) = injector_without(ctx, "SIDECAR_INJECTOR__CLUSTER__WATCH_NODES")?;
     // Its pod index synced, so that it does not spend the comparison syncing.
     wait_for_pods_watched(&without, pods, Duration::from_secs(300)).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;

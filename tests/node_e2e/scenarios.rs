@@ -677,19 +677,21 @@ status:
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {SHOP}, annotations: {{sidecar-injector.io/templates: log-shipper}}}}\nspec:\n{selector}  terminationGracePeriodSeconds: 1\n  containers:\n    - name: app\n      image: {BUSYBOX}\n      imagePullPolicy: Never\n      command: [/bin/sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 1; done']\n"
         )
     };
-    // The injector sees the old node within a moment: wait until a dry run of the unpinned pod
-    // gets a classic log-shipper.
-    eventually("the 1.28 node deciding", Duration::from_secs(30), || {
-        let out = ctx.plane.kubectl_as(
-            &ctx.plane.admin_kubeconfig,
-            &["create", "--dry-run=server", "-o", "json", "-f", "-"],
-            Some(&pod("probe", false)),
-        )?;
-        let stored: Value = serde_json::from_str(&out)?;
-        let classic =
-            stored["spec"]["containers"].as_array().is_some_and(|c| c.iter().any(|c| c["name"] == "log-shipper"));
-        Ok(classic.then_some(()))
-    })?;
+    // Waits until a dry run of the unpinned pod gets its log-shipper in `list` (`containers`:
+    // classic, `initContainers`: native), that is until the injector sees the nodes as `what`.
+    let log_shipper_in = |list: &str, what: &str| {
+        eventually(what, Duration::from_secs(30), || {
+            let out = ctx.plane.kubectl_as(
+                &ctx.plane.admin_kubeconfig,
+                &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+                Some(&pod("probe", false)),
+            )?;
+            let stored: Value = serde_json::from_str(&out)?;
+            let found = stored["spec"][list].as_array().is_some_and(|c| c.iter().any(|c| c["name"] == "log-shipper"));
+            Ok(found.then_some(()))
+        })
+    };
+    log_shipper_in("containers", "the 1.28 node deciding")?;
     ctx.apply(&pod("anywhere", false))?;
     ctx.apply(&pod("pinned", true))?;
     for name in ["anywhere", "pinned"] {
@@ -714,19 +716,8 @@ status:
     );
     ctx.kubectl(&["-n", SHOP, "delete", "pod", "anywhere", "pinned", "--wait=false"])?;
     ctx.kubectl(&["delete", "node", "upgrade-pending"])?;
-    // The scenarios after this one expect native sidecars again: wait until the injector has
-    // let the old node go.
-    eventually("the 1.28 node gone", Duration::from_secs(30), || {
-        let out = ctx.plane.kubectl_as(
-            &ctx.plane.admin_kubeconfig,
-            &["create", "--dry-run=server", "-o", "json", "-f", "-"],
-            Some(&pod("probe", false)),
-        )?;
-        let stored: Value = serde_json::from_str(&out)?;
-        let native =
-            stored["spec"]["initContainers"].as_array().is_some_and(|c| c.iter().any(|c| c["name"] == "log-shipper"));
-        Ok(native.then_some(()))
-    })?;
+    // The scenarios after this one expect native sidecars again.
+    log_shipper_in("initContainers", "the 1.28 node gone")?;
     Ok(())
 }
 
