@@ -55,7 +55,10 @@ pub struct ServerSettings {
     pub client_request_timeout_ms: u64,
     /// Time a client has to send a request's body; then the request gets 408.
     pub body_timeout_ms: u64,
-    /// Idle keep-alive time of a connection.
+    /// Idle keep-alive time of a connection. Longer than the API server's own idle timeout (90 s),
+    /// so that the client is the one to close an idle connection: a server closing it can cross a
+    /// request the client is sending on it, which Go's client does not resend (a POST), so the
+    /// call fails open.
     pub keep_alive_seconds: u64,
     /// Most concurrent connections per worker (each established TLS connection holds tens of KiB).
     pub max_connections_per_worker: usize,
@@ -63,7 +66,12 @@ pub struct ServerSettings {
     pub max_tls_handshakes_per_worker: usize,
     /// Time a client has to complete the TLS handshake (the API server needs a few ms).
     pub tls_handshake_timeout_ms: u64,
-    /// On SIGTERM, how long in-flight requests may take before the process exits.
+    /// On SIGTERM, how long the server keeps serving, every answer with `Connection: close`, before
+    /// it stops taking connections: the API server retires its pooled connections to this replica
+    /// one by one, each after an answer, instead of having them closed under a request it may be
+    /// sending (which it would not resend).
+    pub drain_seconds: u64,
+    /// After the drain, how long in-flight requests may take before the process exits.
     pub shutdown_timeout_seconds: u64,
 }
 
@@ -79,10 +87,11 @@ impl Default for ServerSettings {
             client_request_timeout_ms: 5000,
             body_timeout_ms: 10_000,
             room_wait_ms: 1000,
-            keep_alive_seconds: 75,
+            keep_alive_seconds: 120,
             max_connections_per_worker: 4096,
             max_tls_handshakes_per_worker: 4096,
             tls_handshake_timeout_ms: 1000,
+            drain_seconds: 3,
             shutdown_timeout_seconds: 25,
         }
     }

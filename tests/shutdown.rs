@@ -1,5 +1,5 @@
-//! SIGTERM while requests are in flight: the real binary stops accepting, finishes every in-flight
-//! request, and exits 0.
+//! SIGTERM while requests are in flight: the real binary drains (keeps serving, every answer closing
+//! its connection), stops accepting, finishes every in-flight request, and exits 0.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -65,6 +65,48 @@ async fn sigterm_lets_every_in_flight_request_finish() {
             .unwrap_or(true),
         "still listening"
     );
+}
+
+/// During the drain a pooled connection still gets its answer, marked `Connection: close` (so the
+/// client retires it instead of the server closing it under a request), a new connection is still
+/// served, and the process exits once the drain is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_with_connection_close_before_stopping() {
+    let drain = Duration::from_secs(2);
+    let mut server =
+        ServeProcess::start(&[("SIDECAR_INJECTOR__SERVER__DRAIN_SECONDS", drain.as_secs().to_string())]).await;
+    let pooled = server.client_builder().build().unwrap();
+    let body = serde_json::to_vec(&admission_review(&huge_pod(1, 1), "shop", "drain")).unwrap();
+    let url = server.url("/mutate");
+    let post = |client: &reqwest::Client| client.post(&url).body(body.clone()).send();
+    let connection = |response: &reqwest::Response| {
+        response.headers().get("connection").map(|v| v.to_str().unwrap().to_ascii_lowercase())
+    };
+
+    let before = post(&pooled).await.unwrap();
+    assert_eq!(before.status(), 200);
+    assert_eq!(connection(&before), None, "keep-alive before shutdown");
+    before.bytes().await.unwrap();
+
+    let sigterm = Instant::now();
+    server.sigterm();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let on_the_pooled_connection = post(&pooled).await.expect("a pooled connection is served during the drain");
+    assert_eq!(on_the_pooled_connection.status(), 200);
+    assert_eq!(connection(&on_the_pooled_connection).as_deref(), Some("close"));
+    let fresh = server.client_builder().build().unwrap();
+    let on_a_new_connection = post(&fresh).await.expect("a new connection is accepted during the drain");
+    assert_eq!(on_a_new_connection.status(), 200);
+    assert_eq!(connection(&on_a_new_connection).as_deref(), Some("close"));
+
+    let status = server.wait_exit(Duration::from_secs(20)).await;
+    let took = sigterm.elapsed();
+    println!(
+        "SIGTERM with a {drain:?} drain: served on pooled and new connections with Connection: close, exit {status} after {:.1} s",
+        took.as_secs_f64()
+    );
+    assert!(status.success(), "exit status {status}");
+    assert!(took >= drain, "exited {took:?} after SIGTERM, before the {drain:?} drain was over");
 }
 
 use futures::StreamExt as _;

@@ -248,6 +248,9 @@ pub struct Servers {
     pub https_addr: std::net::SocketAddr,
     /// Bound HTTP address.
     pub http_addr: std::net::SocketAddr,
+    /// How long the HTTPS listener keeps serving, closing each connection after its answer, once
+    /// shutdown begins (`server.drain_seconds`).
+    drain: Duration,
 }
 
 /// The HTTPS listening socket. `TCP_DEFER_ACCEPT`: the kernel hands a connection over only once
@@ -294,6 +297,7 @@ pub fn bind(settings: &ServerSettings, state: Arc<AppState>, tls: rustls::Server
         https_data.readiness.start_heartbeat();
         App::new()
             .app_data(https_data.clone())
+            .wrap(actix_web::middleware::from_fn(close_when_draining))
             .route("/mutate", web::post().to(mutate))
             .route("/validate", web::post().to(validate))
             .default_service(web::to(not_found))
@@ -330,12 +334,31 @@ pub fn bind(settings: &ServerSettings, state: Arc<AppState>, tls: rustls::Server
     .disable_signals()
     .bind((settings.address.as_str(), settings.http_port))?;
     let http_addr = http.addrs()[0];
-    Ok(Servers { https: https.run(), http: http.run(), https_addr, http_addr })
+    let drain = Duration::from_secs(settings.drain_seconds);
+    Ok(Servers { https: https.run(), http: http.run(), https_addr, http_addr, drain })
+}
+
+/// Once shutdown has begun, every answer closes its connection (`Connection: close`). A client
+/// that reads the answer knows not to reuse the connection, so the API server retires its pooled
+/// connections to a stopping replica one by one, race-free; closing an idle connection from this
+/// side instead can cross a request the API server has just sent on it, which it does not resend
+/// (a POST) and so fails open.
+async fn close_when_draining(
+    req: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl actix_web::body::MessageBody>,
+) -> Result<actix_web::dev::ServiceResponse<impl actix_web::body::MessageBody>, actix_web::Error> {
+    let state = req.app_data::<web::Data<AppState>>().cloned();
+    let mut res = next.call(req).await?;
+    if state.is_some_and(|state| state.readiness.stopping.load(Ordering::Relaxed)) {
+        res.response_mut().head_mut().set_connection_type(actix_web::http::ConnectionType::Close);
+    }
+    Ok(res)
 }
 
 impl Servers {
-    /// Runs until `shutdown` resolves, then stops taking connections, lets in-flight requests finish
-    /// (up to `server.shutdown_timeout_seconds`) and returns.
+    /// Runs until `shutdown` resolves, then drains (`server.drain_seconds`: still serving, each
+    /// answer closing its connection), stops taking connections, lets in-flight requests finish (up
+    /// to `server.shutdown_timeout_seconds`) and returns.
     pub async fn run_until(
         self,
         state: Arc<AppState>,
@@ -346,6 +369,11 @@ impl Servers {
         let http = tokio::spawn(self.http);
         shutdown.await;
         state.readiness.stopping.store(true, Ordering::Relaxed);
+        tracing::info!(
+            seconds = self.drain.as_secs_f64(),
+            "shutting down: draining (every answer closes its connection)"
+        );
+        tokio::time::sleep(self.drain).await;
         tracing::info!("shutting down: finishing in-flight requests");
         https_handle.stop(true).await;
         http_handle.stop(true).await;

@@ -273,6 +273,8 @@ pub fn measure(
     action: impl FnOnce(&mut crate::scenarios::Ctx) -> Result<()>,
 ) -> Result<(Row, Vec<Value>)> {
     let run = run_name(event);
+    let api_server_log = ctx.plane.dir.join("kube-apiserver.log");
+    let log_before = std::fs::metadata(&api_server_log).map_or(0, |m| m.len());
     ctx.apply(&replica_set(namespace, &run))?;
     let durations = (Duration::from_secs(8), Duration::from_secs(4));
     let outcome = under_load(runtime, client, namespace, &run, durations, || action(&mut *ctx))?;
@@ -301,11 +303,29 @@ pub fn measure(
     let pods = pods["items"].as_array().cloned().unwrap_or_default();
     let without =
         pods.iter().filter(|p| !p["metadata"]["annotations"]["sidecar-injector.io/status"].is_string()).count();
-    let row = summarize(event, &outcome, refusals, without);
+    let mut row = summarize(event, &outcome, refusals, without);
+    if row.failed + row.replica_set_refusals as usize > 0 {
+        row.errors.extend(failed_open_calls(&api_server_log, log_before));
+    }
     // Leave nothing for the next event to count or the API server to carry.
     ctx.kubectl(&["-n", namespace, "delete", "replicaset", &rs, "--wait=false"])?;
     ctx.kubectl(&["-n", namespace, "delete", "pods", "-l", &format!("load-run={run}"), "--wait=false"])?;
     Ok((row, pods))
+}
+
+/// Why the API server failed open on the webhook since `offset` in its log (a few distinct
+/// reasons): what tells a connection closed under a request from a timeout or a refused dial.
+fn failed_open_calls(log: &std::path::Path, offset: u64) -> Vec<String> {
+    let text = std::fs::read(log).unwrap_or_default();
+    let text = String::from_utf8_lossy(text.get(offset as usize..).unwrap_or_default());
+    let mut reasons: Vec<String> = Vec::new();
+    for line in text.lines().filter(|l| l.contains("failing open")) {
+        let reason = format!("API server: {}", line.split_once("failing open").map_or(line, |(_, r)| r).trim());
+        if !reasons.contains(&reason) && reasons.len() < 3 {
+            reasons.push(reason);
+        }
+    }
+    reasons
 }
 
 /// What the ReplicaSet and its controller say, for a ReplicaSet that did not catch up.
