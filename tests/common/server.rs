@@ -60,6 +60,8 @@ impl TestServer {
         settings.server.http_port = 0;
         settings.server.workers = 2;
         settings.server.shutdown_timeout_seconds = 10;
+        // Every test stops its server; tests/shutdown.rs is where the drain is tested.
+        settings.server.drain_seconds = 0;
         settings.cluster.mode = ClusterMode::Off;
         settings.tls.mode = TlsMode::Files;
         settings.tls.cert_file = Some(dir.path().join("tls.crt"));
