@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -86,43 +86,66 @@ const NODE_PAGE_SIZE: u32 = 100;
 /// Starts a watch of the nodes that keeps, per node, only its name, labels, kubelet and runtime
 /// versions (`engine::injection::nodes::KnownNodes`), and publishes a new pool to `state.nodes`
 /// whenever one of those changes (a node's status heartbeat changes nothing kept, so it costs the
-/// decoding of the fields read and one comparison). With `streaming` the first list comes as watch events from the API
-/// server's cache, one node at a time.
+/// decoding of the fields read and one comparison). Events the watch already holds are applied
+/// together before a pool is built: a burst of node creates makes one build instead of one per
+/// node, and no pool is published without an event that had arrived. With `streaming` the first
+/// list comes as watch events from the API server's cache, one node at a time.
 pub fn watch_nodes(client: Client, state: Arc<AppState>, streaming: bool) {
     let config = watcher::Config::default().page_size(NODE_PAGE_SIZE);
     let config = if streaming { config.streaming_lists() } else { config };
     let stream = watcher(Api::<NodeObject>::all(client), config).backoff(backoff());
     tokio::spawn(async move {
         futures::pin_mut!(stream);
-        let mut known = KnownNodes::default();
-        let mut listing: Option<KnownNodes> = None;
-        loop {
-            let changed = match stream.try_next().await {
-                Ok(Some(watcher::Event::Apply(node))) => known.upsert(&NodeFacts::of(&node)),
-                Ok(Some(watcher::Event::Delete(node))) => known.remove(&node.name_any()),
-                Ok(Some(watcher::Event::Init)) => {
-                    listing = Some(KnownNodes::default());
-                    false
+        let mut watch = NodeWatch::default();
+        while let Some(event) = stream.next().await {
+            let mut changed = watch.apply(event);
+            for _ in 0..NODE_EVENTS_PER_BUILD {
+                match stream.next().now_or_never() {
+                    Some(Some(event)) => changed |= watch.apply(event),
+                    Some(None) | None => break,
                 }
-                Ok(Some(watcher::Event::InitApply(node))) => {
-                    listing.get_or_insert_with(KnownNodes::default).upsert(&NodeFacts::of(&node));
-                    false
-                }
-                Ok(Some(watcher::Event::InitDone)) => {
-                    known = listing.take().unwrap_or_default();
-                    true
-                }
-                Ok(None) => break,
-                Err(error) => {
-                    tracing::warn!(%error, "node watch failed; retrying with backoff");
-                    false
-                }
-            };
+            }
             if changed {
-                known = publish_nodes(known, &state).await;
+                watch.known = publish_nodes(std::mem::take(&mut watch.known), &state).await;
             }
         }
     });
+}
+
+/// Most events applied before a pool is built, so a flood of events cannot hold one back.
+const NODE_EVENTS_PER_BUILD: usize = 1000;
+
+/// The node watch's state: the nodes known, and those of a list in progress.
+#[derive(Default)]
+struct NodeWatch {
+    known: KnownNodes,
+    listing: Option<KnownNodes>,
+}
+
+impl NodeWatch {
+    /// Applies one event of the watch; true when the pool has to be built again.
+    fn apply(&mut self, event: Result<watcher::Event<NodeObject>, watcher::Error>) -> bool {
+        match event {
+            Ok(watcher::Event::Apply(node)) => self.known.upsert(&NodeFacts::of(&node)),
+            Ok(watcher::Event::Delete(node)) => self.known.remove(&node.name_any()),
+            Ok(watcher::Event::Init) => {
+                self.listing = Some(KnownNodes::default());
+                false
+            }
+            Ok(watcher::Event::InitApply(node)) => {
+                self.listing.get_or_insert_with(KnownNodes::default).upsert(&NodeFacts::of(&node));
+                false
+            }
+            Ok(watcher::Event::InitDone) => {
+                self.known = self.listing.take().unwrap_or_default();
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, "node watch failed; retrying with backoff");
+                false
+            }
+        }
+    }
 }
 
 /// Builds a pool of `known` off the async workers (tens of milliseconds at thousands of nodes) and
