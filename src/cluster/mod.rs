@@ -87,9 +87,9 @@ const NODE_PAGE_SIZE: u32 = 100;
 /// versions (`engine::injection::nodes::KnownNodes`), and publishes a new pool to `state.nodes`
 /// whenever one of those changes (a node's status heartbeat changes nothing kept, so it costs the
 /// decoding of the fields read and one comparison). Events the watch already holds are applied
-/// together before a pool is built: a burst of node creates makes one build instead of one per
-/// node, and no pool is published without an event that had arrived. With `streaming` the first
-/// list comes as watch events from the API server's cache, one node at a time.
+/// together before a pool is built: events that come faster than pools are built share one build,
+/// and no pool is published without an event that had arrived. With `streaming` the first list
+/// comes as watch events from the API server's cache, one node at a time.
 pub fn watch_nodes(client: Client, state: Arc<AppState>, streaming: bool) {
     let config = watcher::Config::default().page_size(NODE_PAGE_SIZE);
     let config = if streaming { config.streaming_lists() } else { config };
