@@ -155,8 +155,9 @@ async fn publish_nodes(mut known: KnownNodes, state: &Arc<AppState>) -> KnownNod
     let built = tokio::task::spawn_blocking(move || {
         let pool = known.pool();
         tracing::info!(nodes = known.len(), readable = pool.len(), oldest_kubelet = ?pool.oldest(), "node kubelet versions");
-        state.metrics.nodes_watched.set(known.len() as i64);
+        // The pool first: whoever sees the gauge count a node finds it in the pool in service.
         state.nodes.store(Arc::new(pool));
+        state.metrics.nodes_watched.set(known.len() as i64);
         known
     });
     match built.await {

@@ -347,8 +347,8 @@ async fn close_when_draining(
     req: actix_web::dev::ServiceRequest,
     next: actix_web::middleware::Next<impl actix_web::body::MessageBody>,
 ) -> Result<actix_web::dev::ServiceResponse<impl actix_web::body::MessageBody>, actix_web::Error> {
-    let state = req.app_data::<web::Data<AppState>>().cloned();
     let mut res = next.call(req).await?;
+    let state = res.request().app_data::<web::Data<AppState>>();
     if state.is_some_and(|state| state.readiness.stopping.load(Ordering::Relaxed)) {
         res.response_mut().head_mut().set_connection_type(actix_web::http::ConnectionType::Close);
     }

@@ -197,8 +197,8 @@ struct NodeCount {
     readable: usize,
 }
 
-/// Waits until `sidecar_injector_nodes_watched` counts every node (the pool built from them
-/// follows within the watch's publication delay).
+/// Waits until `sidecar_injector_nodes_watched` counts every node (set once the pool built from
+/// them is in service).
 async fn wait_for_nodes_known(injector: &Injector, nodes: NodeCount, limit: Duration) -> Result<Duration> {
     let start = Instant::now();
     loop {
