@@ -154,7 +154,13 @@ async fn publish_nodes(mut known: KnownNodes, state: &Arc<AppState>) -> KnownNod
     let state = state.clone();
     let built = tokio::task::spawn_blocking(move || {
         let pool = known.pool();
-        tracing::info!(nodes = known.len(), readable = pool.len(), oldest_kubelet = ?pool.oldest(), "node kubelet versions");
+        // Every node create or label change builds a pool (5,000 builds in a burst of creates), so
+        // only a new oldest kubelet, which decides the pods without node constraints, is an info line.
+        if pool.oldest() != state.nodes.load().oldest() {
+            tracing::info!(nodes = known.len(), readable = pool.len(), oldest_kubelet = ?pool.oldest(), "the oldest kubelet changed");
+        } else {
+            tracing::debug!(nodes = known.len(), readable = pool.len(), oldest_kubelet = ?pool.oldest(), "node pool rebuilt");
+        }
         // The pool first: whoever sees the gauge count a node finds it in the pool in service.
         state.nodes.store(Arc::new(pool));
         state.metrics.nodes_watched.set(known.len() as i64);
