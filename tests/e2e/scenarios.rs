@@ -1394,13 +1394,20 @@ inject:
 /// the real API server: below what the template sets they are refused, by the validating webhook
 /// while the injector is up and by the enforcement policy while it is down; above it, and the
 /// app's own container, they pass and are stored.
+///
+/// The API server asks its admission policies before its webhooks, so once the injector has
+/// written the template's enforcement binding the policy refuses first; the webhook's own check
+/// is therefore seen with `cluster.enforcement_policy` off (a cluster that keeps no binding),
+/// and the policy's with the injector stopped after it wrote the binding.
 pub async fn s32_enforced_resize(ctx: &mut Ctx) -> Result<()> {
+    ctx.stop_injector();
+    ctx.injector =
+        Some(Injector::start(&ctx.plane, &ctx.binary, &[("SIDECAR_INJECTOR__CLUSTER__ENFORCEMENT_POLICY", "false")])?);
     set_template(ctx, "floor.yaml", Some(ENFORCED_FLOOR)).await.context("adding the enforced template")?;
     let result = enforced_resize(ctx).await;
-    if ctx.injector.is_none() {
-        ctx.start_injector()?;
-        wait_for_injection(ctx, "e2e-shop").await?;
-    }
+    ctx.stop_injector();
+    ctx.start_injector()?;
+    wait_for_injection(ctx, "e2e-shop").await?;
     set_template(ctx, "floor.yaml", None).await?;
     wait_for_binding(ctx, "floor", false).await?;
     let _ = ctx.pods("e2e-shop").delete("resized", &DeleteParams::default()).await;
@@ -1408,25 +1415,16 @@ pub async fn s32_enforced_resize(ctx: &mut Ctx) -> Result<()> {
 }
 
 async fn enforced_resize(ctx: &mut Ctx) -> Result<()> {
-    wait_for_binding(ctx, "floor", true).await?;
     let mut pod = pod("resized", json!({"tier": "floor"}), json!({}));
     pod["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m"}});
     // Unscheduled: the API server refuses any resize of a pod bound to a node that does not declare
     // in-place resize, as KWOK's nodes do not (the real-node suite resizes a running pod).
     pod["spec"]["nodeSelector"] = json!({"e2e.example/unschedulable": "true"});
-    // The injector serves the new template within seconds; until then the policy refuses the pod.
-    let served = Instant::now();
-    let created = loop {
-        match ctx.create_pod("e2e-shop", pod.clone()).await {
-            Ok(created) => break created,
-            Err(e) if served.elapsed() < Duration::from_secs(15) => {
-                eprintln!("      not yet: {}", api_message(&e));
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            Err(e) => bail!("the tier=floor pod was refused: {}", api_message(&e)),
-        }
-    };
-    ensure!(all_containers(&created).iter().any(|c| c.name == "meter"), "meter not injected");
+    // The injector serves the new template within seconds.
+    let has_meter = |pod: &Pod| all_containers(pod).iter().any(|c| c.name == "meter");
+    dry_run_until(ctx, &pod, "the floor template", has_meter).await?;
+    let created = ctx.create_pod("e2e-shop", pod).await.context("creating the tier=floor pod")?;
+    ensure!(has_meter(&created), "meter not injected");
 
     fn resize_as(plane: &ControlPlane, container: &str, cpu: &str, dry_run: bool) -> Result<(), String> {
         let patch = json!({"spec": {"containers": [{"name": container, "resources": {"requests": {"cpu": cpu}}}]}});
@@ -1447,14 +1445,21 @@ async fn enforced_resize(ctx: &mut Ctx) -> Result<()> {
     }
     for phase in ["injector up", "injector down"] {
         if phase == "injector down" {
+            // An injector with the enforcement policy on writes the binding; then it stops. The API
+            // server enforces a new binding on its own cycle (a second or two after it was
+            // written): wait for its first refusal, probing with dry runs.
             ctx.stop_injector();
-            // The API server enforces a new binding on its own cycle (a second or two after the
-            // injector wrote it): wait for its first refusal, probing with dry runs.
+            ctx.start_injector()?;
+            wait_for_binding(ctx, "floor", true).await?;
+            ctx.stop_injector();
             let start = Instant::now();
             while resize_as(&ctx.plane, "meter", "1m", true).is_ok() {
                 ensure!(start.elapsed() < Duration::from_secs(20), "the enforcement binding never took effect");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+        } else {
+            // The injector with the policy off wrote no binding, so only its webhook can refuse.
+            wait_for_binding(ctx, "floor", false).await?;
         }
         let (below, above, app) = match phase {
             "injector up" => ("10m", "80m", "60m"),
