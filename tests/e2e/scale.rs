@@ -1025,8 +1025,9 @@ async fn restarts(ctx: &Ctx, pods: usize, nodes: NodeCount, goals: &mut Goals) -
     let (paged_injector, paged) =
         measured_start(ctx, pods, nodes, &[("SIDECAR_INJECTOR__CLUSTER__STREAMING_LISTS", "false")]).await?;
     drop(paged_injector);
-    // What of the paged sync is the API server's: the same requests from a bare client.
-    for page in [500, 5_000] {
+    // What of the paged sync is the API server's: the same requests from a bare client, in the
+    // injector's pages (1,000), kube's default (500) and larger ones.
+    for page in [500, 1_000, 5_000] {
         let started = Instant::now();
         let pages = pod_metadata_pages(ctx, page, drop).await?;
         let took = started.elapsed();
