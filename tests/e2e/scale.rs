@@ -1026,7 +1026,7 @@ async fn restarts(ctx: &Ctx, pods: usize, nodes: NodeCount, goals: &mut Goals) -
         measured_start(ctx, pods, nodes, &[("SIDECAR_INJECTOR__CLUSTER__STREAMING_LISTS", "false")]).await?;
     drop(paged_injector);
     // What of the paged sync is the API server's: the same requests from a bare client, in the
-    // injector's pages (1,000), kube's default (500) and larger ones.
+    // injector's pages (kube's 500) and in larger ones.
     for page in [500, 1_000, 5_000] {
         let started = Instant::now();
         let pages = pod_metadata_pages(ctx, page, drop).await?;
