@@ -259,9 +259,9 @@ impl ControlPlane {
             "--profiling=false".into(),
             // Responses travel over loopback here: gzip (on for clients that ask, as Go's do, and
             // for every event of their streaming lists) only spends the cores the cluster shares
-            // with what is measured. In the scale run the controllers' node watches fell behind,
-            // were closed and came back as streaming lists of every Node, gzipped, hundreds of
-            // times (a fifth of the API server's CPU). The injector's client asks for no gzip.
+            // with what is measured. In the scale run Go clients' node watches fell behind, were
+            // closed and came back as streaming lists of every Node, gzipped, hundreds of times
+            // (a fifth of the API server's CPU). The injector's client asks for no gzip.
             "--feature-gates=APIResponseCompression=false".into(),
             format!("--admission-control-config-file={}", admission.display()),
         ];
