@@ -244,15 +244,19 @@ fn apiserver_metrics(ctx: &Ctx) -> String {
     curl(&format!("{}/metrics", ctx.plane.url), Some(&ctx.plane.dir.join("ca.crt")), Some(token)).unwrap_or_default()
 }
 
+/// The sum of the samples in `text` (Prometheus' text format) whose line starts with `prefix`
+/// and passes `filter`.
+fn metric_sum(text: &str, prefix: &str, filter: &dyn Fn(&str) -> bool) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix) && filter(l))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
 /// The API server's LIST calls and bytes, watch event bytes and node writes so far.
 fn apiserver_traffic(ctx: &Ctx) -> Traffic {
     let text = apiserver_metrics(ctx);
-    let sum = |prefix: &str, filter: &dyn Fn(&str) -> bool| {
-        text.lines()
-            .filter(|l| l.starts_with(prefix) && filter(l))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum::<f64>()
-    };
+    let sum = |prefix: &str, filter: &dyn Fn(&str) -> bool| metric_sum(&text, prefix, filter);
     let list = |l: &str| l.contains("verb=\"LIST\"");
     let (pods, nodes) = (|l: &str| l.contains("resource=\"pods\""), |l: &str| l.contains("resource=\"nodes\""));
     let writes = |l: &str| ["PATCH", "PUT", "APPLY"].iter().any(|v| l.contains(&format!("verb=\"{v}\"")));
@@ -501,9 +505,24 @@ pub async fn scale(ctx: &mut Ctx) -> Result<()> {
     }
     if let Some(heartbeats) = heartbeats {
         heartbeats.finish(size.nodes).await?;
+        print_node_watch_restarts(ctx);
     }
     ctx.injector = Some(fresh);
     goals.verdict()
+}
+
+/// What the API server did to the node watchers over the run, by its own counters (it does not
+/// say which clients): watchers closed for not keeping up, and the streaming lists of every Node
+/// that watchers (re)started with.
+fn print_node_watch_restarts(ctx: &Ctx) {
+    let text = apiserver_metrics(ctx);
+    let nodes = |prefix: &str| metric_sum(&text, prefix, &|l| l.contains("resource=\"nodes\""));
+    println!(
+        "      node watchers the API server closed for not keeping up: {:.0}; streaming lists of the nodes: {:.0} ({:.0} Nodes sent as their initial events)",
+        nodes("apiserver_terminated_watchers_total{"),
+        nodes("apiserver_watch_list_duration_seconds_count{"),
+        nodes("apiserver_init_events_total{")
+    );
 }
 
 /// A namespace with its default ServiceAccount made here rather than waiting for the controller
