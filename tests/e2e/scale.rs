@@ -175,7 +175,8 @@ fn gauge(metrics: &str, name: &str) -> f64 {
         .lines()
         .filter(|l| l.starts_with(name) && !l.starts_with('#'))
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
+        // From +0.0: `f64`'s `sum` of no samples is -0.0, printed "-0".
+        .fold(0.0, |total, sample| total + sample)
 }
 
 async fn wait_for_pods_watched(injector: &Injector, count: usize, limit: Duration) -> Result<Duration> {
@@ -250,7 +251,8 @@ fn metric_sum(text: &str, prefix: &str, filter: &dyn Fn(&str) -> bool) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(prefix) && filter(l))
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
+        // From +0.0: `f64`'s `sum` of no samples is -0.0, printed "-0".
+        .fold(0.0, |total, sample| total + sample)
 }
 
 /// The API server's LIST calls and bytes, watch event bytes and node writes so far.
