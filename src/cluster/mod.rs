@@ -21,14 +21,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 use crate::engine::checks::validate::template_sources;
-use crate::engine::drift::pod_index::{PodIndex, drift_counts};
+use crate::engine::drift::pod_index::{PodIndex, WatchedPod, drift_counts};
 use crate::engine::injection::nodes::{KnownNodes, NodeFacts, NodeObject};
 use crate::engine::{ClusterFacts, NamespaceFacts, TemplateSource, names};
 use crate::state::{AppState, Readiness};
@@ -231,13 +231,20 @@ pub fn on_template_event(state: &AppState, store: &Store<ConfigMap>, event: &wat
     }
 }
 
-/// Starts a metadata-only watch of every pod, kept in a [`PodIndex`] (only what drift reads, in
-/// a compact form: see its module), and every `interval` counts the drifted pods into
-/// `sidecar_injector_drifted_pods`. With `streaming`, the initial list and every re-list come as a
-/// streaming list (a watch with `sendInitialEvents`, the API server's `WatchList`): the API
-/// server sends the pods one by one from its watch cache instead of building pages, and the
-/// injector decodes one pod at a time. An API server that refuses it (the feature turned off, as
-/// it is by default in Kubernetes 1.33) gets paged lists of 500 pods instead.
+/// Pods per page of a paged pod list. The API server's watch cache copies out every pod after a
+/// page's first to serve it, so its work grows with pods × pages: at 150,000 pods it alone took
+/// 41 s to serve pages of 500 (kube's default) and 15 s for pages of 5,000. A page is read whole
+/// (~2 KiB of metadata JSON a pod, managed fields included) and decoded as [`WatchedPod`], which
+/// keeps ~200 bytes of it.
+pub const POD_PAGE_SIZE: u32 = 2_000;
+
+/// Starts a metadata-only watch of every pod, read as [`WatchedPod`] and kept in a [`PodIndex`]
+/// (only what drift reads, in a compact form: see its module), and every `interval` counts the
+/// drifted pods into `sidecar_injector_drifted_pods`. With `streaming`, the initial list and every
+/// re-list come as a streaming list (a watch with `sendInitialEvents`, the API server's
+/// `WatchList`): the API server sends the pods one by one from its watch cache instead of building
+/// pages, and the injector decodes one pod at a time. An API server that refuses it (the feature
+/// turned off, as it is by default in Kubernetes 1.33) gets paged lists of [`POD_PAGE_SIZE`] pods.
 pub fn watch_drift(
     client: Client,
     namespaces: Store<PartialObjectMeta<Namespace>>,
@@ -251,13 +258,9 @@ pub fn watch_drift(
     tokio::spawn(async move {
         let mut streaming = streaming;
         'strategy: loop {
-            // Paged lists keep kube's pages of 500. In the full-size scale run pages of 1,000 left
-            // the restarted injector at 117 MiB (89-91 MiB with 500 in the runs before: a page is
-            // read whole, then decoded with every pod's managedFields), though the API server
-            // alone served all pods in 22 s instead of 41 s.
-            let config =
-                if streaming { watcher::Config::default().streaming_lists() } else { watcher::Config::default() };
-            let stream = watcher(Api::<PartialObjectMeta<Pod>>::all(client.clone()), config).backoff(backoff());
+            let config = watcher::Config::default().page_size(POD_PAGE_SIZE);
+            let config = if streaming { config.streaming_lists() } else { config };
+            let stream = watcher(Api::<WatchedPod>::all(client.clone()), config).backoff(backoff());
             futures::pin_mut!(stream);
             let started = std::time::Instant::now();
             while let Some(event) = stream.next().await {
@@ -300,8 +303,8 @@ pub fn watch_drift(
 }
 
 /// Applies one pod watch event to the index; returns how many pods it holds.
-pub fn apply_pod_event(index: &mut PodIndex, event: &watcher::Event<PartialObjectMeta<Pod>>) -> usize {
-    let apply = |index: &mut PodIndex, pod: &PartialObjectMeta<Pod>| {
+pub fn apply_pod_event(index: &mut PodIndex, event: &watcher::Event<WatchedPod>) -> usize {
+    let apply = |index: &mut PodIndex, pod: &WatchedPod| {
         index.apply(&pod.namespace().unwrap_or_default(), &pod.name_any(), pod.labels(), pod.annotations());
     };
     match event {

@@ -21,6 +21,7 @@ pub mod facts;
 pub mod findings;
 pub mod injection;
 pub mod kinds;
+pub mod lean;
 pub mod manifest;
 pub mod names;
 pub mod offline;

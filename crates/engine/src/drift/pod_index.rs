@@ -16,17 +16,70 @@
 //! epoch instead of building a second index beside the first; then [`PodIndex::apply`] and
 //! [`PodIndex::remove`] for the watch's changes.
 //!
+//! The watch reads pods as [`WatchedPod`]: metadata only (the API server sends
+//! `PartialObjectMetadata`), and of it only the name, namespace, labels, resource version and the
+//! read annotations; managed fields and every other annotation are skipped while decoding.
+//!
 //! [`drift::classify`]: crate::drift::classify
 //! [`drift::ANNOTATIONS_READ`]: crate::drift::ANNOTATIONS_READ
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+
 use crate::drift::{ANNOTATIONS_READ, PodDrift, classify};
+use crate::lean::{KeptAnnotations, lean_metadata};
 use crate::{Engine, NamespaceFacts};
 
 /// Drifted pods by (namespace, template, state): the `sidecar_injector_drifted_pods` gauge.
 pub type DriftCounts = BTreeMap<(String, String, &'static str), i64>;
+
+/// A pod as the drift watch reads it (from a metadata-only watch or list): its name, namespace,
+/// labels, resource version and the annotations in [`ANNOTATIONS_READ`].
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WatchedPod {
+    /// What the index keeps of the pod's metadata, and its resource version for the watch.
+    #[serde(default, deserialize_with = "lean_metadata::<_, ReadAnnotations>")]
+    pub metadata: ObjectMeta,
+}
+
+/// The annotations drift reads.
+struct ReadAnnotations;
+
+impl KeptAnnotations for ReadAnnotations {
+    const KEYS: &'static [&'static str] = &ANNOTATIONS_READ;
+}
+
+impl kube_core::Resource for WatchedPod {
+    type DynamicType = ();
+    type Scope = kube_core::NamespaceResourceScope;
+
+    /// Metadata-only requests: the API server sends `PartialObjectMetadata`, not the pod's spec.
+    fn metadata_api() -> bool {
+        true
+    }
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("Pod")
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("pods")
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
 
 /// Counts the drifted pods of `groups`, classifying each group once. `namespace` gives a
 /// namespace's facts (`None`: not known yet, its pods are not counted); it is asked once per run
@@ -268,6 +321,37 @@ mod tests {
                 ("shop".into(), (labels.clone(), map(&[(STATUS, "{\"templates\":[]}")])), 100),
             ]
         );
+    }
+
+    #[test]
+    fn a_watched_pod_is_read_from_partial_object_metadata_keeping_what_drift_reads() {
+        // An item of a metadata-only list, as the API server sends it.
+        let item = serde_json::json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {
+                "name": "web-7d9f-x2", "generateName": "web-7d9f-", "namespace": "shop", "uid": "u1",
+                "resourceVersion": "4711", "labels": {"app": "web"},
+                "annotations": {STATUS: "{}", "kubectl.kubernetes.io/restartedAt": "now"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f", "uid": "r"}],
+                "managedFields": [{"manager": "kube-controller-manager", "fieldsType": "FieldsV1",
+                                   "fieldsV1": {"f:metadata": {"f:labels": {"f:app": {}}}}}]
+            }
+        });
+        let pod: WatchedPod = serde_json::from_value(item).unwrap();
+        let expected = ObjectMeta {
+            name: Some("web-7d9f-x2".into()),
+            namespace: Some("shop".into()),
+            resource_version: Some("4711".into()),
+            labels: Some(map(&[("app", "web")])),
+            annotations: Some(map(&[(STATUS, "{}")])),
+            ..ObjectMeta::default()
+        };
+        assert_eq!(pod.metadata, expected);
+        assert!(ANNOTATIONS_READ.contains(&STATUS));
+        use kube_core::Resource;
+        assert!(WatchedPod::metadata_api(), "the watch must ask for metadata only");
+        assert_eq!(WatchedPod::url_path(&(), None), "/api/v1/pods");
+        assert_eq!(WatchedPod::url_path(&(), Some("shop")), "/api/v1/namespaces/shop/pods");
     }
 
     #[test]

@@ -28,46 +28,25 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::facts::{ClusterFacts, NativeRule};
 use crate::injection::image_volumes::{self, ImageVolumeSupport, RuntimeVersion};
 use crate::injection::node_index::{Interner, LabelIndex, Labels, NodeSet};
+use crate::lean::{NoAnnotations, lean_metadata};
 
 /// A Node as the injector reads it (from a watch, a list or a file): its name, labels, resource
 /// version and kubelet and runtime versions; every other field is skipped while reading.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct NodeObject {
-    /// Name, labels, resource version (what the watch needs).
-    #[serde(default, deserialize_with = "lean_metadata")]
+    /// Name, labels, resource version (what the watch needs); its annotations and managed fields
+    /// (kilobytes on a real node, rewritten by every status update) are skipped.
+    #[serde(default, deserialize_with = "lean_metadata::<_, NoAnnotations>")]
     pub metadata: ObjectMeta,
     /// `status.nodeInfo.kubeletVersion` and `containerRuntimeVersion`, when set.
     #[serde(default)]
     status: NodeObjectStatus,
-}
-
-/// The metadata fields a node is kept for: its annotations and managed fields (kilobytes on a
-/// real node, rewritten by every status update) are skipped rather than allocated.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct LeanMetadata {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    labels: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    resource_version: Option<String>,
-}
-
-fn lean_metadata<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    let lean = LeanMetadata::deserialize(deserializer)?;
-    Ok(ObjectMeta {
-        name: lean.name,
-        labels: lean.labels,
-        resource_version: lean.resource_version,
-        ..ObjectMeta::default()
-    })
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
