@@ -100,9 +100,11 @@ const GOAL_RATIO: f64 = 1.1;
 const GOAL_SLOPE_MIB_PER_10_MIN: f64 = 1.0;
 const SLOPE_ASSERTED_FROM_MINUTES: f64 = 10.0;
 
-/// The churn's create latency against the null webhook's is asserted at the size the goal is set
-/// for (the largest cluster Kubernetes supports) and printed only below it.
-const LATENCY_ASSERTED_FROM_PODS: usize = 150_000;
+/// The churn's create latency against the null webhook's: at the size the goal is set for (the
+/// largest cluster Kubernetes supports) its ratio is held to [`GOAL_RATIO`]; below it, the
+/// difference of the medians to [`GOAL_ADDED_MEDIAN_MS`].
+const LATENCY_RATIO_FROM_PODS: usize = 150_000;
+const GOAL_ADDED_MEDIAN_MS: f64 = 3.0;
 /// Pods the scale run creates are never scheduled (no scheduler has this name): they only have to
 /// exist for the watch, and the simulated nodes would not hold 150,000 of them.
 const NO_SCHEDULER: &str = "sidecar-injector-e2e-none";
@@ -1664,16 +1666,24 @@ fn churn_report(churned: &[Churned], samples: &[[f64; 3]], size: &Size, goals: &
     };
     let ((ours_median, ours_mean, ours_p99), (null_median, null_mean, null_p99)) =
         (spread(&mut latencies(true)), spread(&mut latencies(false)));
-    // The goal is the full-size cluster's. In a small one a create takes 10-20 ms and our two
-    // webhooks' fixed cost of a decision (~1-1.5 ms over the null webhook's, steady from run to
-    // run) moved the ratio of medians between 1.08 and 1.13 with how fast the cluster happened
-    // to be: there it is printed with the difference, not asserted.
-    let latency_asserted = size.pods >= LATENCY_ASSERTED_FROM_PODS;
+    // The ratio goal is the full-size cluster's. In a small one a create takes 10-20 ms and our
+    // two webhooks' decisions (1-1.5 ms over the null webhook's answers, steady from run to run)
+    // moved the ratio of medians between 1.08 and 1.13 with how fast the cluster happened to be:
+    // there the difference is held instead, so a slower decision still fails the default run.
+    let (ratio, added) = (ours_median / null_median, ours_median - null_median);
+    let latency_goal = if size.pods >= LATENCY_RATIO_FROM_PODS {
+        (ratio <= GOAL_RATIO, format!("ratio {ratio:.2}, goal ≤ {GOAL_RATIO}"))
+    } else {
+        (
+            added <= GOAL_ADDED_MEDIAN_MS,
+            format!(
+                "{added:+.2} ms, goal ≤ {GOAL_ADDED_MEDIAN_MS} ms below PODS={LATENCY_RATIO_FROM_PODS}; ratio {ratio:.2}"
+            ),
+        )
+    };
     println!(
-        "      churn: create latency, ours / null webhook with the same configuration: median {ours_median:.2} / {null_median:.2} ms ({:.2}, {:+.2} ms, goal ≤ {GOAL_RATIO}: {}), mean {ours_mean:.2} / {null_mean:.2} ms ({:.2}), p99 {ours_p99:.2} / {null_p99:.2} ms ({:.2})",
-        ours_median / null_median,
-        ours_median - null_median,
-        if latency_asserted { "asserted" } else { "printed only: asserted from PODS=150000 on" },
+        "      churn: create latency, ours / null webhook with the same configuration: median {ours_median:.2} / {null_median:.2} ms ({}), mean {ours_mean:.2} / {null_mean:.2} ms ({:.2}), p99 {ours_p99:.2} / {null_p99:.2} ms ({:.2})",
+        latency_goal.1,
         ours_mean / null_mean,
         ours_p99 / null_p99
     );
@@ -1704,9 +1714,7 @@ fn churn_report(churned: &[Churned], samples: &[[f64; 3]], size: &Size, goals: &
             size.churn_rate
         )
     });
-    goals.check(!latency_asserted || ours_median / null_median <= GOAL_RATIO, || {
-        format!("churn: ours / null median create latency {:.2} (goal ≤ {GOAL_RATIO})", ours_median / null_median)
-    });
+    goals.check(latency_goal.0, || format!("churn: median create latency ours / null webhook: {}", latency_goal.1));
     goals.check(!asserted || slope <= GOAL_SLOPE_MIB_PER_10_MIN, || {
         format!("churn: the injector's RSS grows {slope:.2} MiB per 10 minutes (goal ≤ {GOAL_SLOPE_MIB_PER_10_MIN})")
     });

@@ -108,7 +108,8 @@ impl<'de, A: KeptAnnotations> Visitor<'de> for KeptVisitor<A> {
 }
 
 /// Reads an annotation's key as the owned key when `A` keeps it, `None` otherwise: a skipped
-/// annotation's key is compared where the input holds it and never allocated.
+/// annotation's key is compared where the input holds it (or, when it has escapes, in the
+/// parser's reused scratch buffer) and never allocated.
 struct KeptKey<A>(PhantomData<A>);
 
 impl<'de, A: KeptAnnotations> DeserializeSeed<'de> for KeptKey<A> {
@@ -150,14 +151,15 @@ mod tests {
 
     #[test]
     fn keeps_the_named_fields_and_annotations_only() {
-        let object: Object = serde_json::from_value(json!({"metadata": {
+        // From text, as a watch or a list is read (keys borrowed from the input), and from a value.
+        let text = json!({"metadata": {
             "name": "p", "namespace": "ns", "uid": "u", "resourceVersion": "7",
             "labels": {"app": "shop"},
             "annotations": {"a": "1", "c": "3", "b": "2", "kubectl.kubernetes.io/last-applied-configuration": "{}"},
             "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:metadata": {}}}],
             "ownerReferences": [{"kind": "ReplicaSet", "name": "r", "uid": "x", "apiVersion": "apps/v1"}],
-        }}))
-        .unwrap();
+        }})
+        .to_string();
         let expected = ObjectMeta {
             name: Some("p".into()),
             namespace: Some("ns".into()),
@@ -166,7 +168,10 @@ mod tests {
             annotations: Some([("a".into(), "1".into()), ("b".into(), "2".into())].into()),
             ..ObjectMeta::default()
         };
-        assert_eq!(object.metadata, expected);
+        let from_text: Object = serde_json::from_str(&text).unwrap();
+        assert_eq!(from_text.metadata, expected);
+        let from_value: Object = serde_json::from_value(serde_json::from_str(&text).unwrap()).unwrap();
+        assert_eq!(from_value.metadata, expected);
     }
 
     #[test]
@@ -175,8 +180,14 @@ mod tests {
             let object: Object = serde_json::from_value(json!({"metadata": {"annotations": annotations}})).unwrap();
             assert_eq!(object.metadata.annotations, None, "{annotations}");
         }
-        let bare: Object = serde_json::from_str(r#"{"metadata": {}}"#).unwrap();
-        assert_eq!(bare.metadata, ObjectMeta::default());
+        for text in [
+            r#"{"metadata": {}}"#,
+            r#"{"metadata": {"annotations": null}}"#,
+            r#"{"metadata": {"annotations": {"c": "3"}}}"#,
+        ] {
+            let object: Object = serde_json::from_str(text).unwrap();
+            assert_eq!(object.metadata, ObjectMeta::default(), "{text}");
+        }
     }
 
     #[test]

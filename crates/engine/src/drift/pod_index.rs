@@ -27,6 +27,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
@@ -62,16 +63,16 @@ impl kube_core::Resource for WatchedPod {
         true
     }
     fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("Pod")
+        Pod::kind(&())
     }
     fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
+        Pod::group(&())
     }
     fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
+        Pod::version(&())
     }
     fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("pods")
+        Pod::plural(&())
     }
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
@@ -219,6 +220,7 @@ impl PodIndex {
         labels: &BTreeMap<String, String>,
         annotations: &BTreeMap<String, String>,
     ) {
+        // The watch reads no other annotation (`WatchedPod`); other callers may pass them all.
         let read = annotations.iter().filter(|(k, _)| ANNOTATIONS_READ.contains(&k.as_str()));
         let shape = Shape { labels: self.pairs(labels.iter()), annotations: self.pairs(read) };
         let shape = match self.shapes.get(&shape) {
@@ -337,7 +339,8 @@ mod tests {
                                    "fieldsV1": {"f:metadata": {"f:labels": {"f:app": {}}}}}]
             }
         });
-        let pod: WatchedPod = serde_json::from_value(item).unwrap();
+        // Read from text, as the watch reads it (keys borrowed from the input).
+        let pod: WatchedPod = serde_json::from_str(&item.to_string()).unwrap();
         let expected = ObjectMeta {
             name: Some("web-7d9f-x2".into()),
             namespace: Some("shop".into()),
@@ -350,6 +353,7 @@ mod tests {
         assert!(ANNOTATIONS_READ.contains(&STATUS));
         use kube_core::Resource;
         assert!(WatchedPod::metadata_api(), "the watch must ask for metadata only");
+        assert_eq!((WatchedPod::kind(&()), WatchedPod::api_version(&())), ("Pod".into(), "v1".into()));
         assert_eq!(WatchedPod::url_path(&(), None), "/api/v1/pods");
         assert_eq!(WatchedPod::url_path(&(), Some("shop")), "/api/v1/namespaces/shop/pods");
     }
