@@ -1,6 +1,6 @@
 # The commands the README names. `make test` is what CI runs (through .ci/run).
 # `make props` is not in `make test`: it runs the property tests with many random cases.
-.PHONY: props test lint unit kubectl-yaml monitoring helm e2e node-e2e scale hostile-load release golden bench fuzz
+.PHONY: props test lint unit kubectl-yaml monitoring helm e2e node-e2e scale hostile-load release golden bench fuzz image
 
 test: lint unit kubectl-yaml monitoring helm e2e hostile-load node-e2e
 
@@ -70,6 +70,13 @@ CHURN_MINUTES ?= 2
 CHURN_RATE ?= 100
 scale: release
 	SIDECAR_INJECTOR_SCALE_PODS=$(PODS) SIDECAR_INJECTOR_SCALE_NAMESPACES=$(NAMESPACES) SIDECAR_INJECTOR_SCALE_NODES=$(NODES) SIDECAR_INJECTOR_SCALE_CHURN_MINUTES=$(CHURN_MINUTES) SIDECAR_INJECTOR_SCALE_CHURN_RATE=$(CHURN_RATE) SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SCALE=1 SIDECAR_INJECTOR_BIN=$(TARGET_DIR)/release/sidecar-injector cargo test --locked --profile props --test e2e -- --nocapture
+
+# The release image (not in `make test`; needs root): the Dockerfile built with BuildKit for
+# linux/amd64 and linux/arm64 from the commit into dist/ (the OCI archive of the index, each
+# platform's SBOM, the provenance, the signatures, the public key), each platform's binary checked
+# and the arm64 one run under qemu-user, signed and verified with cosign (e2e/image/build.sh).
+image:
+	bash e2e/image/build.sh
 
 # Attacks on :8443 against the release binary with a fresh-connection canary and peak RSS against
 # the Deployment's memory limit (tests/hostile_load.rs; about a minute).

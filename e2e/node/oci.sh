@@ -1,30 +1,42 @@
 #!/usr/bin/env bash
-# oci_archive NAME ROOTFS CONFIG_JSON OUT: writes an OCI image archive (one uncompressed layer made
-# from ROOTFS, the runtime config given as JSON) that `ctr images import` reads; NAME becomes the
-# image's name in containerd (the index's `io.containerd.image.name` annotation). The layer is made
-# reproducibly (sorted names, owner 0, mtime 0), so the same inputs give the same digests.
-# Also leaves the unpacked layout in OUT.d/ for tests that read the image back.
+# oci_blob LAYOUT FILE: moves FILE into LAYOUT's blobs under its digest; prints "DIGEST SIZE".
+oci_blob() {
+  local layout=$1 file=$2 digest size
+  digest=$(sha256sum "$file" | cut -d' ' -f1)
+  size=$(stat -c %s "$file")
+  mkdir -p "$layout/blobs/sha256"
+  mv "$file" "$layout/blobs/sha256/$digest"
+  echo "$digest $size"
+}
+
+# oci_manifest LAYOUT ARCH ROOTFS CONFIG_JSON: adds to LAYOUT's blobs an image for linux/ARCH of one
+# uncompressed layer made from ROOTFS, with the runtime config given as JSON; prints its manifest's
+# "DIGEST SIZE". The layer is made reproducibly (sorted names, owner 0, mtime 0), so the same inputs
+# give the same digests.
+oci_manifest() {
+  local layout=$1 arch=$2 rootfs=$3 config=$4 layer config_blob
+  mkdir -p "$layout"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=gnu -C "$rootfs" -cf "$layout/layer.tar" .
+  read -r -a layer <<< "$(oci_blob "$layout" "$layout/layer.tar")"
+  printf '{"architecture":"%s","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+    "$arch" "$config" "${layer[0]}" > "$layout/config.json"
+  read -r -a config_blob <<< "$(oci_blob "$layout" "$layout/config.json")"
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}]}' \
+    "${config_blob[0]}" "${config_blob[1]}" "${layer[0]}" "${layer[1]}" > "$layout/manifest.json"
+  oci_blob "$layout" "$layout/manifest.json"
+}
+
+# oci_archive NAME ROOTFS CONFIG_JSON OUT: writes an OCI image archive (one linux/amd64 image made by
+# oci_manifest) that `ctr images import` reads; NAME becomes the image's name in containerd (the
+# index's `io.containerd.image.name` annotation). Also leaves the unpacked layout in OUT.d/ for tests
+# that read the image back.
 oci_archive() {
   local name=$1 rootfs=$2 config=$3 out=$4
-  local layout="$out.d"
-  rm -rf "$layout" && mkdir -p "$layout/blobs/sha256"
-  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=gnu -C "$rootfs" -cf "$layout/layer.tar" .
-  local layer_digest layer_size config_digest config_size manifest_digest manifest_size
-  layer_digest=$(sha256sum "$layout/layer.tar" | cut -d' ' -f1)
-  layer_size=$(stat -c %s "$layout/layer.tar")
-  mv "$layout/layer.tar" "$layout/blobs/sha256/$layer_digest"
-  printf '{"architecture":"amd64","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
-    "$config" "$layer_digest" > "$layout/config.json"
-  config_digest=$(sha256sum "$layout/config.json" | cut -d' ' -f1)
-  config_size=$(stat -c %s "$layout/config.json")
-  mv "$layout/config.json" "$layout/blobs/sha256/$config_digest"
-  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}]}' \
-    "$config_digest" "$config_size" "$layer_digest" "$layer_size" > "$layout/manifest.json"
-  manifest_digest=$(sha256sum "$layout/manifest.json" | cut -d' ' -f1)
-  manifest_size=$(stat -c %s "$layout/manifest.json")
-  mv "$layout/manifest.json" "$layout/blobs/sha256/$manifest_digest"
+  local layout="$out.d" manifest
+  rm -rf "$layout"
+  read -r -a manifest <<< "$(oci_manifest "$layout" amd64 "$rootfs" "$config")"
   printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"platform":{"architecture":"amd64","os":"linux"},"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
-    "$manifest_digest" "$manifest_size" "$name" "${name##*:}" > "$layout/index.json"
+    "${manifest[0]}" "${manifest[1]}" "$name" "${name##*:}" > "$layout/index.json"
   echo '{"imageLayoutVersion":"1.0.0"}' > "$layout/oci-layout"
   tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$layout" -cf "$out" oci-layout index.json blobs
 }
