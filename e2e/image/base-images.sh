@@ -12,7 +12,7 @@
 #                   maintainer scripts and without the packages they pull in (as distroless does),
 #                   the CA bundle, passwd/group with the nonroot user 65532, /home/nonroot, /tmp, and
 #                   each package's control data in /var/lib/dpkg/status.d (what scanners read).
-# Prints each layout's index digest. Does nothing when OUT/.stamp says they were made from the same
+# Prints each image's index digest (index.json names it). Does nothing when OUT/.stamp says they were made from the same
 # versions and this script.
 #
 # Usage: base-images.sh OUT
@@ -37,17 +37,22 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 start=$SECONDS
 
-# oci_index LAYOUT "DIGEST SIZE ARCH"...: writes LAYOUT's index of the images given, and oci-layout.
+# oci_index LAYOUT NAME "DIGEST SIZE ARCH"...: adds to LAYOUT an index blob of the images given and
+# names it NAME in index.json (BuildKit's oci-layout contexts resolve a digest among the blobs, so the
+# index must be one, not only index.json); prints its digest.
 oci_index() {
-  local layout=$1 entries="" entry digest size arch
-  shift
+  local layout=$1 name=$2 entries="" entry digest size arch index
+  shift 2
   for entry in "$@"; do
     read -r digest size arch <<< "$entry"
     entries+="${entries:+,}{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"digest\":\"sha256:$digest\",\"size\":$size,\"platform\":{\"architecture\":\"$arch\",\"os\":\"linux\"}}"
   done
-  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[%s]}' "$entries" > "$layout/index.json"
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[%s]}' "$entries" > "$layout/index-blob.json"
+  read -r -a index <<< "$(oci_blob "$layout" "$layout/index-blob.json")"
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.index.v1+json","digest":"sha256:%s","size":%s,"annotations":{"org.opencontainers.image.ref.name":"%s"}}]}' \
+    "${index[0]}" "${index[1]}" "$name" > "$layout/index.json"
   echo '{"imageLayoutVersion":"1.0.0"}' > "$layout/oci-layout"
-  echo "image: $(basename "$layout") sha256:$(sha256sum "$layout/index.json" | cut -d' ' -f1)"
+  echo "image: $name sha256:${index[0]}"
 }
 
 # The distroless image for one architecture: the packages' files only.
@@ -83,7 +88,7 @@ for arch in amd64 arm64; do
   entries+=("$(oci_manifest "$out/distroless" "$arch" "$work/distroless-$arch" "$distroless_config") $arch")
   rm -rf "$work/distroless-$arch"
 done
-oci_index "$out/distroless" "${entries[@]}"
+oci_index "$out/distroless" gcr.io/distroless/cc-debian12:nonroot "${entries[@]}"
 
 echo "image: rust:$RUST_VERSION-$DEBIAN_SUITE for amd64 ..."
 # The official image is buildpack-deps (a C toolchain, curl, git, ...) with rustup's toolchain;
@@ -95,17 +100,18 @@ rustup_init="$work/rustup-init"
 curl -sSfL -o "$rustup_init" https://static.rust-lang.org/rustup/dist/x86_64-unknown-linux-gnu/rustup-init
 chmod +x "$rustup_init"
 RUSTUP_HOME="$work/rust/usr/local/rustup" CARGO_HOME="$work/rust/usr/local/cargo" \
-  "$rustup_init" -y -q --no-modify-path --profile minimal --default-toolchain "$RUST_VERSION" --default-host x86_64-unknown-linux-gnu
+  "$rustup_init" -y -q --no-modify-path --profile minimal --default-toolchain "$RUST_VERSION" --default-host x86_64-unknown-linux-gnu \
+  > /dev/null
 chmod -R a+w "$work/rust/usr/local/rustup" "$work/rust/usr/local/cargo"
 # The certificate authorities this machine adds to Debian's (here: the egress proxy's, which
 # re-signs the TLS of crates.io and rustup) are added to the build image's too, as
 # a site's own build images do; the runtime image keeps Debian's set only.
 if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
   cp /usr/local/share/ca-certificates/*.crt "$work/rust/usr/local/share/ca-certificates/"
-  chroot "$work/rust" update-ca-certificates >/dev/null
+  chroot "$work/rust" update-ca-certificates >/dev/null 2>&1
 fi
 rm -rf "$work/rust/usr/local/rustup/downloads" "$work/rust/usr/local/rustup/tmp" "$work/rust/var/cache/apt/archives/"*.deb "$work/rust/var/lib/apt/lists/"*_Packages
 rust_config="{\"Env\":[\"RUSTUP_HOME=/usr/local/rustup\",\"CARGO_HOME=/usr/local/cargo\",\"PATH=/usr/local/cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\",\"RUST_VERSION=$RUST_VERSION\"],\"Cmd\":[\"bash\"]}"
-oci_index "$out/rust" "$(oci_manifest "$out/rust" amd64 "$work/rust" "$rust_config") amd64"
+oci_index "$out/rust" "rust:1.95-bookworm" "$(oci_manifest "$out/rust" amd64 "$work/rust" "$rust_config") amd64"
 echo "$stamp" > "$out/.stamp"
 echo "image: base images made in $((SECONDS - start)) s"

@@ -24,7 +24,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 bash "$here/build-tools.sh"
 bash "$here/base-images.sh" "$IMAGE_BIN/bases"
-digest() { echo "sha256:$(sha256sum "$1/index.json" | cut -d' ' -f1)"; }
+digest() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["manifests"][0]["digest"])' "$1/index.json"; }
 rust_base=$(digest "$IMAGE_BIN/bases/rust")
 distroless_base=$(digest "$IMAGE_BIN/bases/distroless")
 
