@@ -1,6 +1,6 @@
 # The commands the README names. `make test` is what CI runs (through .ci/run).
 # `make props` is not in `make test`: it runs the property tests with many random cases.
-.PHONY: props test lint unit kubectl-yaml monitoring helm e2e node-e2e scale hostile-load release golden bench fuzz image
+.PHONY: props test lint unit kubectl-yaml monitoring helm e2e node-e2e scale hostile-load release golden bench fuzz image image-reproducible
 
 test: lint unit kubectl-yaml monitoring helm e2e hostile-load node-e2e
 
@@ -75,8 +75,13 @@ scale: release
 # linux/amd64 and linux/arm64 from the commit into dist/ (the OCI archive of the index, each
 # platform's SBOM, the provenance, the signatures, the public key), each platform's binary checked
 # and the arm64 one run under qemu-user, signed and verified with cosign (e2e/image/build.sh).
+# `make image-reproducible` builds it twice, the second time with a cold BuildKit cache, and fails
+# unless both give one index digest.
 image:
 	bash e2e/image/build.sh
+
+image-reproducible:
+	bash e2e/image/reproducible.sh
 
 # Attacks on :8443 against the release binary with a fresh-connection canary and peak RSS against
 # the Deployment's memory limit (tests/hostile_load.rs; about a minute).

@@ -65,8 +65,9 @@ echo "image: built in $((SECONDS - start)) s"
 # "arm64" image holding an x86-64 binary has shipped elsewhere), and the binary answers the same on
 # both: natively on amd64, under qemu-user on arm64 (in each image's own file system, so the arm64
 # binary runs against the arm64 C runtime the image carries).
-index_digest="sha256:$(tar -xOf "$dist/sidecar-injector.oci.tar" index.json | sha256sum | cut -d' ' -f1)"
-echo "image: dist/sidecar-injector.oci.tar, index.json $index_digest"
+# The archive's index.json names the image index (a blob): its digest is the image's.
+index_digest=$(tar -xOf "$dist/sidecar-injector.oci.tar" index.json | python3 -c 'import json,sys; print(json.load(sys.stdin)["manifests"][0]["digest"])')
+echo "image: dist/sidecar-injector.oci.tar, index $index_digest"
 for arch in amd64 arm64; do
   skopeo copy --quiet --override-os linux --override-arch "$arch" "oci-archive:$dist/sidecar-injector.oci.tar" "dir:$work/$arch"
   config=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["config"]["digest"].split(":")[1])' "$work/$arch/manifest.json")
