@@ -42,6 +42,9 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$work/context" "$dist"
 git -C "$root" archive --format=tar HEAD | tar -x -C "$work/context"
+# git archive stamps every file with the commit's time, and BuildKit's cache keys a COPY by its
+# files' times too: one fixed time lets a commit that changes no copied file reuse every layer.
+find "$work/context" -exec touch -h -d @0 {} +
 
 buildkit_start "$state"
 echo "image: building $commit for linux/amd64 and linux/arm64 (BuildKit $BUILDKIT_VERSION, state $state) ..."
