@@ -24,9 +24,17 @@ if [ "$(id -u)" != 0 ]; then
 fi
 bash "$here/build-tools.sh"
 bash "$here/base-images.sh" "$IMAGE_BIN/bases"
-digest() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["manifests"][0]["digest"])' "$1/index.json"; }
-rust_base=$(digest "$IMAGE_BIN/bases/rust")
-distroless_base=$(digest "$IMAGE_BIN/bases/distroless")
+# json FILE EXPRESSION: the value of a Python expression over the JSON document `d` in FILE (- for
+# standard input); a list prints one item a line.
+json() {
+  python3 -c 'import json, sys
+d = json.load(sys.stdin if sys.argv[1] == "-" else open(sys.argv[1]))
+value = eval(sys.argv[2])
+print("\n".join(map(str, value)) if isinstance(value, list) else value)' "$1" "$2"
+}
+# An OCI layout's index.json names its image index: that blob's digest is the image's.
+rust_base=$(json "$IMAGE_BIN/bases/rust/index.json" 'd["manifests"][0]["digest"]')
+distroless_base=$(json "$IMAGE_BIN/bases/distroless/index.json" 'd["manifests"][0]["digest"]')
 
 commit=$(git -C "$root" rev-parse HEAD)
 epoch=$(git -C "$root" log -1 --format=%ct HEAD)
@@ -40,6 +48,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+rm -rf "$dist"
 mkdir -p "$work/context" "$dist"
 git -C "$root" archive --format=tar HEAD | tar -x -C "$work/context"
 # git archive stamps every file with the commit's time, and BuildKit's cache keys a COPY by its
@@ -64,21 +73,21 @@ cp "$work/build.log" "$dist/build.log"
 build_finished=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 echo "image: built in $((SECONDS - start)) s"
 
+index_digest=$(tar -xOf "$dist/sidecar-injector.oci.tar" index.json | json - 'd["manifests"][0]["digest"]')
+echo "image: dist/sidecar-injector.oci.tar, index $index_digest"
+
 # Each platform's image: its config names the platform, its binary is an ELF for that machine (an
 # "arm64" image holding an x86-64 binary has shipped elsewhere), and the binary answers the same on
 # both: natively on amd64, under qemu-user on arm64 (in each image's own file system, so the arm64
 # binary runs against the arm64 C runtime the image carries).
-# The archive's index.json names the image index (a blob): its digest is the image's.
-index_digest=$(tar -xOf "$dist/sidecar-injector.oci.tar" index.json | python3 -c 'import json,sys; print(json.load(sys.stdin)["manifests"][0]["digest"])')
-echo "image: dist/sidecar-injector.oci.tar, index $index_digest"
 for arch in amd64 arm64; do
   skopeo copy --quiet --override-os linux --override-arch "$arch" "oci-archive:$dist/sidecar-injector.oci.tar" "dir:$work/$arch"
-  config=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["config"]["digest"].split(":")[1])' "$work/$arch/manifest.json")
-  image_arch=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["architecture"])' "$work/$arch/$config")
+  config=$(json "$work/$arch/manifest.json" 'd["config"]["digest"].split(":")[1]')
+  image_arch=$(json "$work/$arch/$config" 'd["architecture"]')
   [ "$image_arch" = "$arch" ] || { echo "image: the $arch entry's config says $image_arch" >&2; exit 1; }
   mkdir -p "$work/$arch-rootfs"
   size=0
-  for layer in $(python3 -c 'import json,sys; [print(l["digest"].split(":")[1]) for l in json.load(open(sys.argv[1]))["layers"]]' "$work/$arch/manifest.json"); do
+  for layer in $(json "$work/$arch/manifest.json" '[layer["digest"].split(":")[1] for layer in d["layers"]]'); do
     tar -xf "$work/$arch/$layer" -C "$work/$arch-rootfs"
     size=$((size + $(stat -c %s "$work/$arch/$layer")))
   done
@@ -102,7 +111,7 @@ echo "image: the arm64 binary under qemu-user: --version and inject -f examples/
 # images' digests, the toolchain) by which builder.
 for arch in amd64 arm64; do
   "$IMAGE_BIN/bin/auditable2cdx" "$work/$arch-rootfs/usr/local/bin/sidecar-injector" > "$dist/sbom-$arch.cdx.json"
-  echo "image: dist/sbom-$arch.cdx.json: $(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["components"]))' "$dist/sbom-$arch.cdx.json") crates linked"
+  echo "image: dist/sbom-$arch.cdx.json: $(json "$dist/sbom-$arch.cdx.json" 'len(d["components"])') crates linked"
 done
 python3 "$here/provenance.py" --commit "$commit" --epoch "$epoch" \
   --repository "$(git -C "$root" remote get-url origin 2>/dev/null || echo "file://$root")" \

@@ -6,17 +6,20 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cold=$(mktemp -d "${TMPDIR:-/tmp}/sidecar-injector-buildkit-cold.XXXXXX")
-trap 'rm -rf "$cold"' EXIT
+trap 'rm -rf "$cold" "$cold.log"' EXIT
 
-index_digest() {
-  tar -xOf "$root/dist/sidecar-injector.oci.tar" index.json | python3 -c 'import json,sys; print(json.load(sys.stdin)["manifests"][0]["digest"])'
+# build.sh prints the index digest it built.
+build() {
+  local start=$SECONDS
+  bash "$here/build.sh" "$@" | tee "$cold.log"
+  digest=$(sed -n 's/^image: dist\/sidecar-injector.oci.tar, index \(sha256:[0-9a-f]*\)$/\1/p' "$cold.log")
+  took=$((SECONDS - start))
+  [ -n "$digest" ] || { echo "image: build.sh printed no index digest" >&2; exit 1; }
 }
-start=$SECONDS
-bash "$here/build.sh"
-first=$(index_digest) first_took=$((SECONDS - start))
-start=$SECONDS
-bash "$here/build.sh" "$cold"
-second=$(index_digest) second_took=$((SECONDS - start))
+build
+first=$digest first_took=$took
+build "$cold"
+second=$digest second_took=$took
 echo "image: reproducibility: $first (cache as it was, $first_took s)"
 echo "image: reproducibility: $second (cold cache, $second_took s)"
 if [ "$first" != "$second" ]; then
