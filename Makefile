@@ -74,11 +74,12 @@ scale: release
 # The release image (not in `make test`; needs root): the Dockerfile built with BuildKit for
 # linux/amd64 and linux/arm64 from the commit into dist/ (the OCI archive of the index, each
 # platform's SBOM, the provenance, the signatures, the public key), each platform's binary checked
-# and the arm64 one run under qemu-user, signed and verified with cosign (e2e/image/build.sh).
+# and the arm64 one run under qemu-user, signed and verified with cosign (e2e/image/build.sh, then release.sh).
 # `make image-reproducible` builds it twice, the second time with a cold BuildKit cache, and fails
 # unless both give one index digest.
 image:
 	bash e2e/image/build.sh
+	bash e2e/image/release.sh
 
 image-reproducible:
 	bash e2e/image/reproducible.sh

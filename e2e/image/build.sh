@@ -1,28 +1,50 @@
 #!/usr/bin/env bash
-# Builds the repository's Dockerfile, unchanged, with BuildKit into an OCI image index for
-# linux/amd64 and linux/arm64: dist/sidecar-injector.oci.tar. The build context is the commit
-# (`git archive HEAD`: what a release builds, whatever the working tree holds), the base images are
-# the ones base-images.sh makes, given to BuildKit as named contexts under the names the Dockerfile
-# uses, and every timestamp is the commit's (SOURCE_DATE_EPOCH, with BuildKit rewriting the layers'
-# file times to it), so two builds of one commit give one digest. Prints the index digest and each
-# platform's image size.
+# Builds the repository's Dockerfile, unchanged, with BuildKit into an OCI image index:
+# OUT/sidecar-injector.oci.tar. The build context is the commit (`git archive HEAD`: what a release
+# builds, whatever the working tree holds) or, with --worktree, the working tree's files that git
+# tracks or would track (the real-node suite tests what is being changed). The base images are the
+# ones base-images.sh makes, given to BuildKit as named contexts under the names the Dockerfile uses.
+# Every timestamp is the commit's (SOURCE_DATE_EPOCH, with BuildKit clamping the layers' file times
+# to it), so two builds of one commit give one digest. Then checks each platform's image: its config
+# and its binary's ELF machine name the platform, and the binary runs (under qemu-user on arm64,
+# byte-identical to amd64's output). Prints the index digest and each platform's size, and writes
+# OUT/build.env (what release.sh signs and describes).
 #
-# Usage: build.sh [STATE]   STATE: BuildKit's state and cache (default e2e/bin/image/buildkit; a
-#                           new directory builds with a cold cache).
+# Usage: build.sh [--platforms linux/amd64,linux/arm64] [--out DIR] [--state DIR] [--worktree]
+#   --platforms  the index's platforms (default both)
+#   --out        where the archive goes (default dist/; emptied first)
+#   --state      BuildKit's state and cache (default e2e/bin/image/buildkit; a new directory
+#                builds with a cold cache)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 IMAGE_BIN="$root/e2e/bin/image"
 source "$here/versions.env"
 source "$here/buildkit.sh"
-state=${1:-$IMAGE_BIN/buildkit}
-dist="$root/dist"
+platforms=linux/amd64,linux/arm64 out="$root/dist" state="$IMAGE_BIN/buildkit" worktree=false
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --platforms) platforms=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --state) state=$2; shift 2 ;;
+    --worktree) worktree=true; shift ;;
+    *) echo "image: unknown argument $1 (see the usage at the top of $0)" >&2; exit 2 ;;
+  esac
+done
+arches=()
+for platform in ${platforms//,/ }; do
+  case "$platform" in
+    linux/amd64|linux/arm64) arches+=("${platform#linux/}") ;;
+    *) echo "image: unsupported platform $platform (linux/amd64 and linux/arm64 are built)" >&2; exit 2 ;;
+  esac
+done
 
 if [ "$(id -u)" != 0 ]; then
-  echo "image: BuildKit's runc worker runs as root here: run make image as root" >&2
+  echo "image: BuildKit's runc worker runs as root here: run the image build as root" >&2
   exit 1
 fi
-bash "$here/build-tools.sh"
+bash "$here/build-tools.sh" build
+[[ " ${arches[*]} " == *" arm64 "* ]] && bash "$here/build-tools.sh" release
 bash "$here/base-images.sh" "$IMAGE_BIN/bases"
 # json FILE EXPRESSION: the value of a Python expression over the JSON document `d` in FILE (- for
 # standard input); a list prints one item a line.
@@ -39,49 +61,71 @@ distroless_base=$(json "$IMAGE_BIN/bases/distroless/index.json" 'd["manifests"][
 commit=$(git -C "$root" rev-parse HEAD)
 epoch=$(git -C "$root" log -1 --format=%ct HEAD)
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)
-if [ -n "$(git -C "$root" status --porcelain --untracked-files=no)" ]; then
-  echo "image: the working tree has uncommitted changes; the image is built from the commit $commit without them" >&2
-fi
 work=$(mktemp -d)
 cleanup() {
   buildkit_stop
   rm -rf "$work"
 }
 trap cleanup EXIT
-rm -rf "$dist"
-mkdir -p "$work/context" "$dist"
-git -C "$root" archive --format=tar HEAD | tar -x -C "$work/context"
-# git archive stamps every file with the commit's time, and BuildKit's cache keys a COPY by its
-# files' times too: one fixed time lets a commit that changes no copied file reuse every layer.
+rm -rf "$out"
+mkdir -p "$work/context" "$out"
+if $worktree; then
+  source="the working tree at $commit"
+  (cd "$root" && git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' file; do
+    [ -e "$file" ] && printf '%s\0' "$file"
+  done | tar --null -T - -cf -) | tar -x -C "$work/context"
+else
+  source=$commit
+  if [ -n "$(git -C "$root" status --porcelain --untracked-files=no)" ]; then
+    echo "image: the working tree has uncommitted changes; the image is built from the commit $commit without them" >&2
+  fi
+  git -C "$root" archive --format=tar HEAD | tar -x -C "$work/context"
+fi
+# BuildKit's cache keys a COPY by its files' times too: one fixed time lets a build whose copied
+# files did not change reuse their layers.
 find "$work/context" -exec touch -h -d @0 {} +
 
 buildkit_start "$state"
-echo "image: building $commit for linux/amd64 and linux/arm64 (BuildKit $BUILDKIT_VERSION, state $state) ..."
+# The clamp to SOURCE_DATE_EPOCH only lowers later times. A cache record made before this commit (a
+# final-stage COPY of a binary an older commit built byte for byte the same) would be reused with
+# its older times, and the image would depend on what the cache held (moby/buildkit#4748): such
+# records are removed first. The commit's own records stay, so rebuilding it is cached.
+stale=$("$IMAGE_BIN/buildctl" --addr "$BUILDKIT_ADDR" du --format '{{range .}}{{.ID}} {{.CreatedAt.Unix}}{{"\n"}}{{end}}' \
+  | awk -v epoch="$epoch" 'NF == 2 && $2 < epoch { printf " --filter id==%s", $1 }')
+if [ -n "$stale" ]; then
+  # shellcheck disable=SC2086 # one --filter per record
+  "$IMAGE_BIN/buildctl" --addr "$BUILDKIT_ADDR" prune $stale > "$work/prune.log"
+  echo "image: removed $(grep -c . "$work/prune.log" || true) cache records made before the commit ($(tail -1 "$work/prune.log" | tr -s '\t ' ' '))"
+fi
+echo "image: building $source for $platforms (BuildKit $BUILDKIT_VERSION, state $state) ..."
 start=$SECONDS
 build_started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 "$IMAGE_BIN/buildctl" --addr "$BUILDKIT_ADDR" build --progress=plain \
   --frontend dockerfile.v0 --opt cmdline=dockerfile.v0 \
   --local context="$work/context" --local dockerfile="$work/context" \
-  --opt platform=linux/amd64,linux/arm64 \
+  --opt platform="$platforms" \
   --opt "context:rust:1.95-bookworm=oci-layout://rust@$rust_base" --oci-layout "rust=$IMAGE_BIN/bases/rust" \
   --opt "context:gcr.io/distroless/cc-debian12:nonroot=oci-layout://distroless@$distroless_base" \
   --oci-layout "distroless=$IMAGE_BIN/bases/distroless" \
   --opt "build-arg:SOURCE_DATE_EPOCH=$epoch" \
-  --output "type=oci,dest=$dist/sidecar-injector.oci.tar,name=sidecar-injector:$version,rewrite-timestamp=true" \
-  > "$work/build.log" 2>&1 || { tail -60 "$work/build.log" >&2; cp "$work/build.log" "$dist/build.log"; exit 1; }
-cp "$work/build.log" "$dist/build.log"
+  --output "type=oci,dest=$out/sidecar-injector.oci.tar,name=sidecar-injector:$version,rewrite-timestamp=true" \
+  > "$work/build.log" 2>&1 || { tail -60 "$work/build.log" >&2; cp "$work/build.log" "$out/build.log"; exit 1; }
+cp "$work/build.log" "$out/build.log"
 build_finished=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+buildkit_stop
 echo "image: built in $((SECONDS - start)) s"
 
-index_digest=$(tar -xOf "$dist/sidecar-injector.oci.tar" index.json | json - 'd["manifests"][0]["digest"]')
-echo "image: dist/sidecar-injector.oci.tar, index $index_digest"
+index_digest=$(tar -xOf "$out/sidecar-injector.oci.tar" index.json | json - 'd["manifests"][0]["digest"]')
+echo "image: $out/sidecar-injector.oci.tar, index $index_digest"
 
 # Each platform's image: its config names the platform, its binary is an ELF for that machine (an
 # "arm64" image holding an x86-64 binary has shipped elsewhere), and the binary answers the same on
 # both: natively on amd64, under qemu-user on arm64 (in each image's own file system, so the arm64
 # binary runs against the arm64 C runtime the image carries).
-for arch in amd64 arm64; do
-  skopeo copy --quiet --override-os linux --override-arch "$arch" "oci-archive:$dist/sidecar-injector.oci.tar" "dir:$work/$arch"
+platform_digests=()
+for arch in "${arches[@]}"; do
+  skopeo copy --quiet --override-os linux --override-arch "$arch" "oci-archive:$out/sidecar-injector.oci.tar" "dir:$work/$arch"
+  platform_digests+=("$arch=sha256:$(sha256sum "$work/$arch/manifest.json" | cut -d' ' -f1)")
   config=$(json "$work/$arch/manifest.json" 'd["config"]["digest"].split(":")[1]')
   image_arch=$(json "$work/$arch/$config" 'd["architecture"]')
   [ "$image_arch" = "$arch" ] || { echo "image: the $arch entry's config says $image_arch" >&2; exit 1; }
@@ -101,78 +145,26 @@ for arch in amd64 arm64; do
   "${run[@]}" "$binary" --version > "$work/$arch.version"
   (cd "$root" && "${run[@]}" "$binary" inject -f examples/shop.yaml) > "$work/$arch.inject"
   echo "image: linux/$arch: $(cat "$work/$arch.version"), compressed layers $((size / 1024 / 1024)) MiB, ELF machine 0x${machine:0:2}"
+  mkdir -p "$out/binaries"
+  cp "$binary" "$out/binaries/sidecar-injector-$arch"
 done
-cmp "$work/amd64.version" "$work/arm64.version" && cmp "$work/amd64.inject" "$work/arm64.inject" \
-  || { echo "image: the arm64 binary's output differs from amd64's" >&2; exit 1; }
-echo "image: the arm64 binary under qemu-user: --version and inject -f examples/shop.yaml byte-identical to amd64's ($(wc -c < "$work/amd64.inject") bytes)"
+if [ ${#arches[@]} = 2 ]; then
+  cmp "$work/amd64.version" "$work/arm64.version" && cmp "$work/amd64.inject" "$work/arm64.inject" \
+    || { echo "image: the arm64 binary's output differs from amd64's" >&2; exit 1; }
+  echo "image: the arm64 binary under qemu-user: --version and inject -f examples/shop.yaml byte-identical to amd64's ($(wc -c < "$work/amd64.inject") bytes)"
+fi
 
-# The SBOM of each platform's binary: the crates it links, as cargo-auditable embedded them, in
-# CycloneDX. The provenance: SLSA v1, what was built from what (the commit, the Dockerfile, the base
-# images' digests, the toolchain) by which builder.
-for arch in amd64 arm64; do
-  "$IMAGE_BIN/bin/auditable2cdx" "$work/$arch-rootfs/usr/local/bin/sidecar-injector" > "$dist/sbom-$arch.cdx.json"
-  echo "image: dist/sbom-$arch.cdx.json: $(json "$dist/sbom-$arch.cdx.json" 'len(d["components"])') crates linked"
-done
-python3 "$here/provenance.py" --commit "$commit" --epoch "$epoch" \
-  --repository "$(git -C "$root" remote get-url origin 2>/dev/null || echo "file://$root")" \
-  --dockerfile "$root/Dockerfile" --cargo-lock "$root/Cargo.lock" \
-  --base "rust:1.95-bookworm=$rust_base" --base "gcr.io/distroless/cc-debian12:nonroot=$distroless_base" \
-  --buildkit "$BUILDKIT_VERSION" --rust "$RUST_VERSION" --started "$build_started" --finished "$build_finished" \
-  > "$dist/provenance.json"
-
-# Signed with a key made for this build, through a registry on loopback (cosign signs what a
-# registry holds): the index and every platform's image, the SBOMs as attestations of their
-# platform's image, the provenance of the index; then verified as a user would, and the signatures
-# and attestations saved beside the archive. No transparency log is reachable here: signing skips
-# it and verifying says so (a release signs keyless, with the log: docs/install.md).
-"$IMAGE_BIN/crane" registry serve --address 127.0.0.1:0 > "$work/registry.log" 2>&1 &
-registry_pid=$!
-for tries in $(seq 1 50); do
-  port=$(sed -n 's/.*serving on port \([0-9]*\).*/\1/p' "$work/registry.log")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
-[ -n "$port" ] || { echo "image: the loopback registry did not start:" >&2; cat "$work/registry.log" >&2; exit 1; }
-stop_registry() { kill "$registry_pid" 2>/dev/null || true; wait "$registry_pid" 2>/dev/null || true; }
-cleanup() {
-  stop_registry
-  buildkit_stop
-  rm -rf "$work"
-}
-repository="127.0.0.1:$port/sidecar-injector"
-skopeo copy --quiet --all --preserve-digests --dest-tls-verify=false \
-  "oci-archive:$dist/sidecar-injector.oci.tar" "docker://$repository:$version"
-pushed=$(skopeo inspect --raw --tls-verify=false "docker://$repository:$version" | sha256sum | cut -d' ' -f1)
-[ "sha256:$pushed" = "$index_digest" ] || { echo "image: the registry holds sha256:$pushed, not $index_digest" >&2; exit 1; }
-export COSIGN_PASSWORD=""
-(cd "$work" && "$IMAGE_BIN/cosign" generate-key-pair --output-key-prefix cosign >/dev/null 2>&1)
-cp "$work/cosign.pub" "$dist/cosign.pub"
-cosign=("$IMAGE_BIN/cosign")
-registry_flags=(--allow-http-registry --allow-insecure-registry)
-"${cosign[@]}" sign --yes --key "$work/cosign.key" --tlog-upload=false --recursive "${registry_flags[@]}" \
-  "$repository@$index_digest" > "$work/sign.log" 2>&1 || { cat "$work/sign.log" >&2; exit 1; }
-for arch in amd64 arm64; do
-  platform_digest="sha256:$(sha256sum "$work/$arch/manifest.json" | cut -d' ' -f1)"
-  "${cosign[@]}" attest --yes --key "$work/cosign.key" --tlog-upload=false "${registry_flags[@]}" \
-    --type cyclonedx --predicate "$dist/sbom-$arch.cdx.json" "$repository@$platform_digest" >> "$work/sign.log" 2>&1 \
-    || { cat "$work/sign.log" >&2; exit 1; }
-done
-"${cosign[@]}" attest --yes --key "$work/cosign.key" --tlog-upload=false "${registry_flags[@]}" \
-  --type slsaprovenance1 --predicate "$dist/provenance.json" "$repository@$index_digest" >> "$work/sign.log" 2>&1 \
-  || { cat "$work/sign.log" >&2; exit 1; }
-verify=(--key "$dist/cosign.pub" --insecure-ignore-tlog=true "${registry_flags[@]}")
-"${cosign[@]}" verify "${verify[@]}" "$repository@$index_digest" > "$work/verify.json" 2>"$work/verify.log" \
-  || { cat "$work/verify.log" >&2; exit 1; }
-"${cosign[@]}" verify-attestation "${verify[@]}" --type slsaprovenance1 "$repository@$index_digest" \
-  > /dev/null 2>>"$work/verify.log" || { cat "$work/verify.log" >&2; exit 1; }
-for arch in amd64 arm64; do
-  platform_digest="sha256:$(sha256sum "$work/$arch/manifest.json" | cut -d' ' -f1)"
-  "${cosign[@]}" verify "${verify[@]}" "$repository@$platform_digest" > /dev/null 2>>"$work/verify.log" \
-    || { cat "$work/verify.log" >&2; exit 1; }
-  "${cosign[@]}" verify-attestation "${verify[@]}" --type cyclonedx "$repository@$platform_digest" \
-    > /dev/null 2>>"$work/verify.log" || { cat "$work/verify.log" >&2; exit 1; }
-done
-echo "image: signed and attested with dist/cosign.pub; cosign verify and verify-attestation (slsaprovenance1 on the index, cyclonedx on each platform) pass"
-"${cosign[@]}" save --dir "$work/signed" "${registry_flags[@]}" "$repository@$index_digest" >/dev/null 2>&1
-tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@"$epoch" -C "$work/signed" -cf "$dist/signed.oci.tar" .
-echo "image: dist/signed.oci.tar: the index with its signatures and attestations (cosign load --dir)"
+cat > "$out/build.env" <<ENV
+# What build.sh built (sourced by release.sh).
+commit=$commit
+epoch=$epoch
+version=$version
+worktree=$worktree
+platforms=$platforms
+index_digest=$index_digest
+platform_digests="${platform_digests[*]}"
+rust_base=$rust_base
+distroless_base=$distroless_base
+build_started=$build_started
+build_finished=$build_finished
+ENV

@@ -25,6 +25,7 @@ def main():
     parser.add_argument("--dockerfile", required=True)
     parser.add_argument("--cargo-lock", required=True)
     parser.add_argument("--base", action="append", default=[], help="NAME=sha256:DIGEST, a base image as given to BuildKit")
+    parser.add_argument("--platforms", required=True, help="the index's platforms, comma-separated")
     parser.add_argument("--buildkit", required=True)
     parser.add_argument("--rust", required=True)
     parser.add_argument("--started", required=True)
@@ -46,7 +47,7 @@ def main():
             "externalParameters": {
                 "source": {"uri": f"git+{args.repository}", "digest": {"gitCommit": args.commit}},
                 "dockerfile": "Dockerfile",
-                "platforms": ["linux/amd64", "linux/arm64"],
+                "platforms": args.platforms.split(","),
                 "buildArgs": {"SOURCE_DATE_EPOCH": str(args.epoch)},
             },
             "internalParameters": {"buildkit": args.buildkit, "rust": args.rust, "frontend": "dockerfile.v0 (built in)"},

@@ -12,14 +12,16 @@ oci_blob() {
 # oci_manifest LAYOUT ARCH ROOTFS CONFIG_JSON: adds to LAYOUT's blobs an image for linux/ARCH of one
 # uncompressed layer made from ROOTFS, with the runtime config given as JSON; prints its manifest's
 # "DIGEST SIZE". The layer is made reproducibly (sorted names, owner 0, mtime 0), so the same inputs
-# give the same digests.
+# give the same digests. Its history entry (the calling script, at time 0, as distroless' own images
+# say 1970) is what BuildKit keeps for a base image's layers; without one it would describe the base
+# layer with a time from its own cache.
 oci_manifest() {
   local layout=$1 arch=$2 rootfs=$3 config=$4 layer config_blob
   mkdir -p "$layout"
   tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=gnu -C "$rootfs" -cf "$layout/layer.tar" .
   read -r -a layer <<< "$(oci_blob "$layout" "$layout/layer.tar")"
-  printf '{"architecture":"%s","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
-    "$arch" "$config" "${layer[0]}" > "$layout/config.json"
+  printf '{"architecture":"%s","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created":"1970-01-01T00:00:00Z","created_by":"%s"}]}' \
+    "$arch" "$config" "${layer[0]}" "${0##*/}" > "$layout/config.json"
   read -r -a config_blob <<< "$(oci_blob "$layout" "$layout/config.json")"
   printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}]}' \
     "${config_blob[0]}" "${config_blob[1]}" "${layer[0]}" "${layer[1]}" > "$layout/manifest.json"
