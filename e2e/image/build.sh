@@ -95,7 +95,7 @@ stale=$("$IMAGE_BIN/buildctl" --addr "$BUILDKIT_ADDR" du --format '{{range .}}{{
 if [ -n "$stale" ]; then
   # shellcheck disable=SC2086 # one --filter per record
   "$IMAGE_BIN/buildctl" --addr "$BUILDKIT_ADDR" prune $stale > "$work/prune.log"
-  echo "image: removed $(grep -c . "$work/prune.log" || true) cache records made before the commit ($(tail -1 "$work/prune.log" | tr -s '\t ' ' '))"
+  echo "image: removed the $(($(wc -w <<< "$stale") / 2)) cache records made before the commit ($(tail -1 "$work/prune.log" | tr -s '\t ' ' '))"
 fi
 echo "image: building $source for $platforms (BuildKit $BUILDKIT_VERSION, state $state) ..."
 start=$SECONDS

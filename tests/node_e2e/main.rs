@@ -1,10 +1,11 @@
 //! End to end on a **real node**: the control plane of the e2e suite plus kubelet, containerd,
 //! runc, the CNI bridge and kube-proxy, all built from the package registries
-//! (`e2e/node/build.sh`). The injector runs from its image (assembled like the Dockerfile's final
-//! stage, `e2e/node/injector-image.sh`) as the Deployment `kubectl apply -k` installs, behind its
-//! Service; the scenarios assert on what really ran: processes, logs, exec, exit codes.
+//! (`e2e/node/build.sh`). The injector runs from its image (the Dockerfile built by BuildKit,
+//! `e2e/image/build.sh`, its linux/amd64 entry) as the Deployment `kubectl apply -k` installs,
+//! behind its Service; the scenarios assert on what really ran: processes, logs, exec, exit codes.
 //!
-//! Runs when `SIDECAR_INJECTOR_NODE_E2E=1` (`make node-e2e`, part of `make test`); needs root. The
+//! Runs when `SIDECAR_INJECTOR_NODE_E2E=1` (`make node-e2e`, part of `make test`, which builds the
+//! image and names it in `SIDECAR_INJECTOR_IMAGE`); needs root. The
 //! process splits in two: the parent stays in the host's namespaces, removes what a crashed earlier
 //! run left, snapshots the host, runs the suite in a child with its own mount and network
 //! namespaces (see `sandbox`), then kills whatever the child left, and fails unless the host is as
@@ -139,6 +140,20 @@ fn remove_crashed_scratch() {
     }
 }
 
+/// The name an OCI archive's index gives its image (`io.containerd.image.name`, what `ctr images
+/// import` names it).
+fn image_name(archive: &Path) -> Result<String> {
+    let out = Command::new("tar").arg("-xOf").arg(archive).arg("index.json").output().context("running tar")?;
+    if !out.status.success() {
+        bail!("reading index.json of {}: {}", archive.display(), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let index: serde_json::Value = serde_json::from_slice(&out.stdout).context("index.json")?;
+    index["manifests"][0]["annotations"]["io.containerd.image.name"]
+        .as_str()
+        .map(str::to_owned)
+        .with_context(|| format!("no image name in {}'s index.json", archive.display()))
+}
+
 /// Inside the sandbox: the cluster, the node, the injector, the scenarios.
 fn child(root: &Path) -> Result<()> {
     let dir = PathBuf::from(std::env::var_os(SCRATCH).context("no scratch directory from the parent")?);
@@ -156,17 +171,12 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
     println!("node-e2e: control plane ready after {:.1} s", setup.elapsed().as_secs_f64());
     let binary: PathBuf = std::env::var_os("SIDECAR_INJECTOR_BIN")
         .map_or_else(|| env!("CARGO_BIN_EXE_sidecar-injector").into(), Into::into);
-    let injector_image = dir.join("injector.tar");
-    sandbox::run(
-        "bash",
-        &[
-            "e2e/node/injector-image.sh",
-            &binary.display().to_string(),
-            scenarios::INJECTOR_IMAGE,
-            &injector_image.display().to_string(),
-        ],
-    )
-    .context("assembling the injector's image")?;
+    // The image BuildKit built from the Dockerfile (e2e/image/build.sh); imported under the name the
+    // build gave it, then tagged as the suite's overlay names it.
+    let injector_image: PathBuf = std::env::var_os("SIDECAR_INJECTOR_IMAGE")
+        .context("SIDECAR_INJECTOR_IMAGE: the OCI archive e2e/image/build.sh writes (`make node-e2e` builds it)")?
+        .into();
+    let built_name = image_name(&injector_image)?;
     let images_dir = bin.join("node/images");
     let mut images: Vec<PathBuf> = ["pause", "busybox", "fluent-bit", "agent", "agent-files"]
         .iter()
@@ -174,6 +184,7 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
         .collect();
     images.push(injector_image);
     let node = Node::start(&plane, &bin.join("node"), &images)?;
+    node.ctr(&["images", "tag", &built_name, scenarios::INJECTOR_IMAGE])?;
     println!("node-e2e: node and images ready after {:.1} s", setup.elapsed().as_secs_f64());
     let mut ctx = Ctx { plane, node, binary };
     scenarios::setup(&mut ctx).context("the suite's setup (install, namespace, local images)")?;

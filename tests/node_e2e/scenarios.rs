@@ -12,7 +12,7 @@ use crate::common::attacks;
 use crate::controlplane::{ControlPlane, KUBERNETES_SERVICE_IP, curl};
 use crate::node::Node;
 
-/// The injector's image as the suite assembles and imports it (`deploy/overlays/node-e2e`).
+/// The name the suite gives the built image it imports (`deploy/overlays/node-e2e` runs it).
 pub const INJECTOR_IMAGE: &str = "localhost/sidecar-injector-e2e/sidecar-injector:e2e";
 const BUSYBOX: &str = "localhost/sidecar-injector-e2e/busybox:1";
 const FLUENT_BIT: &str = "localhost/sidecar-injector-e2e/fluent-bit:1";
