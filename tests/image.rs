@@ -67,16 +67,22 @@ fn the_built_image_is_the_dockerfiles_final_stage() {
     let status = Command::new("tar").arg("-xf").arg(&archive).arg("-C").arg(layout.path()).status().unwrap();
     assert!(status.success(), "unpacking {archive:?}");
     let layout = layout.path();
-    // index.json -> the image index -> its linux/amd64 manifest -> config and layers.
+    // index.json -> the image index (a build of one platform: its manifest) -> the linux/amd64
+    // manifest -> config and layers.
     let outer = json(&std::fs::read(layout.join("index.json")).unwrap());
-    let index = json(&blob(layout, &outer["manifests"][0]["digest"]));
-    let amd64 = index["manifests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["platform"]["architecture"] == "amd64" && m["platform"]["os"] == "linux")
-        .unwrap_or_else(|| panic!("no linux/amd64 entry in the index: {index}"));
-    let manifest = json(&blob(layout, &amd64["digest"]));
+    let top = &outer["manifests"][0];
+    let manifest = if top["mediaType"] == "application/vnd.oci.image.index.v1+json" {
+        let index = json(&blob(layout, &top["digest"]));
+        let amd64 = index["manifests"]
+            .as_array()
+            .expect("the index's manifests")
+            .iter()
+            .find(|m| m["platform"]["architecture"] == "amd64" && m["platform"]["os"] == "linux")
+            .unwrap_or_else(|| panic!("no linux/amd64 entry in the index: {index}"));
+        json(&blob(layout, &amd64["digest"]))
+    } else {
+        json(&blob(layout, &top["digest"]))
+    };
     let image = json(&blob(layout, &manifest["config"]["digest"]));
     assert_eq!(image["architecture"], "amd64");
     let config = &image["config"];
