@@ -30,8 +30,7 @@ oci_manifest() {
 
 # oci_archive NAME ROOTFS CONFIG_JSON OUT: writes an OCI image archive (one linux/amd64 image made by
 # oci_manifest) that `ctr images import` reads; NAME becomes the image's name in containerd (the
-# index's `io.containerd.image.name` annotation). Also leaves the unpacked layout in OUT.d/ for tests
-# that read the image back.
+# index's `io.containerd.image.name` annotation).
 oci_archive() {
   local name=$1 rootfs=$2 config=$3 out=$4
   local layout="$out.d" manifest
@@ -41,6 +40,7 @@ oci_archive() {
     "${manifest[0]}" "${manifest[1]}" "$name" "${name##*:}" > "$layout/index.json"
   echo '{"imageLayoutVersion":"1.0.0"}' > "$layout/oci-layout"
   tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$layout" -cf "$out" oci-layout index.json blobs
+  rm -rf "$layout"
 }
 
 # busybox_rootfs DIR: a root filesystem with Debian's static busybox and its applets as links.
