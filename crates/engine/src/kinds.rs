@@ -195,6 +195,9 @@ pub struct AppListKind {
     /// An item of the same identity as a pod's author might write it, with another definition
     /// than [`AppListKind::sample`]'s (so that the pod's item and the template's conflict).
     pub authored: fn(&str) -> Value,
+    /// Whether a pod's item builds on the earlier item of its identity rather than replacing it
+    /// (an env entry that refers to its own name; see [`AppListKind::in_effect`]).
+    pub extends_earlier: fn(&Value) -> bool,
 }
 
 /// How many kinds of app-container lists there are.
@@ -225,6 +228,7 @@ pub const APP_LISTS: PerAppList<AppListKind> = [
         plural: "env",
         sample: |name| json!({"name": name, "value": "injected"}),
         authored: |name| json!({"name": name, "value": "the author's"}),
+        extends_earlier: crate::injection::env_merge::extends_earlier,
     },
     AppListKind {
         kind: ItemKind::EnvFrom,
@@ -239,6 +243,7 @@ pub const APP_LISTS: PerAppList<AppListKind> = [
         plural: "envFrom",
         sample: |name| json!({"configMapRef": {"name": name}}),
         authored: |name| json!({"configMapRef": {"name": name, "optional": true}}),
+        extends_earlier: |_| false,
     },
     AppListKind {
         kind: ItemKind::VolumeMount,
@@ -253,6 +258,7 @@ pub const APP_LISTS: PerAppList<AppListKind> = [
         plural: "mounts",
         sample: |path| json!({"name": "injected", "mountPath": format!("/{path}")}),
         authored: |path| json!({"name": "own", "mountPath": format!("/{path}"), "readOnly": true}),
+        extends_earlier: |_| false,
     },
 ];
 
@@ -276,9 +282,23 @@ impl AppListKind {
         }
     }
 
-    /// The item of `items` with this identity.
+    /// The item of `items` with this identity (a template's list, where identities are unique).
     pub fn find<'v>(&self, items: &'v [Value], identity: &str) -> Option<&'v Value> {
         items.iter().find(|item| self.identity(item).as_deref() == Some(identity))
+    }
+
+    /// The item of a pod container's list with this identity that the container runs with, and
+    /// its index. The API server accepts a name twice (it only warns), and the kubelet reads
+    /// the **last**: a later env entry of a name replaces an earlier one, a later `envFrom`
+    /// source's key wins. An env entry that merely extends the value before it (`$(NAME)` in its
+    /// own value, as a merged entry) defines nothing of its own, so the entry in effect is the
+    /// last one that does not (or the last, when all do). Every step that reads the pod's item
+    /// of an identity (proofs of claims, removals, enforcement, `/validate`) reads this one.
+    pub fn in_effect<'v>(&self, items: &'v [Value], identity: &str) -> Option<(usize, &'v Value)> {
+        let mut same =
+            items.iter().enumerate().rev().filter(|(_, item)| self.identity(item).as_deref() == Some(identity));
+        let last = same.clone().next();
+        same.find(|(_, item)| !(self.extends_earlier)(item)).or(last)
     }
 
     /// The section of a template that holds these items (`inject.appContainers.env`).

@@ -508,9 +508,9 @@ impl Engine {
 
     fn evaluate_with(&self, request: &PodRequest, mask_pod_reads: bool) -> Decision {
         let mut decision = self.decide(request, mask_pod_reads);
-        let status = match &decision.outcome {
-            Outcome::Inject(injection) => &injection.status,
-            Outcome::UpToDate(status) => status,
+        let (status, patch) = match &decision.outcome {
+            Outcome::Inject(injection) => (&injection.status, Some(injection.patch.as_slice())),
+            Outcome::UpToDate(status) => (status, None),
             Outcome::OutOfScope(injection::select::OutOfScope::PodOptedOut) => {
                 let labels = pod::string_map(&request.pod, "labels").unwrap_or_default();
                 let annotations = pod::string_map(&request.pod, "annotations").unwrap_or_default();
@@ -531,13 +531,13 @@ impl Engine {
             }
             Outcome::OutOfScope(_) | Outcome::Denied(_) => return decision,
         };
-        if let Some(denial) = self.enforcement_denials(request, status, |t| t.enforced).into_iter().next() {
+        if let Some(denial) = self.enforcement_denials(request, status, patch, |t| t.enforced).into_iter().next() {
             decision.outcome = Outcome::Denied(denial);
             return decision;
         }
         // `enforced: audit`: what `enforced: true` would do, reported instead of done.
         let mut findings = Vec::new();
-        for denial in self.enforcement_denials(request, status, |t| t.audit) {
+        for denial in self.enforcement_denials(request, status, patch, |t| t.audit) {
             if let Denial::Enforced { template, conflicts } = denial {
                 findings.push((template, format!("it would refuse this pod: {}", conflicts.join("; "))));
             }
@@ -559,17 +559,29 @@ impl Engine {
     }
 
     /// For each template of `status` that `which` picks and that was applied with conflicts the
-    /// pod may not have under enforcement (see `enforce`), the refusal it calls for.
+    /// pod may not have under enforcement (see `enforce`), the refusal it calls for. The
+    /// conflicts are judged on the pod as `patch` leaves it (what the kubelet will run), never
+    /// on items the patch removes.
     fn enforcement_denials(
         &self,
         request: &PodRequest,
         status: &InjectionStatus,
+        patch: Option<&[json_patch::PatchOperation]>,
         which: fn(&Template) -> bool,
     ) -> Vec<Denial> {
         let conflicted = status.conflicted_templates();
         if conflicted.is_empty() {
             return Vec::new();
         }
+        let after: Result<std::borrow::Cow<'_, Value>, String> = match patch {
+            Some(patch) => {
+                let mut after = (*request.pod).clone();
+                json_patch::patch(&mut after, patch)
+                    .map(|()| std::borrow::Cow::Owned(after))
+                    .map_err(|e| format!("the injection's patch does not apply to the pod: {e}"))
+            }
+            None => Ok(std::borrow::Cow::Borrowed(&*request.pod)),
+        };
         let enforced = status
             .templates
             .iter()
@@ -581,16 +593,17 @@ impl Engine {
         for template in enforced {
             let subject = injection::render::Subject::new(request.pod.clone(), &owner);
             let forms = VolumeForms::Recorded(&status.image_volumes);
-            let conflicts = match injection::render::render(template, &subject, &annotations, &request.namespace, forms)
-            {
-                Ok(rendered) => {
+            let rendering = injection::render::render(template, &subject, &annotations, &request.namespace, forms);
+            let conflicts = match (rendering, &after) {
+                (_, Err(e)) => vec![e.clone()],
+                (Ok(rendered), Ok(pod)) => {
                     let native = injection::native::is_native(
                         sidecar_mode(template, &rendered),
                         request.cluster.native_sidecars,
                     );
-                    checks::enforce::conflicts(&request.pod, status, &rendered, native)
+                    checks::enforce::conflicts(pod, status, &rendered, native)
                 }
-                Err(e) => vec![format!("the template does not render for the pod as it is: {e}")],
+                (Err(e), _) => vec![format!("the template does not render for the pod as it is: {e}")],
             };
             if !conflicts.is_empty() {
                 denials.push(Denial::Enforced { template: template.name.to_string(), conflicts });

@@ -28,8 +28,8 @@ use sidecar_injector_engine::injection::compare::first_difference;
 use sidecar_injector_engine::injection::image_volumes::ImageVolumeSupport;
 use sidecar_injector_engine::injection::pod_resources;
 use sidecar_injector_engine::kinds::{
-    APP_LIST_COUNT, APP_LISTS, CONTAINER_LISTS, MAP_COUNT, MAPS, POD_LIST_COUNT, POD_LISTS, Placement, VOLUME_MOUNTS,
-    VOLUMES,
+    APP_LIST_COUNT, APP_LISTS, CONTAINER_LISTS, ENV, MAP_COUNT, MAPS, POD_LIST_COUNT, POD_LISTS, Placement,
+    VOLUME_MOUNTS, VOLUMES,
 };
 use sidecar_injector_engine::templates::template::InProcess;
 use sidecar_injector_engine::{
@@ -97,8 +97,11 @@ fn pod() -> impl Strategy<Value = Value> {
         // Per container (up to 3): per kind of app list, items of the templates' identities.
         proptest::collection::vec(proptest::collection::vec((names(), any::<bool>()), APP_LIST_COUNT), 3),
         proptest::option::of((1..4u32, any::<bool>())),
+        // Per container: maybe a second env entry of a name it has, in the other form (the API
+        // server accepts a name twice; the kubelet reads the last).
+        proptest::collection::vec(proptest::option::of(any::<proptest::sample::Index>()), 3),
     )
-        .prop_map(|(maps, containers, init, pod_lists, per_container, pod_level)| {
+        .prop_map(|(maps, containers, init, pod_lists, per_container, pod_level, duplicates)| {
             let mut metadata = Map::new();
             metadata.insert("name".into(), json!("p"));
             // Every kind of map (labels, annotations), keys from the templates' pool.
@@ -110,10 +113,14 @@ fn pod() -> impl Strategy<Value = Value> {
             let mut containers = named(&containers, "c-");
             // Every kind of app-container list, as its description makes items: the same as the
             // templates' (`sample`), or the author's own definition (`authored`).
-            for (container, lists) in containers.as_array_mut().unwrap().iter_mut().zip(per_container) {
+            for ((container, lists), duplicate) in containers.as_array_mut().unwrap().iter_mut().zip(per_container).zip(duplicates) {
                 for (kind, (identities, authored)) in APP_LISTS.iter().zip(lists) {
                     let item = if authored { kind.authored } else { kind.sample };
                     container[kind.field] = identities.iter().map(|id| item(id)).collect();
+                    if let (Some(at), true, false) = (duplicate, kind.index == ENV.index, identities.is_empty()) {
+                        let other = if authored { kind.sample } else { kind.authored };
+                        container[kind.field].as_array_mut().unwrap().push(other(*at.get(&identities)));
+                    }
                 }
                 container["x-unknown"] = json!({"kept": true});
             }
@@ -677,6 +684,55 @@ fn env_of(pod: &Value) -> Value {
     normalize(&pod["spec"]["containers"][0])["env"].clone()
 }
 
+/// Stands, in [`kubelet_env`], for what the pod spec cannot show (a `valueFrom`).
+const HIDDEN: &str = "\u{1}";
+
+/// The environment the kubelet gives `container`, as far as the spec shows it (Kubernetes'
+/// `makeEnvironmentVariables` and `expansion.Expand`, written here from their documentation as
+/// the properties' judge): each `env` entry in order, `$(NAME)` replaced by the value defined so
+/// far (left as written when none; `$$` is `$`), a later entry of a name replacing an earlier one.
+/// `envFrom` keys are unknown here, so a name only they define stays unexpanded.
+fn kubelet_env(container: &Value) -> std::collections::BTreeMap<String, String> {
+    let mut defined: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+    for entry in container["env"].as_array().into_iter().flatten() {
+        let value = match (entry.get("value").and_then(Value::as_str), entry.get("valueFrom")) {
+            (Some(text), _) => {
+                let (mut out, mut chars) = (String::new(), text.char_indices().peekable());
+                while let Some((at, c)) = chars.next() {
+                    let rest = &text[at + 1..];
+                    match (c, rest.chars().next()) {
+                        ('$', Some('$')) => {
+                            out.push('$');
+                            chars.next();
+                        }
+                        ('$', Some('(')) if rest.contains(')') => {
+                            let name = &rest[1..rest.find(')').unwrap()];
+                            match defined.get(name) {
+                                Some(value) => out.push_str(value),
+                                None => out.push_str(&format!("$({name})")),
+                            }
+                            for _ in 0..name.chars().count() + 2 {
+                                chars.next();
+                            }
+                        }
+                        (c, _) => out.push(c),
+                    }
+                }
+                out
+            }
+            (None, Some(_)) => HIDDEN.to_owned(),
+            (None, None) => String::new(),
+        };
+        defined.insert(entry["name"].as_str().unwrap().to_owned(), value);
+    }
+    defined
+}
+
+/// Whether `value` holds `fragment` as one of its `separator`-delimited parts.
+fn holds(value: Option<&String>, separator: &str, fragment: &str) -> bool {
+    value.is_some_and(|v| v.split(separator).any(|part| part == fragment))
+}
+
 proptest! {
     #![proptest_config(config())]
 
@@ -689,8 +745,15 @@ proptest! {
         container in author_container(),
         fragments in proptest::collection::vec("[-a-z/:.=]{1,12}", 3),
         append in any::<bool>(),
+        planted in proptest::option::of(any::<proptest::sample::Index>()),
     ) {
         let name = if append { "JAVA_TOOL_OPTIONS" } else { "PATH" };
+        let mut container = container;
+        // The fragment already in one of the entries, maybe one a later entry of its name replaces.
+        if let (Some(at), Some(env)) = (planted, container["env"].as_array_mut()) {
+            let len = env.len();
+            env[at.index(len)] = json!({"name": name, "value": fragments[0]});
+        }
         let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [container]}});
         let author_env = env_of(&pod);
         let v1 = engine(&[merging_template(name, &fragments[0], append)]);
@@ -702,6 +765,14 @@ proptest! {
         let before = author_env.as_array().cloned().unwrap_or_default();
         prop_assert_eq!(&env[..before.len()], &before[..], "the author's entries come first, untouched");
         prop_assert!(env.len() <= before.len() + 1, "at most one entry added");
+        // What the container runs with: the agent loaded, and loaded once where the author's
+        // value (the last entry of the name wins) already held it.
+        let separator = if append { " " } else { ":" };
+        let (author_value, value) = (kubelet_env(&pod["spec"]["containers"][0]), kubelet_env(&injected["spec"]["containers"][0]));
+        prop_assert!(value.get(name).is_some_and(|v| v.contains(fragments[0].as_str())), "the agent is not loaded: {:?}", value.get(name));
+        if holds(author_value.get(name), separator, &fragments[0]) {
+            prop_assert_eq!(env.len(), before.len(), "the author's value {:?} holds the fragment already: loaded twice", author_value.get(name));
+        }
         prop_assert!(matches!(evaluate(&v1, &injected, true), Outcome::UpToDate(_)), "injecting again adds nothing");
 
         let text = injected["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap();
@@ -724,6 +795,59 @@ proptest! {
             other => panic!("{other:?}"),
         };
         prop_assert_eq!(env_of(&taken_back), author_env, "taking the injection back gives back exactly the author's env");
+    }
+}
+
+/// An enforced template that sets `OTHER` and merges `fragment` into `JAVA_TOOL_OPTIONS`.
+fn enforced_env_template(fragment: &str) -> String {
+    let value = serde_json::to_string(fragment).unwrap();
+    format!(
+        "default: true\nenforced: true\ninject:\n  appContainers:\n    env:\n      - {{name: OTHER, value: enforced}}\n      - name: JAVA_TOOL_OPTIONS\n        value: {value}\n        merge: {{append: \" \"}}\n"
+    )
+}
+
+/// Whether the container runs with what the enforced template mandates: `OTHER` is the
+/// template's value and `JAVA_TOOL_OPTIONS` holds the fragment.
+fn runs_enforced_env(pod: &Value, fragment: &str) -> Result<(), String> {
+    let env = kubelet_env(&pod["spec"]["containers"][0]);
+    match (env.get("OTHER").map(String::as_str), env.get("JAVA_TOOL_OPTIONS")) {
+        (Some("enforced"), Some(java)) if java.contains(fragment) => Ok(()),
+        (other, java) => Err(format!("the container runs with OTHER={other:?}, JAVA_TOOL_OPTIONS={java:?}: {}", env_of(pod))),
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Whatever env entries a pod repeats, and whatever it appends after an injection (a copy
+    /// that keeps the status), a pod that an enforced template's env is admitted to runs with
+    /// it: the variable it sets has its value, the variable it merges into holds its fragment.
+    /// Anything else is refused.
+    #[test]
+    fn an_admitted_pod_runs_with_the_enforced_env(
+        container in author_container(),
+        appended in author_container(),
+        fragment in fragment(" "),
+    ) {
+        let engine = engine(&[enforced_env_template(&fragment)]);
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [container]}});
+        let admitted = |pod: &Value| -> Option<Value> {
+            match evaluate(&engine, pod, true) {
+                outcome @ Outcome::Inject(_) => Some(patched(pod, outcome).0),
+                Outcome::UpToDate(_) => Some(pod.clone()),
+                _ => None,
+            }
+        };
+        let Some(injected) = admitted(&pod) else { return Ok(()) };
+        prop_assert_eq!(runs_enforced_env(&injected, &fragment), Ok(()), "admitted: {}", env_of(&pod));
+        // A copy of the injected pod, status and all, with entries appended.
+        let mut copy = injected.clone();
+        let tail = appended["env"].as_array().cloned().unwrap_or_default();
+        let env = copy["spec"]["containers"][0]["env"].as_array().cloned().unwrap_or_default();
+        copy["spec"]["containers"][0]["env"] = Value::Array(env.into_iter().chain(tail).collect());
+        if let Some(readmitted) = admitted(&copy) {
+            prop_assert_eq!(runs_enforced_env(&readmitted, &fragment), Ok(()), "re-admitted: {}", env_of(&copy));
+        }
     }
 }
 

@@ -19,13 +19,17 @@ use crate::checks::resize;
 use crate::claims::status::InjectionStatus;
 use crate::emit::scope;
 use crate::injection::compare::first_difference;
+use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
 use crate::kinds::{APP_LISTS, MAPS, POD_LISTS, Place, Placement, VOLUMES};
 use crate::templates::template::{Piece, SeqItem, Template};
 use crate::{claims::ownership, names};
 
 /// The conflicts of one enforced template with what the pod already has, one sentence each.
-/// `rendered` is the template rendered for this pod; `native` whether its sidecars are native.
+/// `pod` is the pod as the injection leaves it (so an item the patch removes never stands for
+/// the template's), `status` what the injection records, `rendered` the template rendered for
+/// this pod; `native` whether its sidecars are native. Where the pod has an item of a name twice,
+/// the one compared is the one the kubelet runs with (`AppListKind::in_effect`).
 pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTemplate, native: bool) -> Vec<String> {
     let spec_list = |field: &str| pod.get("spec").and_then(|s| s.get(field)).and_then(Value::as_array);
     let container = |name: &str| {
@@ -72,11 +76,28 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
             }
             Place::AppList(kind) => {
                 let app = skip.container.as_deref().and_then(container);
-                let actual = app.and_then(|c| c.get(kind.field)).and_then(Value::as_array);
-                (
-                    kind.find(rendered.app_list(kind), &skip.name).cloned(),
-                    actual.and_then(|items| kind.find(items, &skip.name)).cloned(),
-                )
+                let items = app.and_then(|c| c.get(kind.field)).and_then(Value::as_array);
+                let in_effect = items.and_then(|items| Some((items, kind.in_effect(items, &skip.name)?)));
+                // The entry in effect may still be extended by a later one of its name (`$(NAME)
+                // more`) that no template of this injection added: the container then runs with
+                // another value than the template's.
+                let merged = skip.container.as_ref().and_then(|c| status.app_containers.get(c));
+                let merged = merged.map(|a| a.env_merges.as_slice()).unwrap_or_default();
+                let extension = in_effect.and_then(|(items, (index, _))| {
+                    items[index + 1..].iter().find(|item| {
+                        kind.identity(item).as_deref() == Some(skip.name.as_str())
+                            && (kind.extends_earlier)(item)
+                            && !env_merge::key(item).is_some_and(|k| merged.contains(&k))
+                    })
+                });
+                if let Some(extension) = extension {
+                    let value = extension.get("value").and_then(Value::as_str).unwrap_or_default();
+                    found.push(format!(
+                        "the pod's {what} is extended by a later entry of its name ({value:?}), so the container does not run with the template's value"
+                    ));
+                    continue;
+                }
+                (kind.find(rendered.app_list(kind), &skip.name).cloned(), in_effect.map(|(_, (_, item))| item.clone()))
             }
             // Skipped only when the pod already has exactly this entry (its key is its value).
             Place::EnvMerge => continue,

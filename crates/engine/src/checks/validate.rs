@@ -339,17 +339,27 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
         for kind in &APP_LISTS {
             for identity in (kind.claimed)(additions) {
                 let what = || format!("{} {identity:?} injected into container {container:?}", kind.kind.describe());
-                let (want, have) = (list_of(want, kind.field), list_of(have, kind.field));
-                compare(what, want.and_then(|l| kind.find(l, identity)), have.and_then(|l| kind.find(l, identity)))?;
+                // The item the container runs with: a later one of the identity replaces ours.
+                let in_effect = |c| list_of(c, kind.field).and_then(|l| kind.in_effect(l, identity)).map(|(_, i)| i);
+                compare(what, in_effect(want), in_effect(have))?;
             }
         }
         for key in &additions.env_merges {
             let (name, value) = env_merge::split_key(key);
             let what = || format!("the entry {value:?} merged into env var {name:?} of container {container:?}");
-            fn entry<'l>(list: Option<&'l Vec<Value>>, key: &String) -> Option<&'l Value> {
-                list?.iter().rev().find(|e| env_merge::key(e).as_ref() == Some(key))
+            fn entry<'l>(list: Option<&'l Vec<Value>>, key: &String) -> Option<(&'l [Value], usize, &'l Value)> {
+                let list = list?;
+                let (index, item) = list.iter().enumerate().rev().find(|(_, e)| env_merge::key(e).as_ref() == Some(key))?;
+                Some((list, index, item))
             }
-            compare(what, entry(list_of(want, "env"), key), entry(list_of(have, "env"), key))?;
+            let (want, have) = (entry(list_of(want, "env"), key), entry(list_of(have, "env"), key));
+            compare(what, want.map(|(_, _, e)| e), have.map(|(_, _, e)| e))?;
+            if let (Some((wanted, at, _)), Some((list, index, _))) = (want, have)
+                && !env_merge::overridden(wanted, at, &[])
+                && env_merge::overridden(list, index, &[])
+            {
+                return Err(format!("{} was overridden after injection by a later entry of {name:?}", what()));
+            }
         }
     }
     Ok(())
@@ -520,6 +530,14 @@ inject:
             (
                 "app env changed",
                 Box::new(|p| p["spec"]["containers"][0]["env"][0]["value"] = json!("off")),
+                "env var \"PROXY\" injected into container \"app\" was changed after injection: value is \"off\"",
+            ),
+            (
+                // The kubelet runs with the last entry of a name.
+                "app env overridden by a later entry",
+                Box::new(|p| {
+                    p["spec"]["containers"][0]["env"].as_array_mut().unwrap().push(json!({"name": "PROXY", "value": "off"}))
+                }),
                 "env var \"PROXY\" injected into container \"app\" was changed after injection: value is \"off\"",
             ),
         ];

@@ -135,7 +135,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
         for kind in &APP_LISTS {
             for identity in (kind.claimed)(additions) {
                 let expected = renderings.iter().flatten().find_map(|r| kind.find(r.app_list(kind), identity).cloned());
-                let actual = list(kind.field).and_then(|items| kind.find(items, identity));
+                let actual = list(kind.field).and_then(|items| kind.in_effect(items, identity)).map(|(_, item)| item);
                 let found = judged.judge(kind.kind, identity, Some(container), expected.map(Fixed), actual);
                 found.record(identity, (kind.claimed_mut)(&mut here), (kind.claimed_mut)(&mut mine));
             }
@@ -150,7 +150,12 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
                 let entry = r.env_merges.get(name)?.entry(name, item.get("value")?.as_str()?);
                 (env_merge::key(&entry).as_ref() == Some(key)).then_some(entry)
             });
-            let actual = list("env").and_then(|l| l.iter().rev().find(|e| env_merge::key(e).as_ref() == Some(key)));
+            // And it must be in effect: a later entry of the name that replaces it leaves the
+            // container without the fragment, whatever the entry says.
+            let actual = list("env").and_then(|l| {
+                let (index, entry) = l.iter().enumerate().rev().find(|(_, e)| env_merge::key(e).as_ref() == Some(key))?;
+                (!env_merge::overridden(l, index, &[])).then_some(entry)
+            });
             let found = judged.judge(ItemKind::EnvMerge, key, Some(container), expected.map(Fixed), actual);
             found.record(key, &mut here.env_merges, &mut mine.env_merges);
         }

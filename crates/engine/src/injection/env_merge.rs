@@ -95,30 +95,139 @@ fn refers_to_itself(name: &str, value: &str) -> bool {
     value.match_indices("$(").any(|(at, _)| value[at + 2..].strip_prefix(name).is_some_and(|r| r.starts_with(')')))
 }
 
-/// The author's own entry of `name` in `container`: its first `env` entry of that name that an
-/// earlier injection did not add (`injected`: the indexes of the entries an earlier injection
-/// provably added, ascending, which re-injection removes). An injected entry is never the author's value:
-/// read as one, a template edit that shortens a fragment would find the old fragment "already
-/// there" in the very entry it replaces, and drop the merge.
-pub fn own_entry<'c>(container: &'c Value, name: &str, injected: &[usize]) -> Option<&'c Value> {
-    let env = container.get("env").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-    env.iter()
-        .enumerate()
-        .find(|(index, e)| {
-            e.get("name").and_then(Value::as_str) == Some(name) && injected.binary_search(index).is_err()
-        })
-        .map(|(_, e)| e)
+/// Whether an env entry builds on the value its name had before it (`$(NAME)` in its own value, as
+/// every merged entry does) rather than replacing it.
+pub fn extends_earlier(entry: &Value) -> bool {
+    match (entry.get("name").and_then(Value::as_str), entry.get("value").and_then(Value::as_str)) {
+        (Some(name), Some(value)) => refers_to_itself(name, value),
+        _ => false,
+    }
 }
 
-/// Whether the author's own literal value (`own`, from [`own_entry`]) already holds `fragment` as
-/// one of its `separator`-delimited parts: the agent is loaded already (by hand, or by an
-/// injection whose status was lost), and adding it again would load it twice.
-pub fn already_has(own: Option<&Value>, merge: &EnvMerge, fragment: &str) -> bool {
-    let Some(value) = own.and_then(|own| own.get("value")).and_then(Value::as_str) else { return false };
+/// The author's own entry of `name` in `container`: of the `env` entries of that name that an
+/// earlier injection did not add (`injected`: the indexes of the entries an earlier injection
+/// provably added, ascending, which re-injection removes), the one the kubelet takes the value
+/// from: the last that does not merely extend the value before it (or the last, when all do).
+/// A container may set a name twice (the API server only warns) and the **last** entry wins, so
+/// the first is never the one to read. An injected entry is never the author's value: read as
+/// one, a template edit that shortens a fragment would find the old fragment "already there" in
+/// the very entry it replaces, and drop the merge.
+pub fn own_entry<'c>(container: &'c Value, name: &str, injected: &[usize]) -> Option<&'c Value> {
+    let env = container.get("env").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let own = env.iter().enumerate().filter(|(index, e)| {
+        e.get("name").and_then(Value::as_str) == Some(name) && injected.binary_search(index).is_err()
+    });
+    let mut last = None;
+    let mut defining = None;
+    for (_, entry) in own {
+        last = Some(entry);
+        if !extends_earlier(entry) {
+            defining = Some(entry);
+        }
+    }
+    defining.or(last)
+}
+
+/// Whether the value the kubelet gives `name` (see [`effective_value`]) already holds `fragment`
+/// as one of its `separator`-delimited parts: the agent is loaded already (by hand, or by an
+/// injection whose status was lost), and adding it again would load it twice. A part the pod
+/// spec cannot show (a `valueFrom`, an `envFrom` key) never counts as the fragment.
+pub fn already_has(effective: Option<&str>, merge: &EnvMerge, fragment: &str) -> bool {
+    let Some(value) = effective else { return false };
     match merge.separator.is_empty() {
         true => value.contains(fragment),
         false => value.split(merge.separator.as_str()).any(|part| part == fragment),
     }
+}
+
+/// Stands for a part of a value the pod spec cannot show (a `valueFrom`, an `envFrom` key, an
+/// expansion past [`EXPANSION_BUDGET`]): a private-use character no fragment compares equal to.
+pub const UNSEEN: &str = "\u{e000}";
+
+/// The most bytes [`effective_value`] writes for one container: `$(A)$(A)` doubles a value per
+/// entry, so a chain of such entries would otherwise grow without bound.
+pub const EXPANSION_BUDGET: usize = 256 * 1024;
+
+/// The value the kubelet gives `name` in `container`, as far as the pod spec shows it, leaving
+/// out the entries at `injected` (ascending): `envFrom` first, then each `env` entry in order,
+/// `$(NAME)` expanded from what is defined so far (`$$` is a literal `$`; a reference to nothing
+/// defined stays as written), a later entry of a name replacing an earlier one. `None` when no
+/// `env` entry sets the name. What the spec cannot show reads as [`UNSEEN`].
+pub fn effective_value(container: &Value, name: &str, injected: &[usize]) -> Option<String> {
+    let env = container.get("env").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let mut defined: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
+    let mut budget = EXPANSION_BUDGET;
+    for (index, entry) in env.iter().enumerate() {
+        let Some(entry_name) = entry.get("name").and_then(Value::as_str) else { continue };
+        if injected.binary_search(&index).is_ok() {
+            continue;
+        }
+        let value = match entry.get("value") {
+            Some(Value::String(text)) => expand(text, &mut budget, |reference| match defined.get(reference) {
+                Some(value) => Some(value.clone()),
+                None if !possible_sources(container, reference).is_empty() => Some(UNSEEN.to_owned()),
+                None => None,
+            }),
+            None if entry.get("valueFrom").is_some() => UNSEEN.to_owned(),
+            _ => String::new(),
+        };
+        defined.insert(entry_name, value);
+    }
+    defined.remove(name)
+}
+
+/// Kubernetes' `$(VAR)` expansion of `input` (the kubelet's `expansion.Expand`): `lookup` gives a
+/// defined name's value; an undefined reference, an unclosed `$(` and a `$` before anything else
+/// stay as written, `$$` is one `$`. Past the `budget` of bytes the result is [`UNSEEN`].
+fn expand(input: &str, budget: &mut usize, lookup: impl Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(input.len());
+    let mut rest = input;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if after.starts_with('$') {
+            out.push('$');
+            rest = &after[1..];
+        } else if let Some(reference) = after.strip_prefix('(')
+            && let Some(close) = reference.find(')')
+        {
+            let name = &reference[..close];
+            match lookup(name) {
+                Some(value) => out.push_str(&value),
+                None => out.push_str(&rest[at..at + close + 3]),
+            }
+            rest = &reference[close + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+        if out.len() > *budget {
+            *budget = 0;
+            return UNSEEN.to_owned();
+        }
+    }
+    out.push_str(rest);
+    match out.len() > *budget {
+        true => {
+            *budget = 0;
+            UNSEEN.to_owned()
+        }
+        false => {
+            *budget -= out.len();
+            out
+        }
+    }
+}
+
+/// Whether the entry at `index` of `env` is overridden by a later entry of its name that the
+/// kubelet reads instead (one that does not merely extend it), leaving out those at `skip`
+/// (ascending): a merged entry so overridden adds nothing to what the container runs with.
+pub fn overridden(env: &[Value], index: usize, skip: &[usize]) -> bool {
+    let name = |e: &Value| e.get("name").and_then(Value::as_str).map(str::to_owned);
+    let Some(own) = env.get(index).and_then(name) else { return false };
+    env.iter().enumerate().skip(index + 1).any(|(i, e)| {
+        skip.binary_search(&i).is_err() && e.get("name").and_then(Value::as_str) == Some(own.as_str()) && !extends_earlier(e)
+    })
 }
 
 /// The `envFrom` sources of a container that may define `name` (the API cannot see their keys),
@@ -167,6 +276,10 @@ impl AppValue {
             AppValue::ValueFrom => {
                 format!("{name}: merged into the container's own value from valueFrom, through $({name}) ({how})")
             }
+            AppValue::MaybeFrom(sources) if sources.len() > 1 => format!(
+                "{name}: merged through $({name}) into the value from envFrom {} (the last of them that has the key {name} wins) ({how}); if none has it, Kubernetes leaves $({name}) as written",
+                sources.join(", ")
+            ),
             AppValue::MaybeFrom(sources) => format!(
                 "{name}: merged through $({name}) into the value from envFrom {} ({how}); if that source has no key {name}, Kubernetes leaves $({name}) as written",
                 sources.join(", ")
@@ -246,12 +359,66 @@ mod tests {
             let container = json!({"name": "app", "env": env, "envFrom": [{"configMapRef": {"name": "app-env"}}]});
             let own = own_entry(&container, "PATH", &removed);
             assert_eq!(own, expected.map(|i| &container["env"][i]), "{container} {removed:?}");
-            assert_eq!(already_has(own, &merge, "="), loaded, "{container} {removed:?}");
+            let effective = effective_value(&container, "PATH", &removed);
+            assert_eq!(already_has(effective.as_deref(), &merge, "="), loaded, "{container} {removed:?}");
         }
         let container = json!({"name": "app", "env": [injected], "envFrom": [{"configMapRef": {"name": "app-env"}}]});
         assert_eq!(
             AppValue::of(&container, own_entry(&container, "PATH", &[0]), "PATH"),
             AppValue::MaybeFrom(vec!["configMap/app-env".into()])
         );
+    }
+
+    #[test]
+    fn the_kubelet_reads_the_last_entry_of_a_name() {
+        let merge = EnvMerge { position: Position::Append, separator: " ".into() };
+        let agent = "-javaagent:/a.jar";
+        // (env, envFrom, the value the kubelet gives J, whether the agent is loaded already)
+        let unseen = UNSEEN;
+        let cases = [
+            (json!([{"name": "J", "value": agent}, {"name": "J", "value": "-Xmx1g"}]), json!([]), "-Xmx1g".to_owned(), false),
+            (json!([{"name": "J", "value": "-Xmx1g"}, {"name": "J", "value": agent}]), json!([]), agent.to_owned(), true),
+            (json!([{"name": "J", "value": agent}, {"name": "J", "value": "$(J) -Xmx1g"}]), json!([]), format!("{agent} -Xmx1g"), true),
+            (json!([{"name": "J", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}, {"name": "J", "value": "$(J) -javaagent:/a.jar"}]),
+                json!([]), format!("{unseen} {agent}"), true),
+            (json!([{"name": "J", "value": agent}, {"name": "J", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]), json!([]), unseen.to_owned(), false),
+            (json!([{"name": "O", "value": "1"}, {"name": "J", "value": "$(O)$$(O)$(NONE)$(J"}]), json!([]), "1$(O)$(NONE)$(J".to_owned(), false),
+            (json!([{"name": "J", "value": "$(FROM) x"}]), json!([{"configMapRef": {"name": "cm"}}]), format!("{unseen} x"), false),
+            (json!([{"name": "J", "value": ""}]), json!([]), String::new(), false),
+        ];
+        for (env, env_from, value, loaded) in cases {
+            let container = json!({"name": "app", "env": env, "envFrom": env_from});
+            let effective = effective_value(&container, "J", &[]);
+            assert_eq!(effective.as_deref(), Some(value.as_str()), "{container}");
+            assert_eq!(already_has(effective.as_deref(), &merge, agent), loaded, "{container}");
+        }
+    }
+
+    #[test]
+    fn a_doubling_chain_stops_at_the_budget() {
+        let mut env = vec![json!({"name": "A", "value": "xxxxxxxx"})];
+        env.extend((0..64).map(|_| json!({"name": "A", "value": "$(A)$(A)"})));
+        env.push(json!({"name": "B", "value": "$(A) tail"}));
+        let container = json!({"name": "app", "env": env});
+        assert_eq!(effective_value(&container, "A", &[]).as_deref(), Some(UNSEEN));
+        assert_eq!(effective_value(&container, "B", &[]).as_deref(), Some(UNSEEN));
+    }
+
+    #[test]
+    fn an_entry_is_overridden_only_by_a_later_one_that_replaces_it() {
+        let env = [
+            json!({"name": "J", "value": "-Xmx1g"}),
+            json!({"name": "J", "value": "$(J) -javaagent:/a.jar"}),
+            json!({"name": "J", "value": "$(J) -Dmore"}),
+            json!({"name": "K", "value": "k"}),
+            json!({"name": "J", "value": "off"}),
+        ];
+        assert!(overridden(&env, 1, &[]));
+        assert!(!overridden(&env, 1, &[4]));
+        assert!(!overridden(&env, 3, &[]));
+        assert!(!overridden(&env, 4, &[]));
+        let container = json!({"name": "app", "env": env});
+        assert_eq!(own_entry(&container, "J", &[]), Some(&env[4]));
+        assert_eq!(own_entry(&container, "J", &[4]), Some(&env[0]));
     }
 }

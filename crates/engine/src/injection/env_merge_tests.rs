@@ -230,3 +230,82 @@ fn validate_refuses_a_pod_whose_merged_entry_a_later_mutator_dropped_or_changed(
         }
     }
 }
+
+/// A container may set a name twice (the API server only warns) and the kubelet runs with the
+/// last: whether the agent is loaded already is decided on that value, never on the first entry.
+#[test]
+fn the_last_entry_of_a_name_decides_whether_the_agent_is_loaded_already() {
+    let agent_entry = json!({"name": "JAVA_TOOL_OPTIONS", "value": "-javaagent:/a.jar"});
+    let xmx = json!({"name": "JAVA_TOOL_OPTIONS", "value": "-Xmx1g"});
+    let extends = json!({"name": "JAVA_TOOL_OPTIONS", "value": "$(JAVA_TOOL_OPTIONS) -Xmx1g"});
+    // (the author's env, what the container runs with, whether the merge is skipped)
+    let cases = [
+        (json!([agent_entry, xmx]), "-Xmx1g -javaagent:/a.jar", false),
+        (json!([xmx, agent_entry]), "-javaagent:/a.jar", true),
+        (json!([agent_entry, extends]), "-javaagent:/a.jar -Xmx1g", true),
+    ];
+    for enforced in [false, true] {
+        let text = agent("/a.jar").replace("default: true", &format!("default: true\nenforced: {enforced}"));
+        let engine = engine(&[("java", &text)]);
+        for (env, runs_with, skipped) in &cases {
+            let original = pod(&json!({ "env": env }));
+            let Outcome::Inject(injection) = decide(&engine, &original) else { panic!("{env}: expected an injection") };
+            let out = apply(&original, &injection.patch);
+            assert_eq!(effective(&out, "JAVA_TOOL_OPTIONS", None).as_deref(), Some(*runs_with), "{env} enforced {enforced}");
+            let skips: Vec<_> = injection.status.skipped.iter().map(|s| s.kind).collect();
+            assert_eq!(skips == [status::ItemKind::EnvMerge], *skipped, "{env} enforced {enforced}: {skips:?}");
+            assert!(matches!(decide(&engine, &out), Outcome::UpToDate(_)), "{env}: injecting again adds nothing");
+        }
+    }
+}
+
+/// An enforced template's plain env var: the pod's entry of that name stands only when the
+/// value the container runs with is exactly the template's.
+#[test]
+fn an_enforced_env_var_counts_only_as_the_value_the_container_runs_with() {
+    let text = "default: true\nenforced: true\ninject:\n  appContainers:\n    env:\n      - {name: AUDIT, value: \"on\"}\n";
+    let engine = engine(&[("audit", text)]);
+    let on = json!({"name": "AUDIT", "value": "on"});
+    let off = json!({"name": "AUDIT", "value": "off"});
+    let extended = json!({"name": "AUDIT", "value": "$(AUDIT)-but-off"});
+    // (the author's env, the refusal's words, or None: admitted with the pod's entry standing)
+    let cases = [
+        (json!([on, off]), Some("the pod's env var \"AUDIT\" of container \"app\" is not the template's (value is \"off\"")),
+        (json!([off, on]), None),
+        (json!([on, extended]), Some("is extended by a later entry of its name (\"$(AUDIT)-but-off\")")),
+        (json!([on]), None),
+    ];
+    for (env, refusal) in cases {
+        let original = pod(&json!({ "env": env }));
+        match (decide(&engine, &original), refusal) {
+            (Outcome::Denied(denial), Some(words)) => assert!(denial.to_string().contains(words), "{env}: {denial}"),
+            (Outcome::Inject(injection), None) => {
+                let out = apply(&original, &injection.patch);
+                assert_eq!(effective(&out, "AUDIT", None).as_deref(), Some("on"), "{env}");
+            }
+            (other, _) => panic!("{env}: {other:?}"),
+        }
+    }
+}
+
+/// A later mutator that appends an entry of a merged variable's name takes the agent away
+/// without touching the merged entry: `/validate` refuses it, and an entry that only extends
+/// the value is fine.
+#[test]
+fn validate_refuses_a_merged_entry_overridden_by_a_later_one() {
+    let engine = engine(&[("java", &agent("/a.jar"))]);
+    let out = injected(&engine, &pod(&forms()[0].1));
+    let verdict = |pod: Value| validate_pod(&engine, &request(pod, opted_in("shop", &[])));
+    let appended = |value: &str| {
+        let mut mutated = out.clone();
+        let mut env = env_of(&mutated);
+        env.push(json!({"name": "JAVA_TOOL_OPTIONS", "value": value}));
+        mutated["spec"]["containers"][0]["env"] = json!(env);
+        mutated
+    };
+    match verdict(appended("-Xmx2g")) {
+        Verdict::Denied(message) => assert!(message.contains("was overridden after injection by a later entry of \"JAVA_TOOL_OPTIONS\""), "{message}"),
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    assert_eq!(verdict(appended("$(JAVA_TOOL_OPTIONS) -Dmore")), Verdict::Allowed(vec![]));
+}

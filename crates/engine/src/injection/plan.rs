@@ -33,8 +33,8 @@ use crate::injection::ports::{self, Running};
 use crate::injection::render::RenderedTemplate;
 use crate::injection::{api_limits, env_merge, image_volumes, native, pod_resources};
 use crate::kinds::{
-    APP_LISTS, CONTAINER_LISTS, ContainerPosition, ENV, Identity, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList,
-    Placement, PodListKind, VOLUMES, WhenHeld,
+    APP_LISTS, AppListKind, CONTAINER_LISTS, ContainerPosition, ENV, ENV_FROM, Identity, MAPS, POD_LISTS, PerAppList,
+    PerMap, PerPodList, Placement, PodListKind, VOLUME_MOUNTS, VOLUMES, WhenHeld,
 };
 use crate::pod::{self, PodShapeError, shape_error};
 
@@ -855,9 +855,14 @@ fn claim_app_items<'a>(
                     Some((merged_key, entry)) => (merged_key, entry, true),
                     None => (*key, *item, false),
                 };
+                // Loaded already when the value the kubelet will give the variable (from every entry
+                // of the name, the last one winning) holds the fragment.
                 let loaded_already = merges
                     && list.taken.holder(claim_key).is_none()
-                    && t.env_merges.get(*key).is_some_and(|merge| env_merge::already_has(own, merge, fragment));
+                    && t.env_merges.get(*key).is_some_and(|merge| {
+                        let effective = env_merge::effective_value(app.container, key, &list.removed);
+                        env_merge::already_has(effective.as_deref(), merge, fragment)
+                    });
                 let claimed = match loaded_already {
                     true => Err(Owner::Pod),
                     false => list.taken.claim(claim_key, owner),
@@ -933,14 +938,14 @@ fn app_containers<'p>(
                 AppList::env(container, env_names, &keys.env_self[index], prev, kept_here),
                 AppList::new(
                     container,
-                    "envFrom",
+                    ENV_FROM,
                     source_keys,
                     prev.map(|a| &a.env_from),
                     kept_here.map(|a| &a.env_from),
                 ),
                 AppList::new(
                     container,
-                    "volumeMounts",
+                    VOLUME_MOUNTS,
                     mount_paths,
                     prev.map(|a| &a.volume_mounts),
                     kept_here.map(|a| &a.volume_mounts),
@@ -1241,14 +1246,19 @@ impl<'p> AppList<'p> {
         kept: Option<&'p AppContainerAdditions>,
     ) -> Self {
         let keyed: Vec<&str> = self_keys.iter().map(|k| k.as_deref().unwrap_or_default()).collect();
-        let mut removed = previous.map(|p| indexes_named(&names, &p.env)).unwrap_or_default();
-        removed.extend(previous.map(|p| indexes_named(&keyed, &p.env_merges)).unwrap_or_default());
+        let entries = container.get("env").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+        let mut removed = previous.map(|p| indexes_in_effect(ENV, entries, &p.env)).unwrap_or_default();
+        // A merged entry is proven by its last copy (`ownership`), so that is the one removed.
+        removed.extend(previous.map(|p| last_indexes_named(&keyed, &p.env_merges)).unwrap_or_default());
         removed.sort_unstable();
         removed.dedup();
         let mut taken = Taken::by_pod(&names, &removed);
+        // A copy of a merged entry that a later entry of its name overrides adds nothing to what
+        // the container runs with: it does not stand for the merge.
         for (index, key) in self_keys.iter().enumerate() {
             if let Some(key) = key
                 && removed.binary_search(&index).is_err()
+                && !env_merge::overridden(entries, index, &removed)
             {
                 taken.0.insert(key, Owner::Pod);
             }
@@ -1268,12 +1278,14 @@ impl<'p> AppList<'p> {
 
     fn new(
         container: &Value,
-        field: &'static str,
+        kind: &AppListKind,
         keys: Vec<&'p str>,
         previous: Option<&Vec<String>>,
         kept: Option<&'p Vec<String>>,
     ) -> Self {
-        let removed = previous.map(|p| indexes_named(&keys, p)).unwrap_or_default();
+        let field = kind.field;
+        let items = container.get(field).and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+        let removed = previous.map(|p| indexes_in_effect(kind, items, p)).unwrap_or_default();
         let mut taken = Taken::by_pod(&keys, &removed);
         if let Some(kept) = kept {
             taken.keep(kept);
@@ -1426,6 +1438,25 @@ fn named_list<'c>(
 }
 
 /// Indexes of the items whose name is in `wanted` (each wanted name matches once, first first).
+/// The indexes (ascending) of the items of a container's list that `claimed` names, each the
+/// one in effect where the list holds an identity twice (`AppListKind::in_effect`): the one a
+/// claim is proven by.
+fn indexes_in_effect(kind: &AppListKind, items: &[Value], claimed: &[String]) -> Vec<usize> {
+    let mut indexes: Vec<usize> = claimed.iter().filter_map(|c| kind.in_effect(items, c).map(|(i, _)| i)).collect();
+    indexes.sort_unstable();
+    indexes.dedup();
+    indexes
+}
+
+/// The index of the last item of each of the `wanted` names, ascending.
+fn last_indexes_named(names: &[&str], wanted: &[String]) -> Vec<usize> {
+    let mut indexes: Vec<usize> =
+        wanted.iter().filter_map(|w| names.iter().rposition(|n| *n == w.as_str())).collect();
+    indexes.sort_unstable();
+    indexes.dedup();
+    indexes
+}
+
 fn indexes_named(names: &[&str], wanted: &[String]) -> Vec<usize> {
     let mut wanted: HashSet<&str> = wanted.iter().map(String::as_str).collect();
     names.iter().enumerate().filter(|(_, n)| wanted.remove(**n)).map(|(i, _)| i).collect()
