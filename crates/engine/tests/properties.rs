@@ -113,13 +113,15 @@ fn pod() -> impl Strategy<Value = Value> {
             let mut containers = named(&containers, "c-");
             // Every kind of app-container list, as its description makes items: the same as the
             // templates' (`sample`), or the author's own definition (`authored`).
-            for ((container, lists), duplicate) in containers.as_array_mut().unwrap().iter_mut().zip(per_container).zip(duplicates) {
+            for ((container, lists), duplicate) in
+                containers.as_array_mut().unwrap().iter_mut().zip(per_container).zip(duplicates)
+            {
                 for (kind, (identities, authored)) in APP_LISTS.iter().zip(lists) {
                     let item = if authored { kind.authored } else { kind.sample };
                     container[kind.field] = identities.iter().map(|id| item(id)).collect();
                     if let (Some(at), true, false) = (duplicate, kind.index == ENV.index, identities.is_empty()) {
                         let other = if authored { kind.sample } else { kind.authored };
-                        container[kind.field].as_array_mut().unwrap().push(other(*at.get(&identities)));
+                        container[kind.field].as_array_mut().unwrap().push(other(at.get::<&str>(&identities)));
                     }
                 }
                 container["x-unknown"] = json!({"kept": true});
@@ -812,7 +814,9 @@ fn runs_enforced_env(pod: &Value, fragment: &str) -> Result<(), String> {
     let env = kubelet_env(&pod["spec"]["containers"][0]);
     match (env.get("OTHER").map(String::as_str), env.get("JAVA_TOOL_OPTIONS")) {
         (Some("enforced"), Some(java)) if java.contains(fragment) => Ok(()),
-        (other, java) => Err(format!("the container runs with OTHER={other:?}, JAVA_TOOL_OPTIONS={java:?}: {}", env_of(pod))),
+        (other, java) => {
+            Err(format!("the container runs with OTHER={other:?}, JAVA_TOOL_OPTIONS={java:?}: {}", env_of(pod)))
+        }
     }
 }
 

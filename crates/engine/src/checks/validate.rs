@@ -349,7 +349,8 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
             let what = || format!("the entry {value:?} merged into env var {name:?} of container {container:?}");
             fn entry<'l>(list: Option<&'l Vec<Value>>, key: &String) -> Option<(&'l [Value], usize, &'l Value)> {
                 let list = list?;
-                let (index, item) = list.iter().enumerate().rev().find(|(_, e)| env_merge::key(e).as_ref() == Some(key))?;
+                let (index, item) =
+                    list.iter().enumerate().rev().find(|(_, e)| env_merge::key(e).as_ref() == Some(key))?;
                 Some((list, index, item))
             }
             let (want, have) = (entry(list_of(want, "env"), key), entry(list_of(have, "env"), key));
@@ -536,7 +537,10 @@ inject:
                 // The kubelet runs with the last entry of a name.
                 "app env overridden by a later entry",
                 Box::new(|p| {
-                    p["spec"]["containers"][0]["env"].as_array_mut().unwrap().push(json!({"name": "PROXY", "value": "off"}))
+                    p["spec"]["containers"][0]["env"]
+                        .as_array_mut()
+                        .unwrap()
+                        .push(json!({"name": "PROXY", "value": "off"}))
                 }),
                 "env var \"PROXY\" injected into container \"app\" was changed after injection: value is \"off\"",
             ),

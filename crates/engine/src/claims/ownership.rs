@@ -153,7 +153,8 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             // And it must be in effect: a later entry of the name that replaces it leaves the
             // container without the fragment, whatever the entry says.
             let actual = list("env").and_then(|l| {
-                let (index, entry) = l.iter().enumerate().rev().find(|(_, e)| env_merge::key(e).as_ref() == Some(key))?;
+                let (index, entry) =
+                    l.iter().enumerate().rev().find(|(_, e)| env_merge::key(e).as_ref() == Some(key))?;
                 (!env_merge::overridden(l, index, &[])).then_some(entry)
             });
             let found = judged.judge(ItemKind::EnvMerge, key, Some(container), expected.map(Fixed), actual);

@@ -185,9 +185,9 @@ fn expand(input: &str, budget: &mut usize, lookup: impl Fn(&str) -> Option<Strin
     while let Some(at) = rest.find('$') {
         out.push_str(&rest[..at]);
         let after = &rest[at + 1..];
-        if after.starts_with('$') {
+        if let Some(escaped) = after.strip_prefix('$') {
             out.push('$');
-            rest = &after[1..];
+            rest = escaped;
         } else if let Some(reference) = after.strip_prefix('(')
             && let Some(close) = reference.find(')')
         {
@@ -226,7 +226,9 @@ pub fn overridden(env: &[Value], index: usize, skip: &[usize]) -> bool {
     let name = |e: &Value| e.get("name").and_then(Value::as_str).map(str::to_owned);
     let Some(own) = env.get(index).and_then(name) else { return false };
     env.iter().enumerate().skip(index + 1).any(|(i, e)| {
-        skip.binary_search(&i).is_err() && e.get("name").and_then(Value::as_str) == Some(own.as_str()) && !extends_earlier(e)
+        skip.binary_search(&i).is_err()
+            && e.get("name").and_then(Value::as_str) == Some(own.as_str())
+            && !extends_earlier(e)
     })
 }
 
@@ -376,14 +378,48 @@ mod tests {
         // (env, envFrom, the value the kubelet gives J, whether the agent is loaded already)
         let unseen = UNSEEN;
         let cases = [
-            (json!([{"name": "J", "value": agent}, {"name": "J", "value": "-Xmx1g"}]), json!([]), "-Xmx1g".to_owned(), false),
-            (json!([{"name": "J", "value": "-Xmx1g"}, {"name": "J", "value": agent}]), json!([]), agent.to_owned(), true),
-            (json!([{"name": "J", "value": agent}, {"name": "J", "value": "$(J) -Xmx1g"}]), json!([]), format!("{agent} -Xmx1g"), true),
-            (json!([{"name": "J", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}, {"name": "J", "value": "$(J) -javaagent:/a.jar"}]),
-                json!([]), format!("{unseen} {agent}"), true),
-            (json!([{"name": "J", "value": agent}, {"name": "J", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]), json!([]), unseen.to_owned(), false),
-            (json!([{"name": "O", "value": "1"}, {"name": "J", "value": "$(O)$$(O)$(NONE)$(J"}]), json!([]), "1$(O)$(NONE)$(J".to_owned(), false),
-            (json!([{"name": "J", "value": "$(FROM) x"}]), json!([{"configMapRef": {"name": "cm"}}]), format!("{unseen} x"), false),
+            (
+                json!([{"name": "J", "value": agent}, {"name": "J", "value": "-Xmx1g"}]),
+                json!([]),
+                "-Xmx1g".to_owned(),
+                false,
+            ),
+            (
+                json!([{"name": "J", "value": "-Xmx1g"}, {"name": "J", "value": agent}]),
+                json!([]),
+                agent.to_owned(),
+                true,
+            ),
+            (
+                json!([{"name": "J", "value": agent}, {"name": "J", "value": "$(J) -Xmx1g"}]),
+                json!([]),
+                format!("{agent} -Xmx1g"),
+                true,
+            ),
+            (
+                json!([{"name": "J", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}, {"name": "J", "value": "$(J) -javaagent:/a.jar"}]),
+                json!([]),
+                format!("{unseen} {agent}"),
+                true,
+            ),
+            (
+                json!([{"name": "J", "value": agent}, {"name": "J", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]),
+                json!([]),
+                unseen.to_owned(),
+                false,
+            ),
+            (
+                json!([{"name": "O", "value": "1"}, {"name": "J", "value": "$(O)$$(O)$(NONE)$(J"}]),
+                json!([]),
+                "1$(O)$(NONE)$(J".to_owned(),
+                false,
+            ),
+            (
+                json!([{"name": "J", "value": "$(FROM) x"}]),
+                json!([{"configMapRef": {"name": "cm"}}]),
+                format!("{unseen} x"),
+                false,
+            ),
             (json!([{"name": "J", "value": ""}]), json!([]), String::new(), false),
         ];
         for (env, env_from, value, loaded) in cases {

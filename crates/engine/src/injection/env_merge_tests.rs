@@ -251,7 +251,11 @@ fn the_last_entry_of_a_name_decides_whether_the_agent_is_loaded_already() {
             let original = pod(&json!({ "env": env }));
             let Outcome::Inject(injection) = decide(&engine, &original) else { panic!("{env}: expected an injection") };
             let out = apply(&original, &injection.patch);
-            assert_eq!(effective(&out, "JAVA_TOOL_OPTIONS", None).as_deref(), Some(*runs_with), "{env} enforced {enforced}");
+            assert_eq!(
+                effective(&out, "JAVA_TOOL_OPTIONS", None).as_deref(),
+                Some(*runs_with),
+                "{env} enforced {enforced}"
+            );
             let skips: Vec<_> = injection.status.skipped.iter().map(|s| s.kind).collect();
             assert_eq!(skips == [status::ItemKind::EnvMerge], *skipped, "{env} enforced {enforced}: {skips:?}");
             assert!(matches!(decide(&engine, &out), Outcome::UpToDate(_)), "{env}: injecting again adds nothing");
@@ -263,14 +267,18 @@ fn the_last_entry_of_a_name_decides_whether_the_agent_is_loaded_already() {
 /// value the container runs with is exactly the template's.
 #[test]
 fn an_enforced_env_var_counts_only_as_the_value_the_container_runs_with() {
-    let text = "default: true\nenforced: true\ninject:\n  appContainers:\n    env:\n      - {name: AUDIT, value: \"on\"}\n";
+    let text =
+        "default: true\nenforced: true\ninject:\n  appContainers:\n    env:\n      - {name: AUDIT, value: \"on\"}\n";
     let engine = engine(&[("audit", text)]);
     let on = json!({"name": "AUDIT", "value": "on"});
     let off = json!({"name": "AUDIT", "value": "off"});
     let extended = json!({"name": "AUDIT", "value": "$(AUDIT)-but-off"});
     // (the author's env, the refusal's words, or None: admitted with the pod's entry standing)
     let cases = [
-        (json!([on, off]), Some("the pod's env var \"AUDIT\" of container \"app\" is not the template's (value is \"off\"")),
+        (
+            json!([on, off]),
+            Some("the pod's env var \"AUDIT\" of container \"app\" is not the template's (value is \"off\""),
+        ),
         (json!([off, on]), None),
         (json!([on, extended]), Some("is extended by a later entry of its name (\"$(AUDIT)-but-off\")")),
         (json!([on]), None),
@@ -304,7 +312,10 @@ fn validate_refuses_a_merged_entry_overridden_by_a_later_one() {
         mutated
     };
     match verdict(appended("-Xmx2g")) {
-        Verdict::Denied(message) => assert!(message.contains("was overridden after injection by a later entry of \"JAVA_TOOL_OPTIONS\""), "{message}"),
+        Verdict::Denied(message) => assert!(
+            message.contains("was overridden after injection by a later entry of \"JAVA_TOOL_OPTIONS\""),
+            "{message}"
+        ),
         other => panic!("expected a denial, got {other:?}"),
     }
     assert_eq!(verdict(appended("$(JAVA_TOOL_OPTIONS) -Dmore")), Verdict::Allowed(vec![]));

@@ -1450,8 +1450,7 @@ fn indexes_in_effect(kind: &AppListKind, items: &[Value], claimed: &[String]) ->
 
 /// The index of the last item of each of the `wanted` names, ascending.
 fn last_indexes_named(names: &[&str], wanted: &[String]) -> Vec<usize> {
-    let mut indexes: Vec<usize> =
-        wanted.iter().filter_map(|w| names.iter().rposition(|n| *n == w.as_str())).collect();
+    let mut indexes: Vec<usize> = wanted.iter().filter_map(|w| names.iter().rposition(|n| *n == w.as_str())).collect();
     indexes.sort_unstable();
     indexes.dedup();
     indexes
