@@ -1,6 +1,6 @@
 # The commands the README names. `make test` is what CI runs (through .ci/run).
 # `make props` is not in `make test`: it runs the property tests with many random cases.
-.PHONY: props test lint unit kubectl-yaml monitoring helm e2e node-e2e scale hostile-load release golden bench fuzz image image-reproducible
+.PHONY: props oracle test lint unit kubectl-yaml monitoring helm e2e node-e2e scale hostile-load release golden bench fuzz image image-reproducible
 
 test: lint unit kubectl-yaml monitoring helm e2e hostile-load node-e2e
 
@@ -92,6 +92,14 @@ image-reproducible:
 # the Deployment's memory limit (tests/hostile_load.rs; about a minute).
 hostile-load: release
 	SIDECAR_INJECTOR_BIN=$(TARGET_DIR)/release/sidecar-injector cargo test --locked --test hostile_load -- --nocapture
+
+# The API server as the oracle (tests/e2e/oracle.rs): ORACLE_CASES cases of the property generator
+# injected by the engine and created with server-side dry-run on the e2e API server; prints the
+# count, refusals and cases per second. `make e2e` runs a fixed set of 300 from a fixed seed; here the seed is new each run (printed), and
+# ORACLE_SEED=N replays one.
+ORACLE_CASES ?= 5000
+oracle: release
+	SIDECAR_INJECTOR_ORACLE_CASES=$(ORACLE_CASES) SIDECAR_INJECTOR_ORACLE_SEED=$(ORACLE_SEED) SIDECAR_INJECTOR_E2E_ONLY=s37 SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_BIN=$(TARGET_DIR)/release/sidecar-injector cargo test --locked --test e2e
 
 # Regenerate the golden files after an intended change, then review `git diff crates/engine/tests/golden`.
 golden:

@@ -11,6 +11,7 @@ mod flows;
 #[allow(dead_code)]
 #[path = "../common/metrics.rs"]
 mod metrics;
+mod oracle;
 mod policy;
 mod scale;
 mod scenarios;
@@ -97,6 +98,7 @@ async fn run(root: &Path) -> Result<bool> {
     println!("e2e: injector ready, setup took {:.1} s", setup.elapsed().as_secs_f64());
 
     use flows::*;
+    use oracle::s37_api_server_oracle;
     use policy::s23_policy_mode;
     use scale::scale as scale_run_scenario;
     use scenarios::*;
@@ -135,6 +137,7 @@ async fn run(root: &Path) -> Result<bool> {
         s34_positions,
         s35_in_place_upgrade,
         s36_image_volumes_by_nodes,
+        s37_api_server_oracle,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,
@@ -155,6 +158,8 @@ async fn run(root: &Path) -> Result<bool> {
     let all = all.into_iter().filter(|(name, _)| only.is_empty() || only.iter().any(|o| name.starts_with(o.as_str())));
     for (name, scenario) in all {
         let started = Instant::now();
+        // `make oracle` runs many cases: its own budget.
+        let limit = if name == "s37_api_server_oracle" { limit.max(oracle::time_budget()) } else { limit };
         let outcome =
             tokio::time::timeout(limit, std::panic::AssertUnwindSafe(scenario(&mut ctx)).catch_unwind()).await;
         let result = match outcome {

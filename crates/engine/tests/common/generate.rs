@@ -1,0 +1,195 @@
+//! The generator of pods and templates that the properties (`properties.rs`) and the API-server
+//! oracle (`tests/e2e/oracle.rs` of the binary crate) draw from: one generator, so that a shape
+//! added for the properties is judged by the API server too, and the other way round.
+//!
+//! Names come from small pools shared by pods and templates, so conflicts happen often; every kind
+//! of item comes from its description in `kinds` (`sample` and `authored`), so a new kind is
+//! generated without anyone naming it here.
+
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
+use sidecar_injector_engine::kinds::{
+    APP_LIST_COUNT, APP_LISTS, ENV, MAP_COUNT, MAPS, POD_LIST_COUNT, POD_LISTS, VOLUME_MOUNTS, VOLUMES,
+};
+use sidecar_injector_engine::manifest;
+
+pub const NAMES: [&str; 5] = ["a", "b", "app", "logs", "proxy"];
+pub const KEYS: [&str; 4] = ["team", "tier", "example.com/x", "sidecar-injector.io/extra"];
+
+pub fn names() -> impl Strategy<Value = Vec<&'static str>> {
+    proptest::sample::subsequence(NAMES.to_vec(), 0..=NAMES.len())
+}
+
+pub fn string_map() -> impl Strategy<Value = Map<String, Value>> {
+    proptest::collection::btree_map(proptest::sample::select(KEYS.to_vec()), "[a-z]{0,3}", 0..=3)
+        .prop_map(|m| m.into_iter().map(|(k, v)| (k.to_owned(), Value::from(v))).collect())
+}
+
+pub fn named(list: &[&str], prefix: &str) -> Value {
+    Value::Array(list.iter().map(|n| json!({"name": format!("{prefix}{n}"), "image": format!("{n}:1")})).collect())
+}
+
+/// A pod with unique container names, optional maps and lists, and fields no type knows about.
+pub fn pod() -> impl Strategy<Value = Value> {
+    (
+        // An array of strategies draws as the tuple of them would (the fixed seeds keep their cases).
+        [(); MAP_COUNT].map(|()| proptest::option::of(string_map())),
+        proptest::sample::subsequence(NAMES.to_vec(), 1..=3),
+        proptest::option::of(names()),
+        proptest::collection::vec(proptest::option::of((names(), any::<bool>())), POD_LIST_COUNT),
+        // Per container (up to 3): per kind of app list, items of the templates' identities.
+        proptest::collection::vec(proptest::collection::vec((names(), any::<bool>()), APP_LIST_COUNT), 3),
+        proptest::option::of((1..4u32, any::<bool>())),
+        // Per container: maybe a second env entry of a name it has, in the other form (the API
+        // server accepts a name twice; the kubelet reads the last).
+        proptest::collection::vec(proptest::option::of(any::<proptest::sample::Index>()), 3),
+    )
+        .prop_map(|(maps, containers, init, pod_lists, per_container, pod_level, duplicates)| {
+            let mut metadata = Map::new();
+            metadata.insert("name".into(), json!("p"));
+            // Every kind of map (labels, annotations), keys from the templates' pool.
+            for (kind, map) in MAPS.iter().zip(maps) {
+                if let Some(map) = map {
+                    metadata.insert(kind.field.into(), Value::Object(map));
+                }
+            }
+            let mut containers = named(&containers, "c-");
+            // Every kind of app-container list, as its description makes items: the same as the
+            // templates' (`sample`), or the author's own definition (`authored`).
+            for ((container, lists), duplicate) in
+                containers.as_array_mut().unwrap().iter_mut().zip(per_container).zip(duplicates)
+            {
+                for (kind, (identities, authored)) in APP_LISTS.iter().zip(lists) {
+                    let item = if authored { kind.authored } else { kind.sample };
+                    container[kind.field] = identities.iter().map(|id| item(id)).collect();
+                    if let (Some(at), true, false) = (duplicate, kind.index == ENV.index, identities.is_empty()) {
+                        let other = if authored { kind.sample } else { kind.authored };
+                        container[kind.field].as_array_mut().unwrap().push(other(at.get::<&str>(&identities)));
+                    }
+                }
+                container["x-unknown"] = json!({"kept": true});
+            }
+            let mut spec = Map::new();
+            spec.insert("containers".into(), containers);
+            if let Some(init) = init {
+                spec.insert("initContainers".into(), named(&init, "i-"));
+            }
+            // Every kind of spec list, items of the templates' identities: the same as the
+            // templates' (`sample`), or the author's own (`authored`: a volume of the host's root).
+            for (kind, list) in POD_LISTS.iter().zip(pod_lists) {
+                if let Some((identities, authored)) = list {
+                    let item = if authored { kind.authored } else { kind.sample };
+                    spec.insert(kind.field.into(), identities.iter().map(|id| item(id)).collect());
+                }
+            }
+            spec.insert("x-future".into(), json!([1, 2]));
+            // Pod-level resources (KEP-2837) that the app containers' requests fit: Guaranteed
+            // (requests equal limits) or with a memory limit only.
+            if let Some((n, guaranteed)) = pod_level {
+                let requests = json!({"cpu": format!("{}m", n * 100), "memory": format!("{}Mi", n * 64)});
+                let limits = if guaranteed { requests.clone() } else { json!({"memory": format!("{}Mi", n * 256)}) };
+                spec.insert("resources".into(), json!({"requests": requests, "limits": limits}));
+                for container in spec["containers"].as_array_mut().unwrap() {
+                    container["resources"] = json!({"requests": {"cpu": "30m", "memory": "20Mi"}});
+                }
+            }
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
+        })
+}
+
+/// A template using every section, with names drawn from the same pools as the pod's so that
+/// conflicts happen often.
+pub fn template() -> impl Strategy<Value = String> {
+    (
+        [(); MAP_COUNT].map(|()| string_map()),
+        names(),
+        names(),
+        proptest::collection::vec(names(), POD_LIST_COUNT),
+        proptest::collection::vec(names(), APP_LIST_COUNT),
+        (any::<proptest::sample::Index>(), any::<bool>()),
+        proptest::sample::select(vec!["native", "container", "auto"]),
+        "[a-z]{1,4}",
+    )
+        .prop_map(|(maps, init, sidecars, pod_lists, mut app_lists, (volume, sidecars_mount), mode, value)| {
+            let volumes = &pod_lists[VOLUMES.index];
+            // Mounts name one of the template's own volumes (none without volumes).
+            let (sidecars_mount, volume) = match volumes.is_empty() {
+                true => (false, ""),
+                false => (sidecars_mount, *volume.get(volumes)),
+            };
+            if volume.is_empty() {
+                app_lists[VOLUME_MOUNTS.index].clear();
+            }
+            // Some containers say where they go (`position:`), as their name's length decides.
+            let positioned = |mut items: Value| {
+                for item in items.as_array_mut().unwrap() {
+                    let position = ["", "first", "last"][item["name"].as_str().unwrap().len() % 3];
+                    if !position.is_empty() {
+                        item["position"] = json!(position);
+                    }
+                }
+                items
+            };
+            let mut doc = json!({
+                "default": true,
+                "sidecarMode": mode,
+                "values": {"v": value},
+                "inject": {
+                    "initContainers": positioned(named(&init, "i-")),
+                    "sidecars": positioned(Value::Array(sidecars.iter().map(|n| json!({
+                        "name": format!("c-{n}"),
+                        "image": "{{ values.v }}",
+                        "args": ["{{ workload.name }}", "{{ pod.spec.containers | length }}", "{{ namespace.name }}"],
+                        "volumeMounts": match (sidecars_mount, volume.len() == 4) {
+                            (false, _) => json!([]),
+                            (true, false) => json!([{"name": volume, "mountPath": "/shared"}]),
+                            // A subPath into an image volume takes its fallback unless the nodes apply it.
+                            (true, true) => json!([{"name": volume, "mountPath": "/shared", "subPath": "sub"}]),
+                        },
+                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}},
+                    })).collect())),
+                    "appContainers": {},
+                },
+            });
+            // Every kind of app-container list, as its description samples it; a mount names the
+            // template's volume.
+            for (kind, identities) in APP_LISTS.iter().zip(&app_lists) {
+                let items = identities.iter().map(|id| (kind.sample)(id)).map(|mut item| {
+                    if kind.index == VOLUME_MOUNTS.index {
+                        item["name"] = json!(volume);
+                    }
+                    item
+                });
+                doc["inject"]["appContainers"][kind.field] = items.collect();
+            }
+            // Every kind of map, with keys the pods use too.
+            for (kind, map) in MAPS.iter().zip(maps) {
+                doc["inject"][kind.field] = Value::Object(map);
+            }
+            // Every kind of spec list, as its description samples it (volumes are emptyDirs), but
+            // volumes of longer names are image volumes with a fallback (as the nodes decide).
+            for (kind, identities) in POD_LISTS.iter().zip(&pod_lists) {
+                doc["inject"][kind.field] = identities
+                    .iter()
+                    .map(|id| match kind.index == VOLUMES.index && id.len() >= 3 {
+                        true => image_volume(id),
+                        false => (kind.sample)(id),
+                    })
+                    .collect();
+            }
+            manifest::write(&[doc])
+        })
+}
+
+/// An image volume whose fallback is an emptyDir filled by init container `f-<name>`.
+pub fn image_volume(name: &str) -> Value {
+    json!({
+        "name": name,
+        "image": {"reference": format!("agent-{name}:1")},
+        "fallback": {"initContainer": {
+            "name": format!("f-{name}"),
+            "image": format!("agent-{name}:1"),
+            "volumeMounts": [{"name": name, "mountPath": "/copy"}],
+        }},
+    })
+}

@@ -1,0 +1,261 @@
+//! The API server as the oracle (`make oracle`; a fixed seed set in `make e2e`).
+//!
+//! The engine predicts what Kubernetes will do with the pods it writes: that a patched pod is
+//! valid, that the pod-level resources it pads are what the API server stores. Nothing else in
+//! the tests holds those predictions against Kubernetes itself, so defects of the kind "the engine
+//! thinks a number is no quantity" or "the padding is below a sidecar's own limit" were found by
+//! people. Here the property generator's pods and templates (`crates/engine/tests/common/generate.rs`,
+//! the same cases the properties run on) are injected by the engine, and every pod it would write
+//! is created with **server-side dry-run** on the e2e API server, through its whole admission chain,
+//! in a namespace with no Pod Security label and one at `enforce: privileged` (the levels themselves
+//! are checked where the engine learns them). The namespaces are not opted in, so our own webhook
+//! and policies stay out of the judgement.
+//!
+//! A failure is a case where:
+//! - the engine injects and the API server refuses the injected pod (while it accepts the author's);
+//! - a quantity the patch writes is not stored as written (the engine's canonical form differs
+//!   from Kubernetes').
+//!
+//! Cases whose author pod the API server refuses say nothing about the engine: they are counted
+//! and the first reason printed, so a generator that drifts from valid pods shows. The count of
+//! cases, refusals and cases per second is printed; `SIDECAR_INJECTOR_ORACLE_CASES` (default
+//! [`FIXED_CASES`] from [`FIXED_SEED`]) and `SIDECAR_INJECTOR_ORACLE_SEED` (a new one, printed,
+//! when cases are asked for) choose the run.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context as _, Result, bail};
+use json_patch::PatchOperation;
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use serde_json::{Value, json};
+use sidecar_injector_engine::injection::image_volumes::ImageVolumeSupport;
+use sidecar_injector_engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource};
+
+#[allow(dead_code)]
+#[path = "../../crates/engine/tests/common/generate.rs"]
+mod generate;
+
+use crate::scenarios::Ctx;
+
+/// Cases in `make e2e` (a couple of seconds).
+pub const FIXED_CASES: u64 = 300;
+/// The seed of `make e2e`'s cases.
+pub const FIXED_SEED: u64 = 0x0a9c_1e5e_ed20_2611;
+
+/// The scenario's time limit: a second for every 20 cases beyond the fixed set, at least the
+/// suite's three minutes (a dry run takes a few milliseconds; the engine's decision less).
+pub fn time_budget() -> std::time::Duration {
+    let cases = std::env::var("SIDECAR_INJECTOR_ORACLE_CASES").ok().and_then(|v| v.trim().parse::<u64>().ok());
+    std::time::Duration::from_secs(180 + cases.unwrap_or(FIXED_CASES) / 20)
+}
+
+/// The namespaces the cases are created in: no Pod Security label, and `privileged`.
+const NAMESPACES: [(&str, &[(&str, &str)]); 2] =
+    [("oracle-plain", &[]), ("oracle-privileged", &[("pod-security.kubernetes.io/enforce", "privileged")])];
+
+/// One drawn case: templates, a pod, and whether the cluster facts are a recent cluster's.
+#[derive(Debug)]
+struct Case {
+    templates: Vec<String>,
+    pod: Value,
+    recent: bool,
+}
+
+/// What the run found, printed at its end.
+#[derive(Default)]
+struct Tally {
+    cases: u64,
+    injected: u64,
+    accepted: u64,
+    author_refused: u64,
+    first_author_refusal: Option<String>,
+    not_injected: u64,
+    predicted_invalid: u64,
+    failures: Vec<String>,
+}
+
+pub async fn s37_api_server_oracle(ctx: &mut Ctx) -> Result<()> {
+    let number = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<u64>().ok());
+    let cases = number("SIDECAR_INJECTOR_ORACLE_CASES").unwrap_or(FIXED_CASES);
+    // The fixed seed unless cases were asked for (`make oracle`): then a new one, printed.
+    let seed = match (number("SIDECAR_INJECTOR_ORACLE_SEED"), number("SIDECAR_INJECTOR_ORACLE_CASES")) {
+        (Some(seed), _) => seed,
+        (None, None) => FIXED_SEED,
+        (None, Some(_)) => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            now.as_nanos() as u64 ^ u64::from(std::process::id())
+        }
+    };
+    for (name, labels) in NAMESPACES {
+        ctx.namespace(name, labels).await?;
+    }
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let mut runner = TestRunner::new_with_rng(Config::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let strategy = (proptest::collection::vec(generate::template(), 1..=3), generate::pod(), proptest::bool::ANY)
+        .prop_map(|(templates, pod, recent)| Case { templates, pod, recent });
+    let started = Instant::now();
+    let mut tally = Tally::default();
+    for index in 0..cases {
+        let case = strategy.new_tree(&mut runner).map_err(|e| anyhow::anyhow!("drawing a case: {e}"))?.current();
+        let namespace = NAMESPACES[(index % 2) as usize].0;
+        judge(ctx, &case, index, namespace, &mut tally).await?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "  oracle: {} cases in {seconds:.1} s ({:.1}/s, seed {seed}): {} injected, {} accepted by the API server, {} refused though predicted valid; {} not injected by the engine, {} predicted invalid; {} author pods refused{}",
+        tally.cases,
+        tally.cases as f64 / seconds.max(0.001),
+        tally.injected,
+        tally.accepted,
+        tally.failures.len(),
+        tally.not_injected,
+        tally.predicted_invalid,
+        tally.author_refused,
+        tally.first_author_refusal.as_deref().map(|r| format!(" (first: {r})")).unwrap_or_default(),
+    );
+    if tally.author_refused * 10 > tally.cases {
+        bail!("over a tenth of the generated author pods are refused: the generator no longer makes valid pods");
+    }
+    if !tally.failures.is_empty() {
+        let shown: Vec<&String> = tally.failures.iter().take(3).collect();
+        bail!(
+            "{} case(s) where the API server disagrees with the engine; the first:\n{}",
+            tally.failures.len(),
+            shown.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n---\n")
+        );
+    }
+    Ok(())
+}
+
+/// Runs one case: the engine's decision, then the API server's verdict on the author's pod and on
+/// the pod the engine would write.
+async fn judge(ctx: &Ctx, case: &Case, index: u64, namespace: &str, tally: &mut Tally) -> Result<()> {
+    tally.cases += 1;
+    let sources =
+        case.templates.iter().enumerate().map(|(i, text)| TemplateSource { name: format!("t{i}"), text: text.clone() });
+    let (set, errors) = TemplateSet::load(sources);
+    if !errors.is_empty() {
+        bail!("case {index}: the generated templates do not load: {errors:?}");
+    }
+    let engine = Engine::new(set, Vec::new());
+    let mut pod = case.pod.clone();
+    pod["metadata"]["name"] = json!(format!("oracle-{index}"));
+    pod["metadata"]["namespace"] = json!(namespace);
+    let facts = NamespaceFacts::known(
+        namespace,
+        [("sidecar-injector.io/inject".into(), "enabled".into())].into(),
+        Default::default(),
+    );
+    let cluster = match case.recent {
+        true => ClusterFacts::api_server(true),
+        false => ClusterFacts {
+            image_volumes: ImageVolumeSupport::of_api_server(Some((1, 28))),
+            ..ClusterFacts::api_server(false)
+        },
+    };
+    let request = PodRequest { pod: Arc::new(pod.clone()), namespace: facts, cluster, workload: None };
+    let injection = match engine.evaluate(&request).outcome {
+        Outcome::Inject(injection) => injection,
+        _ => {
+            tally.not_injected += 1;
+            return Ok(());
+        }
+    };
+    if let Err(refusal) = dry_run(ctx, namespace, &pod).await? {
+        tally.author_refused += 1;
+        tally.first_author_refusal.get_or_insert(refusal);
+        return Ok(());
+    }
+    if !injection.invalid.is_empty() {
+        // The engine left the pod as it was, predicting a refusal of the injected one.
+        tally.predicted_invalid += 1;
+        return Ok(());
+    }
+    tally.injected += 1;
+    let mut injected = pod.clone();
+    json_patch::patch(&mut injected, &injection.patch).with_context(|| format!("case {index}: the patch applies"))?;
+    let describe = || {
+        format!(
+            "case {index} (namespace {namespace}, recent cluster: {}):\ntemplates:\n{}\npod: {}\ninjected: {}",
+            case.recent,
+            case.templates.join("---\n"),
+            case.pod,
+            injected
+        )
+    };
+    match dry_run(ctx, namespace, &injected).await? {
+        Err(refusal) => {
+            tally.failures.push(format!("the API server refused the injected pod: {refusal}\n{}", describe()))
+        }
+        Ok(stored) => {
+            tally.accepted += 1;
+            for (path, written) in quantities_written(&injection.patch) {
+                let kept = stored.pointer(&path);
+                if kept != Some(&written) {
+                    tally.failures.push(format!(
+                        "the quantity at {path} is written {written} and stored {}\n{}",
+                        kept.map_or("(absent)".to_owned(), Value::to_string),
+                        describe()
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Server-side dry-run of a pod as raw JSON (no typed round trip, which would itself reject or
+/// rewrite what the engine wrote): `Ok(Ok(stored))`, or `Ok(Err(the API server's message))`.
+async fn dry_run(ctx: &Ctx, namespace: &str, pod: &Value) -> Result<Result<Value, String>> {
+    let params = kube::api::PostParams { dry_run: true, ..Default::default() };
+    let request = kube::core::Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
+        .create(&params, serde_json::to_vec(pod)?)
+        .context("building the dry-run request")?;
+    match ctx.client.request::<Value>(request).await {
+        Ok(stored) => Ok(Ok(stored)),
+        Err(kube::Error::Api(status)) => Ok(Err(format!("{} ({})", status.message, status.code))),
+        Err(other) => Err(other).context("the dry-run request"),
+    }
+}
+
+/// Every quantity (a string under a `requests`, `limits` or pod-level `resources`) that the patch
+/// adds or replaces, by its JSON pointer.
+fn quantities_written(patch: &[PatchOperation]) -> Vec<(String, Value)> {
+    fn walk(path: String, value: &Value, in_resources: bool, out: &mut Vec<(String, Value)>) {
+        match value {
+            Value::Object(map) => {
+                for (key, item) in map {
+                    let inside = in_resources || matches!(key.as_str(), "requests" | "limits");
+                    let escaped = key.replace('~', "~0").replace('/', "~1");
+                    walk(format!("{path}/{escaped}"), item, inside, out);
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    walk(format!("{path}/{i}"), item, in_resources, out);
+                }
+            }
+            quantity if in_resources => out.push((path, quantity.clone())),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for operation in patch {
+        let (path, value) = match operation {
+            PatchOperation::Add(add) => (add.path.to_string(), &add.value),
+            PatchOperation::Replace(replace) => (replace.path.to_string(), &replace.value),
+            _ => continue,
+        };
+        // Appended items (`/-`) are found where they end up only by content: pod-level resources
+        // and a container's own are written whole, so only those paths are compared.
+        if path.ends_with("/-") {
+            continue;
+        }
+        let in_resources = path.contains("/resources");
+        walk(path, value, in_resources, &mut out);
+    }
+    out
+}
