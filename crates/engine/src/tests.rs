@@ -981,6 +981,43 @@ fn pod_level_resources_are_padded_and_recorded_and_taken_back_exactly() {
     assert!(injection.patch.iter().all(|op| !op.path().to_string().starts_with("/spec/resources")));
 }
 
+/// Issue 58 part 2: a copy of an injected pod whose status claims more padding than the injected
+/// containers account for proves nothing; the pod's values are kept as they are, never padded a
+/// second time for the same sidecar (and never taken below what the author had).
+#[test]
+fn a_forged_padding_claim_is_ignored_and_the_pods_values_kept() {
+    let engine = engine(&[("agent", BUDGETED)]);
+    let pod = budgeted_pod("128Mi");
+    let injection = inject(&engine, &pod);
+    let out = apply(&pod, &injection.patch);
+    // (how the recorded padding is forged)
+    type Forgery = (&'static str, fn(&mut Value));
+    let forgeries: [Forgery; 3] = [
+        ("doubled", |p| *p = json!({"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}})),
+        ("halved", |p| *p = json!({"requests": {"cpu": "5m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}})),
+        ("dropped", |p| *p = Value::Null),
+    ];
+    for (case, forge) in forgeries {
+        let mut status: Value =
+            serde_json::from_str(out["metadata"]["annotations"][names::STATUS_ANNOTATION].as_str().unwrap()).unwrap();
+        forge(&mut status["podResources"]);
+        let mut forged = out.clone();
+        forged["metadata"]["annotations"][names::STATUS_ANNOTATION] = json!(status.to_string());
+        let after = match engine.evaluate(&request(forged.clone(), opted_in("shop", &[]))).outcome {
+            Outcome::Inject(injection) => apply(&forged, &injection.patch),
+            Outcome::UpToDate(_) => forged.clone(),
+            other => panic!("{case}: {other:?}"),
+        };
+        assert_eq!(after["spec"]["resources"], out["spec"]["resources"], "{case}: the pod's values are kept");
+        let again = engine.evaluate(&request(after.clone(), opted_in("shop", &[]))).outcome;
+        let again = match again {
+            Outcome::Inject(injection) => apply(&after, &injection.patch),
+            _ => after.clone(),
+        };
+        assert_eq!(again["spec"]["resources"], out["spec"]["resources"], "{case}: and stay so");
+    }
+}
+
 #[test]
 fn a_sidecar_resized_in_place_stays_injected_and_keeps_its_resources() {
     let engine = engine(&[("agent", BUDGETED)]);

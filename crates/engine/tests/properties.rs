@@ -337,6 +337,43 @@ proptest! {
         prop_assert_eq!(normalize(&reinjected), normalize(&expected));
     }
 
+    /// A copy of an injected pod whose status records another padding of the pod-level resources
+    /// (scaled, or dropped) proves nothing: re-admitting it keeps the pod's values as they are,
+    /// never padding them again for sidecars already in the pod.
+    #[test]
+    fn a_forged_padding_never_pads_again(
+        pod in pod(),
+        templates in proptest::collection::vec(template(), 1..=3),
+        native in any::<bool>(),
+        factor in proptest::sample::select(vec![0i128, 2, 3, -1]),
+    ) {
+        let engine = engine(&templates);
+        let (injected, _) = patched(&pod, evaluate(&engine, &pod, native));
+        let text = injected["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap_or("{}");
+        let mut status: Value = serde_json::from_str(text).unwrap();
+        let Some(padding) = status.get_mut("podResources").filter(|p| p.is_object()) else { return Ok(()) };
+        // Each recorded amount scaled (0: a claim of nothing), or the record dropped (-1).
+        match factor {
+            -1 => *padding = Value::Null,
+            factor => {
+                for map in padding.as_object_mut().unwrap().values_mut().filter_map(Value::as_object_mut) {
+                    for amount in map.values_mut() {
+                        let nanos = pod_resources::parse(amount.as_str().unwrap()).unwrap();
+                        *amount = json!(pod_resources::format(nanos * factor, amount.as_str().unwrap()));
+                    }
+                }
+            }
+        }
+        let mut forged = injected.clone();
+        forged["metadata"]["annotations"]["sidecar-injector.io/status"] = json!(status.to_string());
+        let readmitted = match evaluate(&engine, &forged, native) {
+            outcome @ Outcome::Inject(_) => patched(&forged, outcome).0,
+            Outcome::UpToDate(_) => forged.clone(),
+            other => panic!("{other:?}"),
+        };
+        prop_assert_eq!(&readmitted["spec"]["resources"], &injected["spec"]["resources"], "the pod's values are kept as they are");
+    }
+
     /// After a template edit, an in-place update (`drift --in-place`) exists where the edit
     /// changed only the value every sidecar's image is, on a replica that served the old version
     /// and (when the old text can be rebuilt) in the CLI; and whenever one is made, the pod is

@@ -317,10 +317,19 @@ impl<'p> PodFound<'p> {
         {
             return Some(Ok(Resized { padded: now.clone(), now, padding: padding.clone() }));
         }
-        let author: pod_resources::Containers = (
-            staying(self.init_containers, &self.removed_init, &kept.init_containers, true),
-            staying(Some(self.containers), &self.removed_containers, &kept.containers, true),
-        );
+        let earlier = previous.pod_resources.as_ref().or(kept.pod_resources.as_ref());
+        // With a proven padding, the author's values are the pod's less that padding, for the
+        // author's containers. Without one (none recorded, or a claim that does not prove: a copy
+        // with forged amounts), the pod's values are its author's as they stand, for every
+        // container it has now: only what the injection adds beyond them grows them, so a
+        // sidecar already in the pod is never padded for twice.
+        let author: pod_resources::Containers = match earlier {
+            Some(_) => (
+                staying(self.init_containers, &self.removed_init, &kept.init_containers, true),
+                staying(Some(self.containers), &self.removed_containers, &kept.containers, true),
+            ),
+            None => (staying(self.init_containers, &[], &[], false), staying(Some(self.containers), &[], &[], false)),
+        };
         let (init_first, init_last) = additions.init.split_at(additions.init.len() - additions.init_at_end);
         let mut after: pod_resources::Containers = (
             init_first
@@ -331,7 +340,7 @@ impl<'p> PodFound<'p> {
             staying(Some(self.containers), &self.removed_containers, &[], false),
         );
         after.1.extend(additions.containers.iter());
-        resize_pod_level(now, previous.pod_resources.as_ref().or(kept.pod_resources.as_ref()), &author, &after)
+        resize_pod_level(now, earlier, &author, &after)
     }
 }
 
