@@ -26,6 +26,7 @@ pub mod manifest;
 pub mod names;
 pub mod offline;
 pub mod pod;
+pub mod quantity;
 pub mod templates;
 pub mod workload;
 

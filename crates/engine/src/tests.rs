@@ -981,6 +981,54 @@ fn pod_level_resources_are_padded_and_recorded_and_taken_back_exactly() {
     assert!(injection.patch.iter().all(|op| !op.path().to_string().starts_with("/spec/resources")));
 }
 
+/// Issue 58 part 1: a quantity written as a number (`cpu: 1`, as people write YAML; the CLI's
+/// manifests keep it a number) is read as Kubernetes reads it, in the template and in the pod.
+#[test]
+fn quantities_written_as_numbers_are_padded_like_strings() {
+    let template = |cpu: &str| {
+        format!(
+            "default: true\ninject:\n  sidecars:\n    - name: agent\n      image: agent:1\n      resources: {{requests: {{cpu: {cpu}, memory: 64Mi}}, limits: {{cpu: {cpu}, memory: 64Mi}}}}\n"
+        )
+    };
+    // (the template's cpu, the app's cpu as written, the padded pod-level cpu)
+    let cases = [
+        ("1", json!("500m"), "1500m"),
+        ("\"1000m\"", json!("500m"), "1500m"),
+        ("0.25", json!(0.5), "750m"),
+        ("1", json!(0.5), "1500m"),
+    ];
+    for (cpu, app_cpu, padded) in cases {
+        let engine = engine(&[("agent", &template(cpu))]);
+        let pod = json!({"metadata": {"name": "p", "namespace": "shop"}, "spec": {
+            "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
+            "containers": [{"name": "app", "image": "app:1", "resources": {"requests": {"cpu": app_cpu, "memory": "256Mi"}}}]}});
+        let injection = inject(&engine, &pod);
+        assert!(injection.invalid.is_empty(), "{cpu}: {:?}", injection.invalid);
+        let out = apply(&pod, &injection.patch);
+        assert_eq!(out["spec"]["resources"]["limits"]["cpu"], json!(padded), "{cpu}");
+        assert_eq!(out["spec"]["resources"]["requests"]["cpu"], json!(padded), "{cpu}: Guaranteed stays Guaranteed");
+        assert!(matches!(engine.evaluate(&request(out.clone(), opted_in("shop", &[]))).outcome, Outcome::UpToDate(_)));
+        // As the API server stores it: every quantity a string.
+        let mut stored = out.clone();
+        stored["spec"]["initContainers"][0]["resources"] =
+            json!({"requests": {"cpu": "1", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "64Mi"}});
+        if cpu == "0.25" {
+            stored["spec"]["initContainers"][0]["resources"] =
+                json!({"requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"cpu": "250m", "memory": "64Mi"}});
+        }
+        let outcome = engine.evaluate(&request(stored, opted_in("shop", &[]))).outcome;
+        assert!(matches!(outcome, Outcome::UpToDate(_)), "{cpu}: {outcome:?}");
+    }
+    // A pod value that is no quantity is never padded over: the pod is left as written, saying why.
+    let engine = engine(&[("agent", &template("1"))]);
+    let mut pod = budgeted_pod("128Mi");
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("1.5.0");
+    let outcome = engine.evaluate(&request(pod, opted_in("shop", &[]))).outcome;
+    let text = format!("{outcome:?}");
+    assert!(text.starts_with("OutOfScope(WouldBeInvalid"), "{text}");
+    assert!(text.contains(r#"spec.containers[0].resources.requests[cpu]: \"1.5.0\" is not a quantity"#), "{text}");
+}
+
 /// Issue 58 part 2: a copy of an injected pod whose status claims more padding than the injected
 /// containers account for proves nothing; the pod's values are kept as they are, never padded a
 /// second time for the same sidecar (and never taken below what the author had).

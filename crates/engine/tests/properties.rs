@@ -358,8 +358,8 @@ proptest! {
             factor => {
                 for map in padding.as_object_mut().unwrap().values_mut().filter_map(Value::as_object_mut) {
                     for amount in map.values_mut() {
-                        let nanos = pod_resources::parse(amount.as_str().unwrap()).unwrap();
-                        *amount = json!(pod_resources::format(nanos * factor, amount.as_str().unwrap()));
+                        let nanos = sidecar_injector_engine::quantity::parse(amount.as_str().unwrap()).unwrap();
+                        *amount = json!(sidecar_injector_engine::quantity::format(nanos * factor, amount.as_str().unwrap()));
                     }
                 }
             }

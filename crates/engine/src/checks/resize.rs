@@ -19,10 +19,10 @@ use serde_json::Value;
 use crate::claims::status::{InjectionStatus, ItemKind};
 use crate::claims::strip::strip_injection;
 use crate::injection::image_volumes::VolumeForms::Recorded;
-use crate::injection::pod_resources;
+
 use crate::injection::render::{self, Subject};
 use crate::kinds::CONTAINER_LISTS;
-use crate::{Engine, PodRequest, pod, workload};
+use crate::{Engine, PodRequest, pod, quantity, workload};
 
 /// The resource fields a template's floor covers, as a container's `resources` names them.
 pub const FLOOR_FIELDS: [&str; 2] = ["requests", "limits"];
@@ -85,9 +85,7 @@ pub fn shortfalls(engine: &Engine, request: &PodRequest, old: &Value, status: &I
             for (field, resource, floor) in floor_of(container.get("resources")) {
                 let now = resources(new, name).and_then(|r| r.get(field)).and_then(|m| m.get(&resource));
                 let now_text = now.map(quantity_text);
-                let (Some(floor_nanos), now_nanos) =
-                    (pod_resources::parse(&floor), now_text.as_deref().and_then(pod_resources::parse))
-                else {
+                let (Some(floor_nanos), now_nanos) = (quantity::parse(&floor), now.and_then(quantity::of)) else {
                     continue;
                 };
                 if now_nanos.is_none_or(|n| n < floor_nanos) {
@@ -118,16 +116,14 @@ pub fn floor_of(resources: Option<&Value>) -> Vec<(&'static str, String, String)
 
 /// Whether `quantity` is one Kubernetes reads (the enforcement policy's `quantity()` fails on
 /// anything else).
-pub fn parses(quantity: &str) -> bool {
-    pod_resources::parse(quantity).is_some()
+pub fn parses(text: &str) -> bool {
+    quantity::parse(text).is_some()
 }
 
-/// A quantity as text: the API server accepts `cpu: 1` as well as `cpu: "1"`.
-fn quantity_text(quantity: &Value) -> String {
-    match quantity {
-        Value::String(text) => text.clone(),
-        other => other.to_string(),
-    }
+/// A quantity as text: the API server accepts `cpu: 1` as well as `cpu: "1"` (`quantity::text`);
+/// anything else as its JSON.
+fn quantity_text(value: &Value) -> String {
+    quantity::text(value).map_or_else(|| value.to_string(), |text| text.into_owned())
 }
 
 /// The `resources` of the container (or init container) `name`.
@@ -326,18 +322,13 @@ inject:
             "{:?}",
             requirements.unchecked
         );
-        // A quantity the policy's `quantity()` could not read is left out, and said.
+        // A quantity nobody could read (the policy's `quantity()` included) never loads.
         let unreadable = ENFORCED.replace("limits: {memory: 64Mi}", "limits: {memory: 64Mi, example.com/gpu: lots}");
-        let engine = self::engine(&[("enforced", &unreadable)]);
-        let requirements = crate::checks::enforce::Requirements::of(engine.templates.get("enforced").unwrap(), true);
-        assert_eq!(
-            requirements.params_data()["resources.agent"],
-            "requests.cpu=50m requests.memory=32Mi limits.memory=64Mi"
-        );
+        let (_, errors) =
+            crate::TemplateSet::load([crate::TemplateSource { name: "enforced".into(), text: unreadable }]);
         assert!(
-            requirements.unchecked.iter().any(|u| u.contains("resources.limits.example.com/gpu is \"lots\"")),
-            "{:?}",
-            requirements.unchecked
+            errors.iter().any(|e| e.message.contains("resources.limits.example.com/gpu: \"lots\" is not a quantity")),
+            "{errors:?}"
         );
     }
 }

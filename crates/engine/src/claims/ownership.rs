@@ -382,7 +382,7 @@ fn exact_in(expected: &Value, actual: &Value, context: Context) -> bool {
             want.len() == have.len() && want.iter().zip(have).all(|(w, h)| exact_in(w, h, Context::Item))
         }
         (Value::Number(w), Value::Number(h)) => w.as_f64() == h.as_f64(),
-        (Value::String(w), Value::String(h)) if context == Context::Resources => w == h || quantities_equal(w, h),
+        (w, h) if context == Context::Resources && !w.is_object() && !w.is_array() => w == h || quantities_equal(w, h),
         (w, h) => w == h,
     }
 }

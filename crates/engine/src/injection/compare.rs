@@ -78,7 +78,7 @@ pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<
                 .any(|(i, (w, h))| first_difference(w, h, &format!("{path}[{i}]")).is_some());
             differs.then(|| format!("{} is {actual}, the template sets {}", here(path), shown(expected)))
         }
-        (Value::String(w), Value::String(h)) if w != h && path.contains("resources") && quantities_equal(w, h) => None,
+        (w, h) if w != h && path.contains("resources") && quantities_equal(w, h) => None,
         (w, h) if w == h => None,
         (w, h) => Some(format!("{} is {h}, the template sets {}", here(path), shown(w))),
     }
@@ -108,40 +108,9 @@ fn shown(value: &Value) -> String {
     value.to_string().replace(&placeholder, "\"<from the pod>\"")
 }
 
-/// A resource quantity's value (`500m` → 0.5, `1Gi` → 1073741824); `None` if it is not one.
-fn quantity(text: &str) -> Option<f64> {
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+')).unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let multiplier = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse().ok()?),
-        _ => return None,
-    };
-    Some(number * multiplier)
-}
-
-/// Whether two resource quantities have the same value.
-pub fn quantities_equal(a: &str, b: &str) -> bool {
-    match (quantity(a), quantity(b)) {
-        (Some(x), Some(y)) => (x - y).abs() <= f64::EPSILON * x.abs().max(y.abs()).max(1.0),
-        _ => false,
-    }
+/// Whether two resource quantities have the same value, each written as a string or a number.
+pub fn quantities_equal(a: &Value, b: &Value) -> bool {
+    crate::quantity::equal(a, b)
 }
 
 #[cfg(test)]
@@ -167,13 +136,31 @@ mod tests {
     }
 
     #[test]
-    fn quantities_compare_by_value() {
-        let equal = [("1000m", "1"), ("0.5", "500m"), ("1Gi", "1024Mi"), ("1k", "1000"), ("1e3", "1k")];
+    fn quantities_compare_by_value_however_written() {
+        let equal = [
+            (json!("1000m"), json!("1")),
+            (json!("0.5"), json!("500m")),
+            (json!("1Gi"), json!("1024Mi")),
+            (json!("1k"), json!("1000")),
+            (json!("1e3"), json!("1k")),
+            (json!(1), json!("1000m")),
+            (json!(0.5), json!("500m")),
+            (json!(1), json!(1.0)),
+        ];
         for (a, b) in equal {
-            assert!(quantities_equal(a, b), "{a} == {b}");
+            assert!(quantities_equal(&a, &b), "{a} == {b}");
         }
-        for (a, b) in [("1", "2"), ("1Gi", "1G"), ("x", "x1")] {
-            assert!(!quantities_equal(a, b), "{a} != {b}");
+        for (a, b) in [
+            (json!("1"), json!("2")),
+            (json!("1Gi"), json!("1G")),
+            (json!("x"), json!("x1")),
+            (json!(true), json!("1")),
+        ] {
+            assert!(!quantities_equal(&a, &b), "{a} != {b}");
         }
+        // A template's `cpu: 1` is what the API server stores as "1".
+        let want = json!({"resources": {"limits": {"cpu": 1}}});
+        let have = json!({"resources": {"limits": {"cpu": "1"}}});
+        assert_eq!(first_difference(&want, &have, ""), None);
     }
 }

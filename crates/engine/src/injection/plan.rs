@@ -310,6 +310,11 @@ impl<'p> PodFound<'p> {
         additions: &Additions,
     ) -> Option<Result<Resized, Vec<String>>> {
         let now = pod_resources::PodLevel::of(pod)?;
+        // Nothing is padded over a value that is no quantity (the API server refuses it anyway).
+        let unreadable = pod_resources::unreadable(pod);
+        if !unreadable.is_empty() {
+            return Some(Err(unreadable));
+        }
         // Only kept items, no container added: the kept padding stands as recorded, even where
         // the kept containers were resized in place since (a resize is not an injection).
         if let (None, Some(padding), true, true) =

@@ -16,13 +16,15 @@
 //! Before answering, [`violations`] checks the padded pod against the API server's rules for
 //! pod-level resources: a pod we would make invalid is left as its author wrote it.
 //!
-//! Quantities are exact: parsed to nano-units in an `i128` (`Ei` is 2^60, times 10^9, fits), and
-//! written back in the suffix family the author used.
+//! Quantities are read by `quantity` (a string or a number, exactly, as Kubernetes reads them) and
+//! written back as Kubernetes writes a quantity of the format the author used.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::quantity::{self, format, parse};
 
 /// What an injection added to the pod's `spec.resources`: per resource name, the quantity added.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,15 +76,17 @@ impl Field {
     }
 }
 
-/// A container's quantity of `resource`, in nano-units (0 when it sets none or an unreadable one).
+/// A container's quantity of `resource`, in nano-units, written as a string or a number (0 when
+/// it sets none or one that is no quantity, which the API server refuses anyway and the load check
+/// refuses in a template).
 fn container_quantity(container: &Value, resource: &str, field: Field) -> i128 {
     let resources = container.get("resources");
-    let of = |key: &str| resources.and_then(|r| r.get(key)).and_then(|m| m.get(resource)).and_then(Value::as_str);
-    let text = match field {
+    let of = |key: &str| resources.and_then(|r| r.get(key)).and_then(|m| m.get(resource));
+    let value = match field {
         Field::Requests => of("requests").or_else(|| of("limits")),
         Field::Limits => of("limits"),
     };
-    text.and_then(parse).unwrap_or(0)
+    value.and_then(quantity::of).unwrap_or(0)
 }
 
 /// The pod's aggregate of `resource` as Kubernetes computes it for scheduling and for the
@@ -117,7 +121,8 @@ pub struct PodLevel {
 }
 
 impl PodLevel {
-    /// Reads `spec.resources` (quantities that do not parse are left alone: never padded).
+    /// Reads `spec.resources`, each quantity a string or a number (those that are no quantity are
+    /// left alone: never padded).
     pub fn of(pod: &Value) -> Option<PodLevel> {
         let resources = pod.get("spec")?.get("resources")?;
         let read = |field: Field| -> BTreeMap<String, (String, i128)> {
@@ -127,8 +132,9 @@ impl PodLevel {
                 .into_iter()
                 .flatten()
                 .filter_map(|(k, v)| {
-                    let text = v.as_str()?;
-                    Some((k.clone(), (text.to_owned(), parse(text)?)))
+                    let text = quantity::text(v)?;
+                    let value = parse(&text)?;
+                    Some((k.clone(), (text.into_owned(), value)))
                 })
                 .collect()
         };
@@ -264,6 +270,32 @@ pub fn violations(level: &PodLevel, containers: &Containers<'_>) -> Vec<String> 
     found
 }
 
+/// The values of a pod's `spec.resources` and its containers' `resources` that are no Kubernetes
+/// quantity (`1.5.0`, `12 Gi`), one sentence each naming the field: padding cannot be computed
+/// over them, and the API server refuses the pod for them.
+pub fn unreadable(pod: &Value) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut check = |at: String, resources: Option<&Value>| {
+        for field in ["requests", "limits"] {
+            let entries = resources.and_then(|r| r.get(field)).and_then(Value::as_object);
+            for (resource, value) in entries.into_iter().flatten() {
+                if let Some(problem) = quantity::problem(value) {
+                    found.push(format!("{at}.{field}[{resource}]: {problem}"));
+                }
+            }
+        }
+    };
+    let spec = pod.get("spec");
+    check("spec.resources".to_owned(), spec.and_then(|s| s.get("resources")));
+    for list in ["initContainers", "containers"] {
+        let containers = spec.and_then(|s| s.get(list)).and_then(Value::as_array);
+        for (index, container) in containers.into_iter().flatten().enumerate() {
+            check(format!("spec.{list}[{index}].resources"), container.get("resources"));
+        }
+    }
+    found
+}
+
 /// The JSON Patch path of a pod-level quantity.
 pub fn path(field: Field, resource: &str) -> String {
     format!("/spec/resources/{}/{}", field.key(), resource.replace('~', "~0").replace('/', "~1"))
@@ -285,143 +317,12 @@ pub fn changes<'a>(from: &'a PodLevel, to: &'a PodLevel) -> Vec<(Field, &'a str,
         .collect()
 }
 
-const NANO: i128 = 1_000_000_000;
-
-/// A Kubernetes quantity in nano-units (`100m` is 100,000,000): a signed decimal number and a
-/// binary (`Ki`..`Ei`), decimal (`n`, `u`, `m`, `k`..`E`) or exponent (`e3`) suffix; rounded up to
-/// a nano-unit, as Kubernetes rounds. `None` for anything else, or too large.
-pub fn parse(text: &str) -> Option<i128> {
-    let text = text.trim();
-    if text.is_empty() || text.len() > 40 {
-        return None;
-    }
-    let (negative, rest) = match text.as_bytes()[0] {
-        b'-' => (true, &text[1..]),
-        b'+' => (false, &text[1..]),
-        _ => (false, text),
-    };
-    let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-    let (number, suffix) = rest.split_at(number_end);
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
-        return None;
-    }
-    let digits = format!("{whole}{fraction}");
-    let mantissa: i128 = digits.parse().ok()?;
-    let scale = i32::try_from(fraction.len()).ok()?;
-    // The suffix as (multiplier, power of ten), applied to nano-units.
-    let (multiplier, power): (i128, i32) = match suffix {
-        "" => (1, 0),
-        "n" => (1, -9),
-        "u" => (1, -6),
-        "m" => (1, -3),
-        "k" => (1, 3),
-        "M" => (1, 6),
-        "G" => (1, 9),
-        "T" => (1, 12),
-        "P" => (1, 15),
-        "E" => (1, 18),
-        "Ki" => (1 << 10, 0),
-        "Mi" => (1 << 20, 0),
-        "Gi" => (1 << 30, 0),
-        "Ti" => (1 << 40, 0),
-        "Pi" => (1 << 50, 0),
-        "Ei" => (1 << 60, 0),
-        exponent if exponent.starts_with(['e', 'E']) => {
-            (1, exponent[1..].parse::<i32>().ok().filter(|e| e.abs() <= 30)?)
-        }
-        _ => return None,
-    };
-    // value = mantissa * multiplier * 10^(power - scale) units = that * 10^9 nano-units.
-    let exponent = power - scale + 9;
-    let scaled = mantissa.checked_mul(multiplier)?;
-    let nanos = if exponent >= 0 {
-        scaled.checked_mul(10i128.checked_pow(u32::try_from(exponent).ok()?)?)?
-    } else {
-        let divisor = 10i128.checked_pow(u32::try_from(-exponent).ok()?)?;
-        (scaled + divisor - 1) / divisor
-    };
-    Some(if negative { -nanos } else { nanos })
-}
-
-/// Writes nano-units as a quantity in the suffix family of `like` (binary `Mi`-style, decimal
-/// `M`-style, or plain), in the largest unit that keeps it exact; fractions as `m`, `u` or `n`.
-pub fn format(nanos: i128, like: &str) -> String {
-    let sign = if nanos < 0 { "-" } else { "" };
-    let nanos = nanos.abs();
-    if nanos % NANO != 0 {
-        let (divisor, suffix) =
-            [(1_000_000, "m"), (1_000, "u"), (1, "n")].into_iter().find(|(d, _)| nanos % d == 0).unwrap_or((1, "n"));
-        return format!("{sign}{}{suffix}", nanos / divisor);
-    }
-    let units = nanos / NANO;
-    let binary = like.trim_end().ends_with('i');
-    let decimal = like.trim_end().ends_with(['k', 'M', 'G', 'T', 'P', 'E']);
-    let families: &[(i128, &str)] = match (binary, decimal) {
-        (true, _) => {
-            &[(1 << 60, "Ei"), (1 << 50, "Pi"), (1 << 40, "Ti"), (1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki")]
-        }
-        (_, true) => &[
-            (1_000_000_000_000_000_000, "E"),
-            (1_000_000_000_000_000, "P"),
-            (1_000_000_000_000, "T"),
-            (1_000_000_000, "G"),
-            (1_000_000, "M"),
-            (1_000, "k"),
-        ],
-        _ => &[],
-    };
-    match families.iter().find(|(unit, _)| units != 0 && units % unit == 0) {
-        Some((unit, suffix)) => format!("{sign}{}{suffix}", units / unit),
-        None => format!("{sign}{units}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
-
-    #[test]
-    fn quantities_parse_exactly_and_write_back_in_the_authors_family() {
-        // (text, nano-units)
-        let cases: [(&str, i128); 12] = [
-            ("200m", 200_000_000),
-            ("1", NANO),
-            ("1.5", 1_500_000_000),
-            ("128Mi", 128 * (1 << 20) * NANO),
-            ("1Gi", (1 << 30) * NANO),
-            ("2k", 2_000 * NANO),
-            ("1e3", 1_000 * NANO),
-            ("1E", 1_000_000_000_000_000_000 * NANO),
-            ("0.1m", 100_000),
-            ("1n", 1),
-            ("+5", 5 * NANO),
-            ("-1m", -1_000_000),
-        ];
-        for (text, nanos) in cases {
-            assert_eq!(parse(text), Some(nanos), "{text}");
-        }
-        for bad in ["", "m", "1.2.3", "1Xi", "1e99", "abc", "1 Mi", "1ki"] {
-            assert_eq!(parse(bad), None, "{bad}");
-        }
-        // (nano-units, written like, text)
-        let written = [
-            (160 * (1 << 20) * NANO, "128Mi", "160Mi"),
-            (2 * (1 << 30) * NANO, "1Gi", "2Gi"),
-            (210_000_000, "200m", "210m"),
-            (2 * NANO, "1", "2"),
-            (1_500 * NANO, "1k", "1500"),
-            (3_000_000 * NANO, "1M", "3M"),
-            (100_000, "1", "100u"),
-            (0, "1Mi", "0"),
-        ];
-        for (nanos, like, text) in written {
-            assert_eq!(format(nanos, like), text, "{nanos} like {like}");
-            assert_eq!(parse(text), Some(nanos));
-        }
-    }
+    use crate::quantity::NANO;
 
     fn container(name: &str, requests: Value, limits: Value, native: bool) -> Value {
         let mut c = json!({"name": name, "resources": {"requests": requests, "limits": limits}});

@@ -229,6 +229,22 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
             ),
         ));
     }
+    // A quantity the API server would refuse (`1.5.0`, `12 Gi`) in every pod; a number is one.
+    for (section, containers) in
+        [("inject.initContainers", &rendered.init_containers), ("inject.sidecars", &rendered.sidecars)]
+    {
+        for (index, container) in containers.iter().enumerate() {
+            for field in ["requests", "limits"] {
+                let entries = container.get("resources").and_then(|r| r.get(field)).and_then(Value::as_object);
+                for (resource, value) in entries.into_iter().flatten() {
+                    if let Some(problem) = crate::quantity::problem(value) {
+                        let message = format!("{section}[{index}].resources.{field}.{resource}: {problem}");
+                        return Err(TemplateError::at(&template.name, 0, message));
+                    }
+                }
+            }
+        }
+    }
     // (section, items, their type, what must identify each item)
     let section = |name: String, items, conforms, identified| Section { name, items, conforms, identified };
     let containers = [
@@ -320,6 +336,14 @@ mod tests {
             (
                 "inject:\n  labels:\n    owner: \"{{ pod.metadata.generateName | default('pod') }}\"\n",
                 "inject.labels.owner is \"example-7d9f8c6b5-\": a valid label must be an empty string or consist of alphanumeric characters",
+            ),
+            (
+                "inject:\n  sidecars:\n    - {name: s, image: i, resources: {limits: {cpu: 1, memory: 12 Gi}}}\n",
+                "inject.sidecars[0].resources.limits.memory: \"12 Gi\" is not a quantity",
+            ),
+            (
+                "inject:\n  initContainers:\n    - {name: s, image: i, resources: {requests: {cpu: 1.5.0}}}\n",
+                "inject.initContainers[0].resources.requests.cpu: \"1.5.0\" is not a quantity",
             ),
             (
                 "inject:\n  sidecars:\n    - {name: Agent, image: i}\n",
