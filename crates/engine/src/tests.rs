@@ -1029,6 +1029,40 @@ fn quantities_written_as_numbers_are_padded_like_strings() {
     assert!(text.contains(r#"spec.containers[0].resources.requests[cpu]: \"1.5.0\" is not a quantity"#), "{text}");
 }
 
+/// Strip and removal give back the author's own text of a padded value, not an equal value in
+/// Kubernetes' form (`0.5` stays `0.5`, not `500m`).
+#[test]
+fn taking_a_padding_back_gives_the_authors_own_text() {
+    let engine = engine(&[("agent", BUDGETED)]);
+    // (the author's pod-level values, written as people write them)
+    let cases = [
+        json!({"requests": {"cpu": "0.1", "memory": "0.125Gi"}, "limits": {"memory": "0.25Gi"}}),
+        json!({"requests": {"cpu": "100m", "memory": "134217728"}, "limits": {"memory": "1000M"}}),
+        json!({"requests": {"cpu": 0.1, "memory": "128Mi"}, "limits": {"memory": "256Mi"}}),
+    ];
+    let (set, errors) = engine.templates.update(
+        [TemplateSource { name: "agent".into(), text: "default: true\ninject:\n  labels: {a: b}\n".into() }],
+        &template::InProcess,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let without = Engine::new(set, engine.excluded_namespaces.clone());
+    for resources in cases {
+        let mut pod = budgeted_pod("128Mi");
+        pod["spec"]["resources"] = resources.clone();
+        let injection = inject(&engine, &pod);
+        let out = apply(&pod, &injection.patch);
+        assert_ne!(out["spec"]["resources"], resources, "padded");
+        // A number (a manifest given to `inject`) comes back a number.
+        let written = |v: &Value| v.clone();
+        let stripped = crate::claims::strip::strip_injection(&out, &injection.status);
+        assert_eq!(written(&stripped["spec"]["resources"]), written(&resources), "strip");
+        let Outcome::Inject(taken_back) = without.evaluate(&request(out.clone(), opted_in("shop", &[]))).outcome else {
+            panic!("expected a re-injection")
+        };
+        assert_eq!(written(&apply(&out, &taken_back.patch)["spec"]["resources"]), written(&resources), "removal");
+    }
+}
+
 /// Issue 58 part 2: a copy of an injected pod whose status claims more padding than the injected
 /// containers account for proves nothing; the pod's values are kept as they are, never padded a
 /// second time for the same sidecar (and never taken below what the author had).

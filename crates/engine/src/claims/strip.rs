@@ -19,11 +19,10 @@ pub fn strip_injection(pod: &Value, status: &InjectionStatus) -> Value {
         && let Some(authors) = crate::injection::pod_resources::PodLevel::of(&pod).and_then(|now| now.with(padding, -1))
         && let Some(Value::Object(resources)) = pod.get_mut("spec").and_then(|s| s.get_mut("resources"))
     {
-        for (field, map) in [("requests", &authors.requests), ("limits", &authors.limits)] {
-            if let Some(Value::Object(values)) = resources.get_mut(field) {
-                for (resource, (text, _)) in map {
-                    values.insert(resource.clone(), Value::String(text.clone()));
-                }
+        use crate::injection::pod_resources::Field;
+        for (field, map) in [(Field::Requests, &authors.requests), (Field::Limits, &authors.limits)] {
+            if let Some(Value::Object(values)) = resources.get_mut(field.key()) {
+                values.extend(map.keys().filter_map(|r| Some((r.clone(), authors.written(field, r)?))));
             }
         }
     }

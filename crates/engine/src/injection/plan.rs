@@ -1000,7 +1000,7 @@ impl Resized {
     fn operations(&self) -> Vec<(String, Value)> {
         pod_resources::changes(&self.now, &self.padded)
             .into_iter()
-            .map(|(field, resource, text)| (pod_resources::path(field, resource), Value::String(text.to_owned())))
+            .map(|(field, resource, value)| (pod_resources::path(field, resource), value))
             .collect()
     }
 }

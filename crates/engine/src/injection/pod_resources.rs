@@ -19,7 +19,7 @@
 //! Quantities are read by `quantity` (a string or a number, exactly, as Kubernetes reads them) and
 //! written back as Kubernetes writes a quantity of the format the author used.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -35,6 +35,32 @@ pub struct Padding {
     /// Added to `spec.resources.limits`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub limits: BTreeMap<String, String>,
+    /// The author's own values of the padded resources as they wrote them, where Kubernetes would
+    /// write them otherwise (`0.5`, `1.5Gi`, `1000M`), which taking the padding back writes
+    /// again, so strip and removal give back the author's text and not only an equal value
+    /// (`500m`, `1536Mi`, `1G`). A claim like the rest: written back only where it is the value
+    /// the pod's less the padding comes to.
+    #[serde(default, skip_serializing_if = "Authored::is_empty")]
+    pub authored: Authored,
+}
+
+/// The author's values of padded resources, as written (a string or a number): per field,
+/// resource name → value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Authored {
+    /// In `spec.resources.requests`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, Value>,
+    /// In `spec.resources.limits`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, Value>,
+}
+
+impl Authored {
+    /// Whether nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty() && self.limits.is_empty()
+    }
 }
 
 impl Padding {
@@ -67,8 +93,14 @@ pub enum Field {
     Limits,
 }
 
+/// The key of [`PodLevel::numbers`].
+fn number_key(field: Field, resource: &str) -> String {
+    format!("{}/{resource}", field.key())
+}
+
 impl Field {
-    fn key(self) -> &'static str {
+    /// The field's key in `spec.resources`.
+    pub fn key(self) -> &'static str {
         match self {
             Field::Requests => "requests",
             Field::Limits => "limits",
@@ -118,6 +150,8 @@ pub struct PodLevel {
     pub requests: BTreeMap<String, (String, i128)>,
     /// `spec.resources.limits`.
     pub limits: BTreeMap<String, (String, i128)>,
+    /// The values written as JSON numbers (`requests/cpu`), which are written back as numbers.
+    pub numbers: BTreeSet<String>,
 }
 
 impl PodLevel {
@@ -138,8 +172,23 @@ impl PodLevel {
                 })
                 .collect()
         };
-        let level = PodLevel { requests: read(Field::Requests), limits: read(Field::Limits) };
+        let numbers = [Field::Requests, Field::Limits]
+            .into_iter()
+            .flat_map(|field| {
+                let entries = resources.get(field.key()).and_then(Value::as_object).into_iter().flatten();
+                entries.filter(|(_, v)| v.is_number()).map(move |(k, _)| number_key(field, k))
+            })
+            .collect();
+        let level = PodLevel { requests: read(Field::Requests), limits: read(Field::Limits), numbers };
         (!level.requests.is_empty() || !level.limits.is_empty()).then_some(level)
+    }
+
+    /// A value as the pod holds it: a number where the author wrote one, else a string.
+    pub fn written(&self, field: Field, resource: &str) -> Option<Value> {
+        let (text, _) = self.field(field).get(resource)?;
+        let number = self.numbers.contains(&number_key(field, resource));
+        let as_number = number.then(|| serde_json::from_str::<Value>(text).ok()).flatten();
+        Some(as_number.unwrap_or_else(|| Value::from(text.as_str())))
     }
 
     fn field(&self, field: Field) -> &BTreeMap<String, (String, i128)> {
@@ -158,9 +207,16 @@ impl PodLevel {
 
     /// These values with `padding` taken away (`sign` -1) or added (`sign` 1); `None` when a
     /// padded resource is not set, or would go below zero (a padding that does not fit the pod).
+    /// Taking a padding back (`sign` -1) writes the author's own text where the padding
+    /// records it (`Padding::authored`) and it is the value the subtraction comes to.
     pub fn with(&self, padding: &Padding, sign: i128) -> Option<PodLevel> {
         let mut out = self.clone();
-        for (field, map) in [(Field::Requests, &padding.requests), (Field::Limits, &padding.limits)] {
+        let mut numbers = std::mem::take(&mut out.numbers);
+        let fields = [
+            (Field::Requests, &padding.requests, &padding.authored.requests),
+            (Field::Limits, &padding.limits, &padding.authored.limits),
+        ];
+        for (field, map, authored) in fields {
             for (resource, amount) in map {
                 let amount = parse(amount)?;
                 let (text, value) = out.field_mut(field).get_mut(resource)?;
@@ -168,10 +224,19 @@ impl PodLevel {
                 if new < 0 {
                     return None;
                 }
-                *text = format(new, text);
+                let authors = authored.get(resource).filter(|a| sign < 0 && quantity::of(a) == Some(new));
+                *text = match authors.and_then(quantity::text) {
+                    Some(authors) => authors.into_owned(),
+                    None => format(new, text),
+                };
                 *value = new;
+                match authors.is_some_and(Value::is_number) {
+                    true => numbers.insert(number_key(field, resource)),
+                    false => numbers.remove(&number_key(field, resource)),
+                };
             }
         }
+        out.numbers = numbers;
         Some(out)
     }
 }
@@ -205,6 +270,19 @@ pub fn padding(author: &PodLevel, before: &Containers<'_>, after: &Containers<'_
             padding.limits.insert(resource.clone(), format(amount, text));
         }
     }
+    // Only values that taking the padding back would not write again by itself (most are).
+    let authored = |field: Field, padded: &BTreeMap<String, String>| {
+        let values = author.field(field);
+        let texts = padded.keys().filter_map(|r| values.get(r).map(|(text, value)| (r, text, *value)));
+        texts
+            .filter(|(r, text, value)| format(*value, text) != **text || author.numbers.contains(&number_key(field, r)))
+            .filter_map(|(r, _, _)| Some((r.clone(), author.written(field, r)?)))
+            .collect()
+    };
+    padding.authored = Authored {
+        requests: authored(Field::Requests, &padding.requests),
+        limits: authored(Field::Limits, &padding.limits),
+    };
     padding
 }
 
@@ -301,17 +379,17 @@ pub fn path(field: Field, resource: &str) -> String {
     format!("/spec/resources/{}/{}", field.key(), resource.replace('~', "~0").replace('/', "~1"))
 }
 
-/// The pod-level values that differ between `from` and `to`: (field, resource, new text).
-pub fn changes<'a>(from: &'a PodLevel, to: &'a PodLevel) -> Vec<(Field, &'a str, &'a str)> {
+/// The pod-level values that differ between `from` and `to`: (field, resource, the new value as
+/// the pod will hold it).
+pub fn changes<'a>(from: &'a PodLevel, to: &'a PodLevel) -> Vec<(Field, &'a str, Value)> {
     [Field::Requests, Field::Limits]
         .into_iter()
         .flat_map(|field| {
-            to.field(field).iter().filter_map(move |(resource, (text, value))| {
-                (from.field(field).get(resource).map(|(_, v)| v) != Some(value)).then_some((
-                    field,
-                    resource.as_str(),
-                    text.as_str(),
-                ))
+            to.field(field).iter().filter_map(move |(resource, (_, value))| {
+                let key = number_key(field, resource);
+                let same = from.field(field).get(resource).map(|(_, v)| v) == Some(value)
+                    && from.numbers.contains(&key) == to.numbers.contains(&key);
+                (!same).then(|| Some((field, resource.as_str(), to.written(field, resource)?))).flatten()
             })
         })
         .collect()

@@ -39,7 +39,10 @@ pub fn pod() -> impl Strategy<Value = Value> {
         proptest::collection::vec(proptest::option::of((names(), any::<bool>())), POD_LIST_COUNT),
         // Per container (up to 3): per kind of app list, items of the templates' identities.
         proptest::collection::vec(proptest::collection::vec((names(), any::<bool>()), APP_LIST_COUNT), 3),
-        proptest::option::of((1..4u32, any::<bool>())),
+        // Pod-level resources: how much, Guaranteed or not, and how the quantities are written
+        // (0: as the API server writes them; 1: as numbers, as a manifest says `cpu: 0.5`;
+        // 2: in another form of the same value, `0.1`, `0.0625Gi`, `64000000`).
+        proptest::option::of((1..4u32, any::<bool>(), 0..3u8)),
         // Per container: maybe a second env entry of a name it has, in the other form (the API
         // server accepts a name twice; the kubelet reads the last).
         proptest::collection::vec(proptest::option::of(any::<proptest::sample::Index>()), 3),
@@ -85,12 +88,27 @@ pub fn pod() -> impl Strategy<Value = Value> {
             spec.insert("x-future".into(), json!([1, 2]));
             // Pod-level resources (KEP-2837) that the app containers' requests fit: Guaranteed
             // (requests equal limits) or with a memory limit only.
-            if let Some((n, guaranteed)) = pod_level {
-                let requests = json!({"cpu": format!("{}m", n * 100), "memory": format!("{}Mi", n * 64)});
-                let limits = if guaranteed { requests.clone() } else { json!({"memory": format!("{}Mi", n * 256)}) };
+            if let Some((n, guaranteed, written)) = pod_level {
+                let (cpu, memory, big_memory, app_cpu): (Value, Value, Value, Value) = match written {
+                    0 => (
+                        json!(format!("{}m", n * 100)),
+                        json!(format!("{}Mi", n * 64)),
+                        json!(format!("{}Mi", n * 256)),
+                        json!("30m"),
+                    ),
+                    1 => (json!(f64::from(n) / 10.0), json!((n * 64) << 20), json!((n * 256) << 20), json!(0.03)),
+                    _ => (
+                        json!(format!("{}", f64::from(n) / 10.0)),
+                        json!(format!("{}Gi", f64::from(n) / 16.0)),
+                        json!(format!("{}", (n * 256) << 20)),
+                        json!("0.03"),
+                    ),
+                };
+                let requests = json!({"cpu": cpu, "memory": memory});
+                let limits = if guaranteed { requests.clone() } else { json!({"memory": big_memory}) };
                 spec.insert("resources".into(), json!({"requests": requests, "limits": limits}));
                 for container in spec["containers"].as_array_mut().unwrap() {
-                    container["resources"] = json!({"requests": {"cpu": "30m", "memory": "20Mi"}});
+                    container["resources"] = json!({"requests": {"cpu": app_cpu, "memory": "20Mi"}});
                 }
             }
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
@@ -109,8 +127,10 @@ pub fn template() -> impl Strategy<Value = String> {
         (any::<proptest::sample::Index>(), any::<bool>()),
         proptest::sample::select(vec!["native", "container", "auto"]),
         "[a-z]{1,4}",
+        // The sidecars' quantities as YAML numbers (`cpu: 0.01`, a cpu limit of `1`).
+        any::<bool>(),
     )
-        .prop_map(|(maps, init, sidecars, pod_lists, mut app_lists, (volume, sidecars_mount), mode, value)| {
+        .prop_map(|(maps, init, sidecars, pod_lists, mut app_lists, (volume, sidecars_mount), mode, value, numbers)| {
             let volumes = &pod_lists[VOLUMES.index];
             // Mounts name one of the template's own volumes (none without volumes).
             let (sidecars_mount, volume) = match volumes.is_empty() {
@@ -146,7 +166,10 @@ pub fn template() -> impl Strategy<Value = String> {
                             // A subPath into an image volume takes its fallback unless the nodes apply it.
                             (true, true) => json!([{"name": volume, "mountPath": "/shared", "subPath": "sub"}]),
                         },
-                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}},
+                        "resources": match numbers {
+                            false => json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}}),
+                            true => json!({"requests": {"cpu": 0.01, "memory": 16 << 20}, "limits": {"cpu": 1, "memory": "32Mi"}}),
+                        },
                     })).collect())),
                     "appContainers": {},
                 },
