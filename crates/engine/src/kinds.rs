@@ -643,7 +643,7 @@ mod tests {
     fn every_sample_conforms_and_carries_an_identity_the_api_server_takes() {
         for kind in &POD_LISTS {
             for sample in [(kind.sample)("10.1.2.3"), (kind.authored)("10.1.2.3")] {
-                assert_eq!((kind.conforms)(&sample), Ok(None), "{}", kind.field);
+                assert_eq!((kind.conforms)(&sample), Ok(vec![]), "{}", kind.field);
                 assert_eq!(kind.identity(&sample), Some("10.1.2.3"));
             }
             // Made from a name, a sample's identity is one the API server takes, the same for the
@@ -680,7 +680,7 @@ mod tests {
             assert_ne!(sample, authored, "{}: the author's item is another definition", kind.field);
             let identity = kind.identity(&sample).expect("a sample has an identity").into_owned();
             for item in [&sample, &authored] {
-                assert_eq!((kind.conforms)(item), Ok(None), "{}", kind.field);
+                assert_eq!((kind.conforms)(item), Ok(vec![]), "{}", kind.field);
                 assert_eq!(kind.identity(item).as_deref(), Some(identity.as_str()), "{}", kind.field);
                 assert_eq!(kind.find(std::slice::from_ref(item), &identity), Some(item), "{}", kind.field);
                 for field in kind.required {

@@ -186,6 +186,18 @@ pub fn render_masked(
     render_with(template, subject, pod_annotations, namespace, forms, true)
 }
 
+/// Like [`render_masked`], but with **every** item, whatever its `when:` says (no `when` is
+/// evaluated): what the load check reads so that an item no sample pod selects is checked too,
+/// numbered as the template lists its items.
+pub fn render_every_item(
+    template: &Template,
+    subject: &Subject<'_>,
+    namespace: &NamespaceFacts,
+    forms: VolumeForms<'_>,
+) -> Result<RenderedTemplate, RenderError> {
+    render_items(template, subject, &BTreeMap::new(), namespace, forms, true, true)
+}
+
 fn render_with(
     template: &Template,
     subject: &Subject<'_>,
@@ -193,6 +205,18 @@ fn render_with(
     namespace: &NamespaceFacts,
     forms: VolumeForms<'_>,
     mask_pod_reads: bool,
+) -> Result<RenderedTemplate, RenderError> {
+    render_items(template, subject, pod_annotations, namespace, forms, mask_pod_reads, false)
+}
+
+fn render_items(
+    template: &Template,
+    subject: &Subject<'_>,
+    pod_annotations: &BTreeMap<String, String>,
+    namespace: &NamespaceFacts,
+    forms: VolumeForms<'_>,
+    mask_pod_reads: bool,
+    every_item: bool,
 ) -> Result<RenderedTemplate, RenderError> {
     let mut warnings = Vec::new();
     let own = addressed_to(template, pod_annotations, namespace, &mut warnings);
@@ -232,6 +256,7 @@ fn render_with(
         fuel_left: FUEL_PER_TEMPLATE,
         output_left: MAX_TEMPLATE_OUTPUT,
         mask_pod_reads,
+        every_item,
         overridden,
     };
     let spec = &template.inject;
@@ -529,6 +554,8 @@ struct Renderer<'t> {
     fuel_left: u64,
     output_left: usize,
     mask_pod_reads: bool,
+    /// Keep every item, evaluating no `when:` (see [`render_every_item`]).
+    every_item: bool,
     /// Whether the pod overrides any of the template's values.
     overridden: bool,
 }
@@ -536,6 +563,14 @@ struct Renderer<'t> {
 impl Renderer<'_> {
     fn err(&self, line: u64, message: impl Into<String>) -> TemplateError {
         TemplateError::at(&self.template.name, line, message)
+    }
+
+    /// Whether an item is rendered: its `when:` (if any) renders to `true`, or every item is.
+    fn keeps(&mut self, item: &SeqItem) -> Result<bool, TemplateError> {
+        match &item.when {
+            Some(when) if !self.every_item => Ok(self.text(when)? == "true"),
+            _ => Ok(true),
+        }
     }
 
     fn text(&mut self, text: &CompiledText) -> Result<String, TemplateError> {
@@ -600,9 +635,7 @@ impl Renderer<'_> {
     ) -> Result<Vec<Value>, TemplateError> {
         let mut out = Vec::with_capacity(items.len());
         for item in items {
-            if let Some(when) = &item.when
-                && self.text(when)? != "true"
-            {
+            if !self.keeps(item)? {
                 continue;
             }
             let rendered = self.piece(&item.piece)?;
@@ -619,9 +652,7 @@ impl Renderer<'_> {
         let mut out = Vec::with_capacity(items.len());
         let mut merges = BTreeMap::new();
         for item in items {
-            if let Some(when) = &item.when
-                && self.text(when)? != "true"
-            {
+            if !self.keeps(item)? {
                 continue;
             }
             let rendered = self.piece(&item.piece)?;
@@ -646,9 +677,7 @@ impl Renderer<'_> {
     ) -> Result<Vec<Value>, TemplateError> {
         let mut out = Vec::with_capacity(items.len());
         for item in items {
-            if let Some(when) = &item.when
-                && self.text(when)? != "true"
-            {
+            if !self.keeps(item)? {
                 continue;
             }
             let rendered = self.piece(&item.piece)?;

@@ -12,8 +12,8 @@ use serde_json::Value;
 pub const CHECKED_KUBERNETES_VERSION: &str = "1.37";
 
 /// What a check of one rendered item finds: a value of the wrong type (`Err`, with its field
-/// path), a field the type does not have (`Ok(Some(path))`), or nothing.
-pub type Checked = Result<Option<String>, String>;
+/// path), or the fields the type does not have (`Ok`, every one of them, in the item's order).
+pub type Checked = Result<Vec<String>, String>;
 
 /// [`conforms`] for a pod `Volume`. The item kinds' table (`kinds`) names these plain functions
 /// rather than `conforms::<T>`: a generic function named in a table that another crate reads is
@@ -48,11 +48,11 @@ pub fn volume_mount(item: &Value) -> Checked {
     conforms::<k8s_openapi::api::core::v1::VolumeMount>(item)
 }
 
-/// Reads `item` as a `T`: an error names the field path of a value of the wrong type; `Ok(Some)`
-/// names the first field `T` does not have, as `ports[1].protocl` (k8s-openapi ignores unknown
-/// fields; `serde_ignored` reports each one it skips, so no type needs to be written back).
+/// Reads `item` as a `T`: an error names the field path of a value of the wrong type; `Ok` names
+/// every field `T` does not have, as `ports[1].protocl` (k8s-openapi ignores unknown fields;
+/// `serde_ignored` reports each one it skips, so no type needs to be written back).
 pub fn conforms<T: serde::de::DeserializeOwned>(item: &Value) -> Checked {
-    let mut unknown = None;
+    let mut unknown = Vec::new();
     match read::<T>(item, &mut unknown) {
         Ok(()) => Ok(unknown),
         Err(error) => Err(match locate::<T>(item, &error) {
@@ -62,14 +62,12 @@ pub fn conforms<T: serde::de::DeserializeOwned>(item: &Value) -> Checked {
     }
 }
 
-/// Reads `item` as a `T`, noting the first field it does not have in `unknown`. The one place a
+/// Reads `item` as a `T`, noting each field it does not have in `unknown`. The one place a
 /// `T` is deserialized: every instantiation of a k8s-openapi type's deserializer is tens of
 /// kilobytes of the binary (`Volume`'s is over 180), so the error's path is found by reading
 /// again ([`locate`]) rather than by a path-tracking deserializer wrapped around this one.
-fn read<T: serde::de::DeserializeOwned>(item: &Value, unknown: &mut Option<String>) -> Result<(), String> {
-    let mut note = |path: serde_ignored::Path<'_>| {
-        unknown.get_or_insert_with(|| field_path(&path));
-    };
+fn read<T: serde::de::DeserializeOwned>(item: &Value, unknown: &mut Vec<String>) -> Result<(), String> {
+    let mut note = |path: serde_ignored::Path<'_>| unknown.push(field_path(&path));
     T::deserialize(serde_ignored::Deserializer::new(item, &mut note)).map(drop).map_err(|e| e.to_string())
 }
 
@@ -102,7 +100,7 @@ fn locate<T: serde::de::DeserializeOwned>(item: &Value, error: &str) -> String {
                 break 'descend;
             }
             let taken = step.take(node(&mut scratch, &steps));
-            let changed = read::<T>(&scratch, &mut None).err().as_deref() != Some(error);
+            let changed = read::<T>(&scratch, &mut Vec::new()).err().as_deref() != Some(error);
             step.put_back(node(&mut scratch, &steps), taken);
             if changed {
                 steps.push(step);
@@ -204,7 +202,8 @@ mod tests {
     #[test]
     fn unknown_fields_are_named_and_a_long_search_stops() {
         let item = json!({"name": "a", "ports": [{"containerPort": 1, "protocl": "TCP"}], "resourcse": {}});
-        assert_eq!(conforms::<Container>(&item), Ok(Some("ports[0].protocl".to_owned())));
+        // Every one of them, not only the first (a listed one must not hide an unlisted typo).
+        assert_eq!(conforms::<Container>(&item), Ok(vec!["ports[0].protocl".to_owned(), "resourcse".to_owned()]));
         // The entry at fault is past the bound on reads: the error comes back with the path found so far.
         let mut args: Vec<Value> = (0..1000).map(|i| json!(i.to_string())).collect();
         args.push(json!(1));

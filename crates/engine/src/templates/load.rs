@@ -12,9 +12,10 @@ use serde_json::Value;
 
 use crate::facts::NamespaceFacts;
 use crate::injection::api_limits;
+use crate::injection::compare::POD_DERIVED;
 use crate::injection::image_volumes::{ImageVolumeSupport, VolumeForms};
 use crate::injection::ports::{self, Running};
-use crate::injection::render::{RenderError, RenderedTemplate, Subject, render};
+use crate::injection::render::{RenderError, RenderedTemplate, Subject, render, render_every_item};
 use crate::kinds::{APP_LISTS, AppListKind, CONTAINERS, MAPS, POD_LISTS, VOLUMES};
 use crate::names;
 use crate::templates::conformance::{CHECKED_KUBERNETES_VERSION, conforms};
@@ -90,6 +91,19 @@ fn check(template: &Template) -> Result<Vec<String>, TemplateError> {
     // Image volumes as image volumes, and (where a template declares fallbacks) as fallbacks.
     let has_fallbacks = template.has_volume_fallbacks();
     let forms = [VolumeForms::Nodes(ImageVolumeSupport::EVERYWHERE), VolumeForms::Recorded(&[])];
+    // Every item, whatever its `when:` says (pod data masked, so an item that reads a label only
+    // some pods have still renders): its types and each unknown field, by the template's own
+    // numbering. Where that cannot be rendered, the passes below look for unknown fields.
+    let (first_pod, first_workload) = SAMPLE_SHAPES[0].sample(&pod_labels);
+    let every_item =
+        render_every_item(template, &Subject::new(Arc::new(first_pod), &first_workload), &namespace, forms[0]);
+    let unknown_fields = match &every_item {
+        Ok(rendered) => {
+            check_rendered_items(template, rendered, Pass::EveryItem)?;
+            false
+        }
+        Err(_) => true,
+    };
     let shapes =
         SAMPLE_SHAPES.iter().flat_map(|shape| forms.iter().take(1 + has_fallbacks as usize).map(move |f| (shape, *f)));
     for (shape, forms) in shapes {
@@ -97,9 +111,12 @@ fn check(template: &Template) -> Result<Vec<String>, TemplateError> {
         let subject = Subject::new(Arc::new(pod), &workload);
         match render(template, &subject, &BTreeMap::new(), &namespace, forms) {
             Ok(rendered) => {
-                check_rendered(template, &rendered).and_then(|()| check_fallbacks(template, &rendered)).map_err(
-                    |e| TemplateError { message: format!("{} (for {})", e.message, shape.description), ..e },
-                )?;
+                check_rendered_items(template, &rendered, Pass::Selected { unknown_fields })
+                    .and_then(|()| check_fallbacks(template, &rendered))
+                    .map_err(|e| TemplateError {
+                        message: format!("{} (for {})", e.message, shape.description),
+                        ..e
+                    })?;
                 port_collisions.get_or_insert_with(|| {
                     let sidecars = rendered.sidecars.iter().map(|container| Running { container, injected: true });
                     ports::collisions(&sidecars.collect::<Vec<_>>(), false).warned
@@ -210,12 +227,24 @@ enum Identified {
     AsAppItem(&'static AppListKind),
 }
 
+/// What one check of a rendering looks at.
+#[derive(Clone, Copy)]
+enum Pass {
+    /// The items a sample pod's `when`s select: types, identities, label values; unknown fields
+    /// only when `unknown_fields` (when no [`Pass::EveryItem`] could be made).
+    Selected { unknown_fields: bool },
+    /// Every item whatever its `when` says, numbered as the template lists them: types and
+    /// unknown fields (each one), so that no item goes unchecked and `uncheckedFields` paths do
+    /// not depend on the pod.
+    EveryItem,
+}
+
 /// Checks that rendered items are what Kubernetes accepts in their place (a `Container`, a `Volume`,
 /// an `EnvVar`, a `VolumeMount`), with the field path of the first mismatch, and carry a name.
 /// Strictly, as `kubectl`'s strict field validation does: a field the type does not have (a
 /// misspelt `resourcse:`) is an error, not silently dropped by the API server, unless the template
 /// lists its path in `uncheckedFields`.
-pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -> Result<(), TemplateError> {
+fn check_rendered_items(template: &Template, rendered: &RenderedTemplate, pass: Pass) -> Result<(), TemplateError> {
     use k8s_openapi::api::core::v1::Container;
 
     // An init container that runs to completion is never resized: a resize policy says nothing
@@ -237,7 +266,8 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
             for field in ["requests", "limits"] {
                 let entries = container.get("resources").and_then(|r| r.get(field)).and_then(Value::as_object);
                 for (resource, value) in entries.into_iter().flatten() {
-                    if let Some(problem) = crate::quantity::problem(value) {
+                    // (Masked pod data in the every-item pass is no value to judge.)
+                    if let Some(problem) = crate::quantity::problem(value).filter(|_| value != POD_DERIVED) {
                         let message = format!("{section}[{index}].resources.{field}.{resource}: {problem}");
                         return Err(TemplateError::at(&template.name, 0, message));
                     }
@@ -277,13 +307,29 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
         for (index, item) in items.iter().enumerate() {
             let fail = |message: String| TemplateError::at(&template.name, 0, format!("{section}[{index}]{message}"));
             let unknown = conforms(item).map_err(|e| fail(format!(" is not valid: {e}")))?;
-            if let Some(field) = unknown {
-                let path = format!("{section}[{index}].{field}");
-                if !template.unchecked_fields.contains(&path) {
+            if matches!(pass, Pass::EveryItem | Pass::Selected { unknown_fields: true }) {
+                // Listed by index (as the template lists its items) or by the item's name.
+                let name = item.get("name").and_then(Value::as_str);
+                let listed = |field: &String| {
+                    let by_name = name.map(|name| format!("{section}[{name}].{field}"));
+                    template
+                        .unchecked_fields
+                        .iter()
+                        .any(|u| *u == format!("{section}[{index}].{field}") || Some(u) == by_name.as_ref())
+                };
+                let unlisted: Vec<&String> = unknown.iter().filter(|field| !listed(field)).collect();
+                if !unlisted.is_empty() {
+                    let paths: Vec<String> = unlisted.iter().map(|f| format!("{section}[{index}].{f}")).collect();
                     return Err(fail(format!(
-                        " is not valid: unknown field {field:?} (Kubernetes {CHECKED_KUBERNETES_VERSION} has no such field: the API server would drop it; if it is a field newer than that, list {path:?} in the template's uncheckedFields)"
+                        " is not valid: unknown field{} {} (Kubernetes {CHECKED_KUBERNETES_VERSION} has no such field: the API server would drop it; if it is a field newer than that, list {} in the template's uncheckedFields)",
+                        if unlisted.len() > 1 { "s" } else { "" },
+                        unlisted.iter().map(|f| format!("{f:?}")).collect::<Vec<_>>().join(", "),
+                        paths.iter().map(|p| format!("{p:?}")).collect::<Vec<_>>().join(", "),
                     )));
                 }
+            }
+            if matches!(pass, Pass::EveryItem) {
+                continue;
             }
             let unidentified = match identified {
                 Identified::By(key, rule) => match item.get(key) {
@@ -298,6 +344,9 @@ pub(crate) fn check_rendered(template: &Template, rendered: &RenderedTemplate) -
                 return Err(fail(message));
             }
         }
+    }
+    if matches!(pass, Pass::EveryItem) {
+        return Ok(());
     }
     // A label value the API server refuses here would leave every such pod uninjected.
     for kind in &MAPS {
@@ -414,6 +463,46 @@ mod tests {
         // Listing one path does not let another through.
         let err = Template::load("newer", &newer.replace("fromTheFuture: [", "fromTheFuturz: [")).unwrap_err();
         assert!(err.message.contains("unknown field \"fromTheFuturz\""), "{err}");
+    }
+
+    /// Issue 58 part 4: an item behind a `when:` that no sample pod selects is checked all the
+    /// same; every unknown field of an item is reported; and `uncheckedFields` paths number items
+    /// as the template lists them (or name them), whatever `when` drops for a pod.
+    #[test]
+    fn every_item_is_checked_whatever_when_decides() {
+        let guarded = |item: &str| {
+            format!(
+                "inject:\n  sidecars:\n    - name: canary\n      image: i\n      when: \"{{{{ pod.metadata.labels.canary is defined }}}}\"\n{item}\n    - name: agent\n      image: i\n      when: \"{{{{ pod.metadata.labels.agent is defined }}}}\"\n      resourcse: {{}}\n      fromTheFuture: 1\n"
+            )
+        };
+        // (the template, what its load says)
+        let cases = [
+            (guarded("      resourcse: {limits: {cpu: 1}}"), "inject.sidecars[0] is not valid: unknown field \"resourcse\""),
+            (
+                format!("uncheckedFields: [\"inject.sidecars[1].fromTheFuture\"]\n{}", guarded("      args: [x]")),
+                "inject.sidecars[1] is not valid: unknown field \"resourcse\"",
+            ),
+            (
+                format!("uncheckedFields: [\"inject.sidecars[1].resourcse\"]\n{}", guarded("      args: [x]")),
+                "inject.sidecars[1] is not valid: unknown field \"fromTheFuture\"",
+            ),
+            (
+                "inject:\n  initContainers:\n    - name: setup\n      image: i\n      when: \"{{ pod.metadata.labels.never is defined }}\"\n      resizePolicy: [{resourceName: cpu, restartPolicy: NotRequired}]\n".to_owned(),
+                "inject.initContainers[0].resizePolicy: an init container that runs to completion is never resized",
+            ),
+        ];
+        for (text, fragment) in cases {
+            let err = Template::load("guarded", &text).unwrap_err();
+            assert!(err.message.contains(fragment), "expected {fragment:?} in {err}");
+        }
+        let both = guarded("      args: [x]");
+        let err = Template::load("guarded", &both).unwrap_err();
+        assert!(err.message.contains("unknown fields \"fromTheFuture\", \"resourcse\""), "{err}");
+        // Listed by the template's own index, or by the item's name: loads.
+        for listed in ["inject.sidecars[1]", "inject.sidecars[agent]"] {
+            let text = format!("uncheckedFields: [\"{listed}.resourcse\", \"{listed}.fromTheFuture\"]\n{both}");
+            template("guarded", &text);
+        }
     }
 
     #[test]
