@@ -1789,14 +1789,27 @@ async fn in_place_upgrade(ctx: &mut Ctx) -> Result<()> {
     println!("      drift --in-place updated both pods (same UIDs); drift lists neither any more");
 
     // Injector down: the enforcement policy alone refuses another image for the enforced shipper.
+    // Nothing before proves the API server enforces the binding yet (it picks one up on its own
+    // cycle, and the in-place update above passes either way): a cold CI run once patched the
+    // image before it did. Wait for the condition — a dry run of the same patch refused by the
+    // policy (the webhook fails open while the injector is down) — not for time.
     ctx.stop_injector();
     let swap = json!({"spec": {"containers": [{"name": "shipper", "image": "registry.example/evil:1"}]}});
+    let policy_refusal = "an update may change the image of its shipper only to the template's";
+    let dry_run = kube::api::PatchParams { dry_run: true, ..Default::default() };
+    let waited = Instant::now();
+    loop {
+        let tried = pods.patch("upgrade-a", &dry_run, &kube::api::Patch::Strategic(swap.clone())).await;
+        if tried.as_ref().err().map(api_message).is_some_and(|m| m.contains(policy_refusal)) {
+            break;
+        }
+        ensure!(waited.elapsed() < Duration::from_secs(20), "the enforcement binding never took effect: {tried:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("      the API server enforced the binding {:?} after the injector stopped", waited.elapsed());
     let refused = pods.patch("upgrade-a", &kube::api::PatchParams::default(), &kube::api::Patch::Strategic(swap)).await;
     let message = refused.as_ref().err().map(api_message).unwrap_or_default();
-    ensure!(
-        message.contains("an update may change the image of its shipper only to the template's"),
-        "not refused by the policy: {message:?}"
-    );
+    ensure!(message.contains(policy_refusal), "not refused by the policy: {message:?}");
     ctx.start_injector()?;
     wait_for_injection(ctx, "e2e-shop").await?;
     println!("      with the injector down, the enforcement policy refuses another shipper image");
