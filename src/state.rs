@@ -27,14 +27,22 @@ pub enum Namespaces {
         store: Store<PartialObjectMeta<Namespace>>,
         /// How long to wait for a namespace the cache has not seen yet.
         wait: Duration,
+        /// For a namespace the cache still has not seen after `wait`: one direct read.
+        api: Box<kube::Api<Namespace>>,
     },
 }
 
+/// The longest a direct read of a namespace the cache has not seen may take: the API server waits
+/// for the whole admission call (`timeoutSeconds`), so the read gets part of it.
+pub const NAMESPACE_LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl Namespaces {
     /// The facts of namespace `name`. A namespace the cache does not know yet (created a moment
-    /// ago; its watch event may trail the pod's admission) is waited for, briefly.
+    /// ago; its watch event may trail the pod's admission, or the watch is failing) is waited
+    /// for, briefly, then read directly; when even that fails, the facts say why
+    /// (`NamespaceFacts::unavailable`), and no template is judged on labels nobody could read.
     pub async fn facts(&self, name: &str, metrics: &Metrics) -> NamespaceFacts {
-        let Namespaces::Cache { store, wait } = self else {
+        let Namespaces::Cache { store, wait, api } = self else {
             return NamespaceFacts::unknown(name);
         };
         let key = ObjectRef::new(name);
@@ -45,8 +53,26 @@ impl Namespaces {
             }
             if tokio::time::Instant::now() >= deadline {
                 metrics.namespace_cache_misses.inc();
-                tracing::warn!(namespace = name, "namespace not in the cache; its labels count as unknown");
-                return NamespaceFacts::unknown(name);
+                return match tokio::time::timeout(NAMESPACE_LOOKUP_TIMEOUT, api.get_metadata_opt(name)).await {
+                    Ok(Ok(Some(namespace))) => {
+                        tracing::info!(namespace = name, "namespace not in the cache yet; read directly");
+                        NamespaceFacts::known(name, namespace.labels().clone(), namespace.annotations().clone())
+                    }
+                    failed => {
+                        let reason = match failed {
+                            Ok(Ok(_)) => "the API server has no such namespace".to_owned(),
+                            Ok(Err(kube::Error::Api(status))) => format!("reading it failed: {}", status.message),
+                            Ok(Err(error)) => format!("reading it failed: {error}"),
+                            Err(_) => format!("reading it took over {NAMESPACE_LOOKUP_TIMEOUT:?}"),
+                        };
+                        metrics.namespace_lookup_failures.inc();
+                        tracing::warn!(namespace = name, reason, "namespace neither in the cache nor readable");
+                        NamespaceFacts::unavailable(
+                            name,
+                            format!("not in the watched cache after {wait:?}, and {reason}"),
+                        )
+                    }
+                };
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

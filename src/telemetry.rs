@@ -112,6 +112,9 @@ pub struct Metrics {
     pub certificate_reload_errors: Counter,
     /// `sidecar_injector_namespace_cache_misses_total`: requests for a namespace the cache did not know.
     pub namespace_cache_misses: Counter,
+    /// `sidecar_injector_namespace_lookup_failures_total`: of those, the ones a direct read could not
+    /// answer either (pods whose templates choose by namespace labels are then refused).
+    pub namespace_lookup_failures: Counter,
     /// `sidecar_injector_ready`: 1 when `/readyz` answers ok.
     pub ready: Gauge,
     /// `sidecar_injector_namespaces_watched`: namespaces in the cache.
@@ -210,6 +213,12 @@ impl Default for Metrics {
             "Requests for a namespace the cache had not seen (labels unknown)",
             namespace_cache_misses.clone(),
         );
+        let namespace_lookup_failures = Counter::default();
+        registry.register(
+            "namespace_lookup_failures",
+            "Namespaces neither in the cache nor readable directly (labels could not be read)",
+            namespace_lookup_failures.clone(),
+        );
         let ready = Gauge::default();
         registry.register("ready", "1 when the server is ready", ready.clone());
         let namespaces_watched = Gauge::default();
@@ -241,6 +250,7 @@ impl Default for Metrics {
             certificate_expiry,
             certificate_reload_errors,
             namespace_cache_misses,
+            namespace_lookup_failures,
             ready,
             namespaces_watched,
             pods_watched,

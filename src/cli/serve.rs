@@ -94,6 +94,7 @@ impl Starting {
             Some(client) => Namespaces::Cache {
                 store: cluster::watch_namespaces(client.clone(), readiness.clone(), metrics.clone()),
                 wait: Duration::from_millis(settings.cluster.namespace_wait_ms),
+                api: Box::new(kube::Api::all(client.clone())),
             },
             None => Namespaces::Unknown,
         };

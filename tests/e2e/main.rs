@@ -11,6 +11,7 @@ mod flows;
 #[allow(dead_code)]
 #[path = "../common/metrics.rs"]
 mod metrics;
+mod namespaces;
 mod oracle;
 mod policy;
 mod scale;
@@ -98,6 +99,7 @@ async fn run(root: &Path) -> Result<bool> {
     println!("e2e: injector ready, setup took {:.1} s", setup.elapsed().as_secs_f64());
 
     use flows::*;
+    use namespaces::s38_namespace_unreadable;
     use oracle::s37_api_server_oracle;
     use policy::s23_policy_mode;
     use scale::scale as scale_run_scenario;
@@ -138,6 +140,7 @@ async fn run(root: &Path) -> Result<bool> {
         s35_in_place_upgrade,
         s36_image_volumes_by_nodes,
         s37_api_server_oracle,
+        s38_namespace_unreadable,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,

@@ -17,6 +17,10 @@ pub struct NamespaceFacts {
     /// Whether the labels are known. When they are not (no cluster, no flags), the namespace counts
     /// as opted in: the API server's namespaceSelector has already filtered the request.
     pub labels_known: bool,
+    /// On a cluster: why the namespace could be read neither from the watched cache nor by a
+    /// direct lookup. Its labels are then unknown although they matter, so a template that
+    /// chooses by them is never judged on them: the pod is refused, to be retried.
+    pub unavailable: Option<String>,
 }
 
 impl NamespaceFacts {
@@ -27,7 +31,12 @@ impl NamespaceFacts {
 
     /// A namespace with known labels and annotations.
     pub fn known(name: &str, labels: BTreeMap<String, String>, annotations: BTreeMap<String, String>) -> Self {
-        NamespaceFacts { name: name.to_owned(), labels, annotations, labels_known: true }
+        NamespaceFacts { name: name.to_owned(), labels, annotations, labels_known: true, unavailable: None }
+    }
+
+    /// A namespace of a cluster that could not be read (`reason`): see [`NamespaceFacts::unavailable`].
+    pub fn unavailable(name: &str, reason: String) -> Self {
+        NamespaceFacts { unavailable: Some(reason), ..NamespaceFacts::unknown(name) }
     }
 }
 

@@ -135,6 +135,17 @@ pub enum Denial {
         /// Each conflict, as a sentence.
         conflicts: Vec<String>,
     },
+    /// The namespace's labels could not be read (neither the watched cache nor a direct lookup
+    /// answered), and templates that would be considered choose by them: refused rather than
+    /// decided on unknown labels, for the pod's controller to retry.
+    NamespaceUnavailable {
+        /// The namespace.
+        namespace: String,
+        /// Why it could not be read.
+        reason: String,
+        /// The templates whose namespaceSelector could not be judged.
+        templates: Vec<String>,
+    },
     /// An enforced template's injection would make a pod the API server refuses.
     WouldBeInvalid {
         /// The enforced template.
@@ -157,6 +168,11 @@ impl fmt::Display for Denial {
                 if known.is_empty() { "none".to_owned() } else { known.join(", ") }
             ),
             Denial::Render(e) => write!(f, "sidecar-injector: cannot inject: {e}"),
+            Denial::NamespaceUnavailable { namespace, reason, templates } => write!(
+                f,
+                "sidecar-injector: the labels of namespace {namespace} could not be read ({reason}), and template(s) {} choose by them with a namespaceSelector: the pod is refused rather than injected on unknown labels; creating it again in a moment will work once the injector can read the namespace",
+                templates.join(", ")
+            ),
             Denial::Altered(changes) => write!(
                 f,
                 "sidecar-injector: the pod's {} annotation says it was injected with the current templates, but {}; if another mutating webhook changes the injected containers, exclude them there; to inject a copied pod afresh, remove the annotation",
@@ -639,6 +655,15 @@ impl Engine {
                 missing,
                 known: self.templates.names().map(str::to_owned).collect(),
                 source: choice.source.clone(),
+            };
+            return decision(Some(choice), Outcome::Denied(denial), warnings);
+        }
+        let undecided: Vec<String> = choice.undecided().map(str::to_owned).collect();
+        if let (false, Some(reason)) = (undecided.is_empty(), &request.namespace.unavailable) {
+            let denial = Denial::NamespaceUnavailable {
+                namespace: request.namespace.name.clone(),
+                reason: reason.clone(),
+                templates: undecided,
             };
             return decision(Some(choice), Outcome::Denied(denial), warnings);
         }

@@ -1680,3 +1680,43 @@ fn templates_sharing_an_image_volume_give_it_one_form() {
         Outcome::UpToDate(_)
     ));
 }
+
+/// Issue 58 part 6: a namespace neither the cache nor a direct read could answer for. A template
+/// that chooses by namespace labels is never judged on labels nobody could read (the class of
+/// Kyverno's CVE-2025-46342, a failed lookup that skipped namespace-selected rules): the pod is
+/// refused, for its controller to retry. Templates that do not choose by them are unaffected.
+#[test]
+fn a_namespace_that_could_not_be_read_never_decides_a_namespace_selector() {
+    const BY_TEAM: &str =
+        "default: true\nnamespaceSelector: {matchLabels: {team: payments}}\ninject:\n  labels: {audited: \"yes\"}\n";
+    const ANYWHERE: &str = "default: true\ninject:\n  labels: {shipped: \"yes\"}\n";
+    let pod = json!({"metadata": {"name": "p", "namespace": "shop"}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}});
+    let unavailable = || NamespaceFacts::unavailable("shop", "reading it took over 2s".to_owned());
+    // (templates, the outcome)
+    let cases: [(&[(&str, &str)], &str); 3] = [
+        (&[("by-team", BY_TEAM), ("anywhere", ANYWHERE)], "refused"),
+        (&[("by-team", &BY_TEAM.replace("default: true", "default: true\nenforced: true"))], "refused"),
+        (&[("anywhere", ANYWHERE)], "injected"),
+    ];
+    for (templates, expected) in cases {
+        let engine = engine(templates);
+        match (engine.evaluate(&request(pod.clone(), unavailable())).outcome, expected) {
+            (Outcome::Denied(denial), "refused") => {
+                let text = denial.to_string();
+                assert!(
+                    text.contains("the labels of namespace shop could not be read (reading it took over 2s)"),
+                    "{text}"
+                );
+                assert!(text.contains("template(s) by-team choose by them"), "{text}");
+            }
+            (Outcome::Inject(injection), "injected") => {
+                assert_eq!(injection.status.templates[0].name, "anywhere");
+            }
+            (other, _) => panic!("{templates:?}: expected {expected}, got {other:?}"),
+        }
+    }
+    // The same namespace read: decided on its labels as ever.
+    let engine = engine(&[("by-team", BY_TEAM)]);
+    let known = opted_in("shop", &[("team", "payments")]);
+    assert!(matches!(engine.evaluate(&request(pod, known)).outcome, Outcome::Inject(_)));
+}

@@ -145,6 +145,12 @@ pub enum TemplateVerdict {
         /// The selector.
         selector: Arc<str>,
     },
+    /// It has a namespaceSelector, and the namespace's labels could not be read (see
+    /// `NamespaceFacts::unavailable`): never judged on unknown labels, the pod is refused.
+    NamespaceUnavailable {
+        /// The selector.
+        selector: Arc<str>,
+    },
 }
 
 impl TemplateVerdict {
@@ -172,6 +178,9 @@ impl fmt::Display for TemplateVerdict {
             TemplateVerdict::NamespaceSelectorMismatch { selector } => {
                 write!(f, "namespaceSelector {selector:?} does not match the namespace's labels")
             }
+            TemplateVerdict::NamespaceUnavailable { selector } => {
+                write!(f, "namespaceSelector {selector:?} cannot be judged: the namespace's labels could not be read")
+            }
         }
     }
 }
@@ -194,6 +203,13 @@ impl Choice {
     /// Names that an annotation gave but that do not exist.
     pub fn missing(&self) -> impl Iterator<Item = &str> {
         self.verdicts.iter().filter(|(_, v)| *v == TemplateVerdict::NotFound).map(|(name, _)| &**name)
+    }
+
+    /// Templates that would be considered but choose by the labels of a namespace that could not
+    /// be read.
+    pub fn undecided(&self) -> impl Iterator<Item = &str> {
+        let undecided = |v: &TemplateVerdict| matches!(v, TemplateVerdict::NamespaceUnavailable { .. });
+        self.verdicts.iter().filter(move |(_, v)| undecided(v)).map(|(name, _)| &**name)
     }
 
     /// One line on why nothing was selected.
@@ -292,6 +308,9 @@ fn choose(
         if let Some(selector) = template.pod_selector.as_ref().filter(|s| !s.matches(pod_labels)) {
             return TemplateVerdict::PodSelectorMismatch { selector: selector.text.clone() };
         }
+        if let (Some(selector), Some(_)) = (&template.namespace_selector, &namespace.unavailable) {
+            return TemplateVerdict::NamespaceUnavailable { selector: selector.text.clone() };
+        }
         if let Some(selector) = template.namespace_selector.as_ref().filter(|s| !s.matches(&namespace.labels)) {
             return TemplateVerdict::NamespaceSelectorMismatch { selector: selector.text.clone() };
         }
@@ -329,6 +348,8 @@ fn choose(
         let enforced = match verdict(template) {
             TemplateVerdict::Selected if template.audit => TemplateVerdict::AuditEnforced,
             TemplateVerdict::Selected => TemplateVerdict::Enforced,
+            // Whether it applies cannot be known: it must not be skipped unseen.
+            unavailable @ TemplateVerdict::NamespaceUnavailable { .. } => unavailable,
             // Shown only when the pod opts out, to say why even the enforced ones do not apply.
             mismatch if opted_out => mismatch,
             _ => continue,
