@@ -33,8 +33,9 @@ pub enum Namespaces {
 }
 
 /// The longest a direct read of a namespace the cache has not seen may take: the API server waits
-/// for the whole admission call (`timeoutSeconds`), so the read gets part of it.
-pub const NAMESPACE_LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+/// for the whole admission call (`timeoutSeconds: 5`), and `cluster.namespace_wait_ms` (2 s by
+/// default) comes first, so the two stay well inside it.
+pub const NAMESPACE_LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Namespaces {
     /// The facts of namespace `name`. A namespace the cache does not know yet (created a moment

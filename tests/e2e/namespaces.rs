@@ -69,6 +69,14 @@ async fn held_back(ctx: &mut Ctx, injector: &mut Injector) -> Result<()> {
         }
     };
     ensure!(injected.metadata.labels.unwrap_or_default()["audited"] == "yes");
+    // And it was read directly, not from a watch that still worked.
+    let metrics = injector.metrics();
+    let metric = |name: &str| {
+        let line = metrics.lines().find(|l| l.starts_with(name));
+        line.and_then(|l| l.split_whitespace().last()).and_then(|v| v.parse::<f64>().ok()).unwrap_or_default()
+    };
+    ensure!(metric("sidecar_injector_namespaces_watched") == 0.0, "the watch still filled the cache:\n{metrics}");
+    ensure!(metric("sidecar_injector_namespace_cache_misses_total") >= 1.0, "no cache miss counted:\n{metrics}");
     println!("      namespace missing from the cache: read directly, the payments template injected");
 
     // Nor can it be read: refused, never decided on unknown labels.
@@ -87,7 +95,7 @@ async fn held_back(ctx: &mut Ctx, injector: &mut Injector) -> Result<()> {
         ensure!(started.elapsed() < Duration::from_secs(30), "not refused for an unreadable namespace: {said}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    ensure!(message.contains("template(s) by-team choose by them"), "{message}");
+    ensure!(message.contains("decide template(s)") && message.contains("by-team"), "{message}");
     let metrics = injector.metrics();
     let failures = metrics
         .lines()

@@ -135,15 +135,15 @@ pub enum Denial {
         /// Each conflict, as a sentence.
         conflicts: Vec<String>,
     },
-    /// The namespace's labels could not be read (neither the watched cache nor a direct lookup
-    /// answered), and templates that would be considered choose by them: refused rather than
-    /// decided on unknown labels, for the pod's controller to retry.
+    /// The namespace could not be read (neither the watched cache nor a direct lookup answered),
+    /// and templates would be injected, or choose by its labels: refused rather than decided on
+    /// unknown labels and annotations, for the pod's controller to retry.
     NamespaceUnavailable {
         /// The namespace.
         namespace: String,
         /// Why it could not be read.
         reason: String,
-        /// The templates whose namespaceSelector could not be judged.
+        /// The templates that would be injected or whose namespaceSelector could not be judged.
         templates: Vec<String>,
     },
     /// An enforced template's injection would make a pod the API server refuses.
@@ -170,7 +170,7 @@ impl fmt::Display for Denial {
             Denial::Render(e) => write!(f, "sidecar-injector: cannot inject: {e}"),
             Denial::NamespaceUnavailable { namespace, reason, templates } => write!(
                 f,
-                "sidecar-injector: the labels of namespace {namespace} could not be read ({reason}), and template(s) {} choose by them with a namespaceSelector: the pod is refused rather than injected on unknown labels; creating it again in a moment will work once the injector can read the namespace",
+                "sidecar-injector: the labels of namespace {namespace} could not be read ({reason}), and they and its annotations decide template(s) {}: the pod is refused rather than injected on unknown labels; creating it again in a moment will work once the injector can read the namespace",
                 templates.join(", ")
             ),
             Denial::Altered(changes) => write!(
@@ -658,7 +658,9 @@ impl Engine {
             };
             return decision(Some(choice), Outcome::Denied(denial), warnings);
         }
-        let undecided: Vec<String> = choice.undecided().map(str::to_owned).collect();
+        // A namespace nobody could read: its labels and its annotations (the templates it names,
+        // its per-namespace values) are unknown, so nothing that would be injected is decided.
+        let undecided: Vec<String> = choice.undecided().chain(choice.selected()).map(str::to_owned).collect();
         if let (false, Some(reason)) = (undecided.is_empty(), &request.namespace.unavailable) {
             let denial = Denial::NamespaceUnavailable {
                 namespace: request.namespace.name.clone(),

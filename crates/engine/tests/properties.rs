@@ -523,7 +523,21 @@ fn merging_template(name: &str, fragment: &str, append: bool) -> String {
 fn author_container() -> impl Strategy<Value = Value> {
     let entry = (
         proptest::sample::select(vec!["JAVA_TOOL_OPTIONS", "PATH", "OTHER"]),
-        proptest::option::of(proptest::string::string_regex("[-a-z:/ =$()A-Z_.]{0,24}").unwrap()),
+        proptest::option::of(prop_oneof![
+            proptest::string::string_regex("[-a-z:/ =$()A-Z_.]{0,24}").unwrap(),
+            // The shapes that decide what the kubelet runs with: the enforced value, entries that
+            // extend a value, and escaped references that only look like one.
+            proptest::sample::select(vec![
+                "enforced",
+                "$(OTHER)-off",
+                "$$(OTHER)",
+                "$$(JAVA_TOOL_OPTIONS) -Xmx1g",
+                "$(JAVA_TOOL_OPTIONS) -Xmx1g",
+                "-javaagent:/a.jar",
+                "$(PATH)",
+            ])
+            .prop_map(str::to_owned),
+        ]),
     )
         .prop_map(|(name, value)| match value {
             Some(value) => json!({"name": name, "value": value}),

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use crate::checks::resize;
-use crate::claims::status::InjectionStatus;
+use crate::claims::status::{InjectionStatus, ItemKind};
 use crate::emit::scope;
 use crate::injection::compare::first_difference;
 use crate::injection::env_merge;
@@ -83,12 +83,9 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
                 // another value than the template's.
                 let merged = skip.container.as_ref().and_then(|c| status.app_containers.get(c));
                 let merged = merged.map(|a| a.env_merges.as_slice()).unwrap_or_default();
-                let extension = in_effect.and_then(|(items, (index, _))| {
-                    items[index + 1..].iter().find(|item| {
-                        kind.identity(item).as_deref() == Some(skip.name.as_str())
-                            && (kind.extends_earlier)(item)
-                            && !env_merge::key(item).is_some_and(|k| merged.contains(&k))
-                    })
+                let extension = in_effect.and_then(|(items, (index, _))| match kind.kind == ItemKind::Env {
+                    true => env_merge::extension_after(items, index, merged),
+                    false => None,
                 });
                 if let Some(extension) = extension {
                     let value = extension.get("value").and_then(Value::as_str).unwrap_or_default();

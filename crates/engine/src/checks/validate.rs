@@ -298,7 +298,7 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
         Outcome::Inject(injection) => injection,
         // An enforced template's item was replaced after injection (or never injected under a
         // forged status): the author cannot have that either way.
-        Outcome::Denied(denial @ crate::Denial::Enforced { .. }) => {
+        Outcome::Denied(denial @ (crate::Denial::Enforced { .. } | crate::Denial::NamespaceUnavailable { .. })) => {
             let text = denial.to_string();
             return Err(text.strip_prefix("sidecar-injector: ").unwrap_or(&text).to_owned());
         }
@@ -340,26 +340,29 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
             for identity in (kind.claimed)(additions) {
                 let what = || format!("{} {identity:?} injected into container {container:?}", kind.kind.describe());
                 // The item the container runs with: a later one of the identity replaces ours.
-                let in_effect = |c| list_of(c, kind.field).and_then(|l| kind.in_effect(l, identity)).map(|(_, i)| i);
-                compare(what, in_effect(want), in_effect(have))?;
+                let in_effect = |c| list_of(c, kind.field).and_then(|l| Some((l, kind.in_effect(l, identity)?)));
+                compare(what, in_effect(want).map(|(_, (_, i))| i), in_effect(have).map(|(_, (_, i))| i))?;
+                // Nor may a later entry the injection did not write extend it (`$(NAME)-off`).
+                let extension =
+                    |c| in_effect(c).and_then(|(l, (i, _))| env_merge::extension_after(l, i, &additions.env_merges));
+                if let (None, Some(extension)) = (extension(want), extension(have)) {
+                    return Err(format!(
+                        "{} was changed after injection: a later entry extends it ({extension})",
+                        what()
+                    ));
+                }
             }
         }
         for key in &additions.env_merges {
             let (name, value) = env_merge::split_key(key);
             let what = || format!("the entry {value:?} merged into env var {name:?} of container {container:?}");
-            fn entry<'l>(list: Option<&'l Vec<Value>>, key: &String) -> Option<(&'l [Value], usize, &'l Value)> {
-                let list = list?;
-                let (index, item) =
-                    list.iter().enumerate().rev().find(|(_, e)| env_merge::key(e).as_ref() == Some(key))?;
-                Some((list, index, item))
-            }
-            let (want, have) = (entry(list_of(want, "env"), key), entry(list_of(have, "env"), key));
-            compare(what, want.map(|(_, _, e)| e), have.map(|(_, _, e)| e))?;
-            if let (Some((wanted, at, _)), Some((list, index, _))) = (want, have)
-                && !env_merge::overridden(wanted, at, &[])
-                && env_merge::overridden(list, index, &[])
-            {
-                return Err(format!("{} was overridden after injection by a later entry of {name:?}", what()));
+            let merged = |c| list_of(c, "env").and_then(|l| env_merge::merged_in_effect(l, key)).map(|(_, e)| e);
+            let last = |c| list_of(c, "env")?.iter().rev().find(|e| env_merge::key(e).as_ref() == Some(key));
+            match (merged(want), merged(have)) {
+                (Some(_), None) if last(have).is_some() => {
+                    return Err(format!("{} was overridden after injection by a later entry of {name:?}", what()));
+                }
+                (want, have) => compare(what, want, have)?,
             }
         }
     }

@@ -30,7 +30,7 @@ use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind};
 use crate::injection::compare::{first_difference, is_implied, quantities_equal, without_resources};
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{APP_LISTS, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement, VOLUMES};
+use crate::kinds::{APP_LISTS, AppListKind, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement, VOLUMES};
 use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
 
 /// What the claim says, checked against the pod.
@@ -135,8 +135,13 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
         for kind in &APP_LISTS {
             for identity in (kind.claimed)(additions) {
                 let expected = renderings.iter().flatten().find_map(|r| kind.find(r.app_list(kind), identity).cloned());
-                let actual = list(kind.field).and_then(|items| kind.in_effect(items, identity)).map(|(_, item)| item);
-                let found = judged.judge(kind.kind, identity, Some(container), expected.map(Fixed), actual);
+                let in_effect = list(kind.field).and_then(|items| Some((items, kind.in_effect(items, identity)?)));
+                let actual = in_effect.map(|(_, (_, item))| item);
+                let mut found = judged.judge(kind.kind, identity, Some(container), expected.map(Fixed), actual);
+                if found == Match::Exact && in_effect.is_some_and(|(items, (i, _))| extended(kind, items, i, additions))
+                {
+                    found = Match::Present;
+                }
                 found.record(identity, (kind.claimed_mut)(&mut here), (kind.claimed_mut)(&mut mine));
             }
         }
@@ -152,11 +157,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             });
             // And it must be in effect: a later entry of the name that replaces it leaves the
             // container without the fragment, whatever the entry says.
-            let actual = list("env").and_then(|l| {
-                let (index, entry) =
-                    l.iter().enumerate().rev().find(|(_, e)| env_merge::key(e).as_ref() == Some(key))?;
-                (!env_merge::overridden(l, index, &[])).then_some(entry)
-            });
+            let actual = list("env").and_then(|l| env_merge::merged_in_effect(l, key)).map(|(_, entry)| entry);
             let found = judged.judge(ItemKind::EnvMerge, key, Some(container), expected.map(Fixed), actual);
             found.record(key, &mut here.env_merges, &mut mine.env_merges);
         }
@@ -303,6 +304,15 @@ impl Match {
 
 fn describe_claim(claim: &InjectionStatus) -> String {
     claim.templates.iter().map(|t| format!("{}@{}", t.name, t.hash)).collect::<Vec<_>>().join(", ")
+}
+
+/// Whether the pod's env entry at `index` of `items` is extended by the pod itself (`$(NAME)-off`
+/// after it, or in it): the container then runs with another value than the injected one, so the
+/// entry is present but never the injector's own as it stands. Only env entries extend.
+fn extended(kind: &AppListKind, items: &[Value], index: usize, additions: &AppContainerAdditions) -> bool {
+    kind.kind == ItemKind::Env
+        && ((kind.extends_earlier)(&items[index])
+            || env_merge::extension_after(items, index, &additions.env_merges).is_some())
 }
 
 fn find_in<'a>(items: &'a [Value], key: &str, name: &str) -> Option<&'a Value> {

@@ -92,7 +92,57 @@ pub fn pod_entry_key(entry: &Value) -> Option<String> {
 }
 
 fn refers_to_itself(name: &str, value: &str) -> bool {
-    value.match_indices("$(").any(|(at, _)| value[at + 2..].strip_prefix(name).is_some_and(|r| r.starts_with(')')))
+    Pieces(value).any(|piece| piece == Piece::Reference(name))
+}
+
+/// A piece of an env value as Kubernetes' `$(VAR)` expansion reads it (the kubelet's
+/// `expansion.Expand`): `$$` is a literal `$` (so `$$(J)` is text, no reference), an unclosed `$(`
+/// and a `$` before anything else are text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Piece<'v> {
+    /// Text as it stands.
+    Text(&'v str),
+    /// `$(NAME)`: the name.
+    Reference(&'v str),
+}
+
+/// The pieces of a value, in order, without allocating.
+struct Pieces<'v>(&'v str);
+
+impl<'v> Iterator for Pieces<'v> {
+    type Item = Piece<'v>;
+
+    fn next(&mut self) -> Option<Piece<'v>> {
+        let rest = self.0;
+        match rest.find('$') {
+            _ if rest.is_empty() => None,
+            None => {
+                self.0 = "";
+                Some(Piece::Text(rest))
+            }
+            Some(at) if at > 0 => {
+                self.0 = &rest[at..];
+                Some(Piece::Text(&rest[..at]))
+            }
+            Some(_) => {
+                let after = &rest[1..];
+                if after.starts_with('$') {
+                    self.0 = &after[1..];
+                    return Some(Piece::Text("$"));
+                }
+                match after.strip_prefix('(').and_then(|r| r.find(')').map(|close| (r, close))) {
+                    Some((reference, close)) => {
+                        self.0 = &reference[close + 1..];
+                        Some(Piece::Reference(&reference[..close]))
+                    }
+                    None => {
+                        self.0 = after;
+                        Some(Piece::Text("$"))
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Whether an env entry builds on the value its name had before it (`$(NAME)` in its own value, as
@@ -145,8 +195,9 @@ pub fn already_has(effective: Option<&str>, merge: &EnvMerge, fragment: &str) ->
 pub const UNSEEN: &str = "\u{e000}";
 
 /// The most bytes [`effective_value`] writes for one container: `$(A)$(A)` doubles a value per
-/// entry, so a chain of such entries would otherwise grow without bound.
-pub const EXPANSION_BUDGET: usize = 256 * 1024;
+/// entry, so a chain of such entries would otherwise grow without bound. Above what a request
+/// body may hold (`server.max_body_bytes`), so plain values alone never reach it.
+pub const EXPANSION_BUDGET: usize = 8 * 1024 * 1024;
 
 /// The value the kubelet gives `name` in `container`, as far as the pod spec shows it, leaving
 /// out the entries at `injected` (ascending): `envFrom` first, then each `env` entry in order,
@@ -157,6 +208,14 @@ pub fn effective_value(container: &Value, name: &str, injected: &[usize]) -> Opt
     let env = container.get("env").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
     let mut defined: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
     let mut budget = EXPANSION_BUDGET;
+    // The `envFrom` sources' prefixes ("" for none), read once: a name only they may define is
+    // unseen, whatever number of references a pod writes.
+    let sources = container.get("envFrom").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let prefixes: Vec<&str> = sources
+        .iter()
+        .filter(|source| crate::injection::compare::env_from_key(source).is_some())
+        .map(|source| source.get("prefix").and_then(Value::as_str).unwrap_or_default())
+        .collect();
     for (index, entry) in env.iter().enumerate() {
         let Some(entry_name) = entry.get("name").and_then(Value::as_str) else { continue };
         if injected.binary_search(&index).is_ok() {
@@ -165,7 +224,7 @@ pub fn effective_value(container: &Value, name: &str, injected: &[usize]) -> Opt
         let value = match entry.get("value") {
             Some(Value::String(text)) => expand(text, &mut budget, |reference| match defined.get(reference) {
                 Some(value) => Some(value.clone()),
-                None if !possible_sources(container, reference).is_empty() => Some(UNSEEN.to_owned()),
+                None if prefixes.iter().any(|prefix| reference.starts_with(prefix)) => Some(UNSEEN.to_owned()),
                 None => None,
             }),
             None if entry.get("valueFrom").is_some() => UNSEEN.to_owned(),
@@ -176,47 +235,48 @@ pub fn effective_value(container: &Value, name: &str, injected: &[usize]) -> Opt
     defined.remove(name)
 }
 
-/// Kubernetes' `$(VAR)` expansion of `input` (the kubelet's `expansion.Expand`): `lookup` gives a
-/// defined name's value; an undefined reference, an unclosed `$(` and a `$` before anything else
-/// stay as written, `$$` is one `$`. Past the `budget` of bytes the result is [`UNSEEN`].
+/// Kubernetes' `$(VAR)` expansion of `input` ([`Pieces`]): `lookup` gives a defined name's value;
+/// an undefined reference stays as written. Past the `budget` of bytes the result is [`UNSEEN`].
 fn expand(input: &str, budget: &mut usize, lookup: impl Fn(&str) -> Option<String>) -> String {
-    let mut out = String::with_capacity(input.len());
-    let mut rest = input;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + 1..];
-        if let Some(escaped) = after.strip_prefix('$') {
-            out.push('$');
-            rest = escaped;
-        } else if let Some(reference) = after.strip_prefix('(')
-            && let Some(close) = reference.find(')')
-        {
-            let name = &reference[..close];
-            match lookup(name) {
+    let mut out = String::with_capacity(input.len().min(*budget));
+    for piece in Pieces(input) {
+        match piece {
+            Piece::Text(text) => out.push_str(text),
+            Piece::Reference(name) => match lookup(name) {
                 Some(value) => out.push_str(&value),
-                None => out.push_str(&rest[at..at + close + 3]),
-            }
-            rest = &reference[close + 1..];
-        } else {
-            out.push('$');
-            rest = after;
+                None => {
+                    out.push_str("$(");
+                    out.push_str(name);
+                    out.push(')');
+                }
+            },
         }
         if out.len() > *budget {
             *budget = 0;
             return UNSEEN.to_owned();
         }
     }
-    out.push_str(rest);
-    match out.len() > *budget {
-        true => {
-            *budget = 0;
-            UNSEEN.to_owned()
-        }
-        false => {
-            *budget -= out.len();
-            out
-        }
-    }
+    *budget -= out.len();
+    out
+}
+
+/// The first entry after `index` of `env`'s entry of its name that extends the value (`$(NAME)`
+/// in it) without being one of the `merged` entries (`NAME=VALUE` keys) an injection added: the
+/// pod's own change of the value the container runs with.
+pub fn extension_after<'e>(env: &'e [Value], index: usize, merged: &[String]) -> Option<&'e Value> {
+    let name = env.get(index)?.get("name")?.as_str()?;
+    env.iter().skip(index + 1).find(|entry| {
+        entry.get("name").and_then(Value::as_str) == Some(name)
+            && extends_earlier(entry)
+            && !key(entry).is_some_and(|k| merged.contains(&k))
+    })
+}
+
+/// The last entry of `env` whose status key is `key` (a merged entry), with its index, when no
+/// later entry of its name replaces it ([`overridden`]): a merged entry the container runs with.
+pub fn merged_in_effect<'e>(env: &'e [Value], key: &str) -> Option<(usize, &'e Value)> {
+    let (index, entry) = env.iter().enumerate().rev().find(|(_, e)| self::key(e).as_deref() == Some(key))?;
+    (!overridden(env, index, &[])).then_some((index, entry))
 }
 
 /// Whether the entry at `index` of `env` is overridden by a later entry of its name that the
@@ -428,6 +488,31 @@ mod tests {
             assert_eq!(effective.as_deref(), Some(value.as_str()), "{container}");
             assert_eq!(already_has(effective.as_deref(), &merge, agent), loaded, "{container}");
         }
+    }
+
+    #[test]
+    fn an_escaped_reference_is_text_not_an_extension() {
+        // `$$(J)` is the literal text `$(J)`: it replaces the value, so it extends nothing.
+        let escaped = json!({"name": "J", "value": "$$(J) -Xmx1g"});
+        assert!(!extends_earlier(&escaped));
+        assert_eq!(pod_entry_key(&escaped), None);
+        let env = [json!({"name": "J", "value": "$(J) -javaagent:/a.jar"}), escaped];
+        assert!(overridden(&env, 0, &[]));
+        let container = json!({"name": "app", "env": env});
+        assert_eq!(effective_value(&container, "J", &[]).as_deref(), Some("$(J) -Xmx1g"));
+        let pieces: Vec<Piece> = Pieces("a$$b$(C)$(d$").collect();
+        assert_eq!(
+            pieces,
+            [
+                Piece::Text("a"),
+                Piece::Text("$"),
+                Piece::Text("b"),
+                Piece::Reference("C"),
+                Piece::Text("$"),
+                Piece::Text("(d"),
+                Piece::Text("$")
+            ]
+        );
     }
 
     #[test]

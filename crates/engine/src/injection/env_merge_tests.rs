@@ -320,3 +320,26 @@ fn validate_refuses_a_merged_entry_overridden_by_a_later_one() {
     }
     assert_eq!(verdict(appended("$(JAVA_TOOL_OPTIONS) -Dmore")), Verdict::Allowed(vec![]));
 }
+
+/// A copy of an injected pod (its status claiming the enforced env var) that appends an entry
+/// extending it: the claimed entry is there, exactly, but the container would run with another
+/// value, so it is not the injector's own and an enforced template refuses the pod; `/validate`
+/// refuses such an entry appended by a later mutator.
+#[test]
+fn an_injected_enforced_env_var_extended_by_a_copy_is_refused() {
+    let text =
+        "default: true\nenforced: true\ninject:\n  appContainers:\n    env:\n      - {name: AUDIT, value: \"on\"}\n";
+    let engine = engine(&[("audit", text)]);
+    let out = injected(&engine, &pod(&json!({"env": [{"name": "OTHER", "value": "1"}]})));
+    assert!(matches!(decide(&engine, &out), Outcome::UpToDate(_)));
+    for appended in ["$(AUDIT)-but-off", "$$(AUDIT)"] {
+        let mut copy = out.clone();
+        copy["spec"]["containers"][0]["env"].as_array_mut().unwrap().push(json!({"name": "AUDIT", "value": appended}));
+        match decide(&engine, &copy) {
+            Outcome::Denied(denial) => assert!(denial.to_string().contains("AUDIT"), "{appended}: {denial}"),
+            other => panic!("{appended}: expected a refusal, got {other:?}"),
+        }
+        let verdict = validate_pod(&engine, &request(copy, opted_in("shop", &[])));
+        assert!(matches!(verdict, Verdict::Denied(_)), "{appended}: {verdict:?}");
+    }
+}

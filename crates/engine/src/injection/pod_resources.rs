@@ -126,16 +126,17 @@ fn container_quantity(container: &Value, resource: &str, field: Field) -> i128 {
 /// container that runs to completion needs its own quantity plus the sidecars started before it,
 /// and only the largest such moment counts.
 pub fn aggregate(init_containers: &[&Value], containers: &[&Value], resource: &str, field: Field) -> i128 {
-    let mut sum: i128 = containers.iter().map(|c| container_quantity(c, resource, field)).sum();
+    // Saturating: quantities reach 10^38 nano-units, and a pod may write several that large.
+    let mut sum: i128 = containers.iter().map(|c| container_quantity(c, resource, field)).fold(0, i128::saturating_add);
     let (mut sidecars, mut init_peak) = (0i128, 0i128);
     for init in init_containers {
         let own = container_quantity(init, resource, field);
         let at_start = if crate::injection::native::is_native_sidecar(init) {
-            sum += own;
-            sidecars += own;
+            sum = sum.saturating_add(own);
+            sidecars = sidecars.saturating_add(own);
             sidecars
         } else {
-            own + sidecars
+            own.saturating_add(sidecars)
         };
         init_peak = init_peak.max(at_start);
     }
@@ -220,7 +221,7 @@ impl PodLevel {
             for (resource, amount) in map {
                 let amount = parse(amount)?;
                 let (text, value) = out.field_mut(field).get_mut(resource)?;
-                let new = *value + sign * amount;
+                let new = value.checked_add(sign.checked_mul(amount)?)?;
                 if new < 0 {
                     return None;
                 }
@@ -250,7 +251,7 @@ pub fn padding(author: &PodLevel, before: &Containers<'_>, after: &Containers<'_
     let grows = |resource: &str, field: Field| {
         let then = aggregate(&before.0, &before.1, resource, field);
         let now = aggregate(&after.0, &after.1, resource, field);
-        (now - then).max(0)
+        now.saturating_sub(then).max(0)
     };
     let mut padding = Padding::default();
     for (resource, (text, value)) in &author.requests {

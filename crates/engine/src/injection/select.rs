@@ -348,8 +348,9 @@ fn choose(
         let enforced = match verdict(template) {
             TemplateVerdict::Selected if template.audit => TemplateVerdict::AuditEnforced,
             TemplateVerdict::Selected => TemplateVerdict::Enforced,
-            // Whether it applies cannot be known: it must not be skipped unseen.
-            unavailable @ TemplateVerdict::NamespaceUnavailable { .. } => unavailable,
+            // Whether it applies cannot be known: it must not be skipped unseen (an audited one
+            // only reports, so it decides nothing here).
+            unavailable @ TemplateVerdict::NamespaceUnavailable { .. } if !template.audit => unavailable,
             // Shown only when the pod opts out, to say why even the enforced ones do not apply.
             mismatch if opted_out => mismatch,
             _ => continue,

@@ -94,16 +94,16 @@ fn check(template: &Template) -> Result<Vec<String>, TemplateError> {
     // Every item, whatever its `when:` says (pod data masked, so an item that reads a label only
     // some pods have still renders): its types and each unknown field, by the template's own
     // numbering. Where that cannot be rendered, the passes below look for unknown fields.
+    // Once per form the image volumes take, so that a fallback's init container is checked too.
     let (first_pod, first_workload) = SAMPLE_SHAPES[0].sample(&pod_labels);
-    let every_item =
-        render_every_item(template, &Subject::new(Arc::new(first_pod), &first_workload), &namespace, forms[0]);
-    let unknown_fields = match &every_item {
-        Ok(rendered) => {
-            check_rendered_items(template, rendered, Pass::EveryItem)?;
-            false
+    let subject = Subject::new(Arc::new(first_pod), &first_workload);
+    let mut unknown_fields = false;
+    for forms in forms.iter().take(1 + has_fallbacks as usize) {
+        match render_every_item(template, &subject, &namespace, *forms) {
+            Ok(rendered) => check_rendered_items(template, &rendered, Pass::EveryItem)?,
+            Err(_) => unknown_fields = true,
         }
-        Err(_) => true,
-    };
+    }
     let shapes =
         SAMPLE_SHAPES.iter().flat_map(|shape| forms.iter().take(1 + has_fallbacks as usize).map(move |f| (shape, *f)));
     for (shape, forms) in shapes {
