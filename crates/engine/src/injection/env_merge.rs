@@ -126,8 +126,8 @@ impl<'v> Iterator for Pieces<'v> {
             }
             Some(_) => {
                 let after = &rest[1..];
-                if after.starts_with('$') {
-                    self.0 = &after[1..];
+                if let Some(escaped) = after.strip_prefix('$') {
+                    self.0 = escaped;
                     return Some(Piece::Text("$"));
                 }
                 match after.strip_prefix('(').and_then(|r| r.find(')').map(|close| (r, close))) {
