@@ -138,7 +138,8 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
                 let in_effect = list(kind.field).and_then(|items| Some((items, kind.in_effect(items, identity)?)));
                 let actual = in_effect.map(|(_, (_, item))| item);
                 let mut found = judged.judge(kind.kind, identity, Some(container), expected.map(Fixed), actual);
-                if found == Match::Exact && in_effect.is_some_and(|(items, (i, _))| extended(kind, items, i, additions))
+                if found == Match::Exact
+                    && in_effect.is_some_and(|(items, (i, _))| authored_too(kind, items, i, additions))
                 {
                     found = Match::Present;
                 }
@@ -306,12 +307,18 @@ fn describe_claim(claim: &InjectionStatus) -> String {
     claim.templates.iter().map(|t| format!("{}@{}", t.name, t.hash)).collect::<Vec<_>>().join(", ")
 }
 
-/// Whether the pod's env entry at `index` of `items` is extended by the pod itself (`$(NAME)-off`
-/// after it, or in it): the container then runs with another value than the injected one, so the
-/// entry is present but never the injector's own as it stands. Only env entries extend.
-fn extended(kind: &AppListKind, items: &[Value], index: usize, additions: &AppContainerAdditions) -> bool {
+/// Whether the pod's own hand is in its env entry at `index` of `items`: another entry of the name
+/// that defines a value (an injection adds a plain env var only where the container has none, so
+/// that one is the author's, and which of the two is ours cannot be told), or one that extends it
+/// (`$(NAME)-off` after it, or in it: the container runs with another value than the injected
+/// one). Such an entry is present, never the injector's own as it stands. Only env entries do this.
+fn authored_too(kind: &AppListKind, items: &[Value], index: usize, additions: &AppContainerAdditions) -> bool {
+    let name = items[index].get("name");
+    let defines_too =
+        |(i, entry): (usize, &Value)| i != index && entry.get("name") == name && !(kind.extends_earlier)(entry);
     kind.kind == ItemKind::Env
         && ((kind.extends_earlier)(&items[index])
+            || items.iter().enumerate().any(defines_too)
             || env_merge::extension_after(items, index, &additions.env_merges).is_some())
 }
 
