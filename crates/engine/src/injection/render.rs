@@ -171,7 +171,7 @@ pub fn render(
     namespace: &NamespaceFacts,
     forms: VolumeForms<'_>,
 ) -> Result<RenderedTemplate, RenderError> {
-    render_with(template, subject, pod_annotations, namespace, forms, false)
+    render_items(template, subject, pod_annotations, namespace, forms, false, false)
 }
 
 /// Like [`render`], but every string computed from pod data (other than names and mount paths,
@@ -183,7 +183,7 @@ pub fn render_masked(
     namespace: &NamespaceFacts,
     forms: VolumeForms<'_>,
 ) -> Result<RenderedTemplate, RenderError> {
-    render_with(template, subject, pod_annotations, namespace, forms, true)
+    render_items(template, subject, pod_annotations, namespace, forms, true, false)
 }
 
 /// Like [`render_masked`], but with **every** item, whatever its `when:` says (no `when` is
@@ -198,17 +198,8 @@ pub fn render_every_item(
     render_items(template, subject, &BTreeMap::new(), namespace, forms, true, true)
 }
 
-fn render_with(
-    template: &Template,
-    subject: &Subject<'_>,
-    pod_annotations: &BTreeMap<String, String>,
-    namespace: &NamespaceFacts,
-    forms: VolumeForms<'_>,
-    mask_pod_reads: bool,
-) -> Result<RenderedTemplate, RenderError> {
-    render_items(template, subject, pod_annotations, namespace, forms, mask_pod_reads, false)
-}
-
+/// Renders with pod data masked or not (`mask_pod_reads`), and every item or those whose `when:`
+/// holds (`every_item`).
 fn render_items(
     template: &Template,
     subject: &Subject<'_>,
