@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind};
-use crate::injection::compare::{first_difference, is_implied, quantities_equal, without_resources};
+use crate::injection::compare::{first_difference, is_implied, without_resources};
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
 use crate::kinds::{APP_LISTS, AppListKind, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement, VOLUMES};
@@ -399,7 +399,9 @@ fn exact_in(expected: &Value, actual: &Value, context: Context) -> bool {
             want.len() == have.len() && want.iter().zip(have).all(|(w, h)| exact_in(w, h, Context::Item))
         }
         (Value::Number(w), Value::Number(h)) => w.as_f64() == h.as_f64(),
-        (w, h) if context == Context::Resources && !w.is_object() && !w.is_array() => w == h || quantities_equal(w, h),
+        (w, h) if context == Context::Resources && !w.is_object() && !w.is_array() => {
+            w == h || crate::quantity::equal(w, h)
+        }
         (w, h) => w == h,
     }
 }

@@ -78,7 +78,7 @@ pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<
                 .any(|(i, (w, h))| first_difference(w, h, &format!("{path}[{i}]")).is_some());
             differs.then(|| format!("{} is {actual}, the template sets {}", here(path), shown(expected)))
         }
-        (w, h) if w != h && path.contains("resources") && quantities_equal(w, h) => None,
+        (w, h) if w != h && path.contains("resources") && crate::quantity::equal(w, h) => None,
         (w, h) if w == h => None,
         (w, h) => Some(format!("{} is {h}, the template sets {}", here(path), shown(w))),
     }
@@ -106,11 +106,6 @@ pub fn without_resources(container: &Value) -> Value {
 fn shown(value: &Value) -> String {
     let placeholder = Value::String(POD_DERIVED.to_owned()).to_string();
     value.to_string().replace(&placeholder, "\"<from the pod>\"")
-}
-
-/// Whether two resource quantities have the same value, each written as a string or a number.
-pub fn quantities_equal(a: &Value, b: &Value) -> bool {
-    crate::quantity::equal(a, b)
 }
 
 #[cfg(test)]
@@ -148,7 +143,7 @@ mod tests {
             (json!(1), json!(1.0)),
         ];
         for (a, b) in equal {
-            assert!(quantities_equal(&a, &b), "{a} == {b}");
+            assert!(crate::quantity::equal(&a, &b), "{a} == {b}");
         }
         for (a, b) in [
             (json!("1"), json!("2")),
@@ -156,7 +151,7 @@ mod tests {
             (json!("x"), json!("x1")),
             (json!(true), json!("1")),
         ] {
-            assert!(!quantities_equal(&a, &b), "{a} != {b}");
+            assert!(!crate::quantity::equal(&a, &b), "{a} != {b}");
         }
         // A template's `cpu: 1` is what the API server stores as "1".
         let want = json!({"resources": {"limits": {"cpu": 1}}});
