@@ -177,9 +177,14 @@ pub fn template() -> impl Strategy<Value = String> {
             // Every kind of app-container list, as its description samples it; a mount names the
             // template's volume.
             for (kind, identities) in APP_LISTS.iter().zip(&app_lists) {
-                let items = identities.iter().map(|id| (kind.sample)(id)).map(|mut item| {
+                let items = identities.iter().map(|id| ((kind.sample)(id), *id)).map(|(mut item, id)| {
                     if kind.index == VOLUME_MOUNTS.index {
                         item["name"] = json!(volume);
+                    }
+                    // Items some pods select and others do not (`when:` on a label the pods have
+                    // or lack, and templates may add).
+                    if id == "logs" {
+                        item["when"] = json!("{{ 'team' in (pod.metadata.labels | default({})) }}");
                     }
                     item
                 });
