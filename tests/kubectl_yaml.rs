@@ -143,6 +143,10 @@ const SCALARS: &[&str] = &[
     "é",
 ];
 
+/// Plain scalars that end in `:` or hold ` :`, which go-yaml keeps whole inside `[...]` and
+/// `{...}` where YAML 1.2 ends them at the colon (addresses, flags that end in `::`).
+const FLOW_SCALARS: &[&str] = &["--listen-addr=::", "001:db8::", "fe80::1:", "a:", "a::", "x:y:", "a :", "a:b"];
+
 /// Generated documents: every scalar as a value, a key, a list item and an env var; anchors,
 /// merges and duplicate keys; strings that are hard to write back (tabs, unicode, block text).
 fn generated() -> String {
@@ -160,6 +164,18 @@ fn generated() -> String {
     for s in SCALARS.iter().filter(|s| !s.starts_with('!') && !refused.contains(s)) {
         text.push_str(&format!("  {s}: v\n"));
     }
+    // Every scalar (and the ones only flow collections read differently) in `[...]` and `{...}`.
+    let flow: Vec<&str> =
+        SCALARS.iter().chain(FLOW_SCALARS).copied().filter(|s| !s.starts_with('!') && !s.contains('\\')).collect();
+    text.push_str(&format!("---\nflow:\n  list: [{}]\n  map: {{", flow.join(", ")));
+    for (i, s) in flow.iter().enumerate() {
+        text.push_str(&format!("{}k{i}: {s}", if i == 0 { "" } else { ", " }));
+    }
+    text.push_str("}\n  keys: {");
+    for (i, s) in FLOW_SCALARS.iter().enumerate() {
+        text.push_str(&format!("{}{s}: {i}", if i == 0 { "" } else { ", " }));
+    }
+    text.push_str("}\n");
     text.push_str(concat!(
         "---\n",
         "apiVersion: v1\nkind: Pod\n",
@@ -207,6 +223,16 @@ const SHAPES: &[(&str, &str)] = &[
     ("a key of a flow mapping over two lines", "# x\n{a\n b: 1}\n"),
     ("an explicit key of a flow mapping over two lines", "# x\n{? a\n b: 1}\n"),
     ("a flow sequence item over two lines", "# x\n[a\n \"b\"]\n"),
+    ("flags and addresses ending in : in a flow list", "args: [--bind, --listen-addr=::]\nips: [1.2.3.4, 001:db8::]\n"),
+    ("values ending in : in a flow mapping", "a: {k: v:, j: w::, l:}\n"),
+    ("a key ending in : in a flow list", "a: [a: b:, x :]\n"),
+    ("a plain value that starts with : in a flow list", "a: [::1]\n"),
+    ("a flow value that starts with :", "a: {k: :v}\n"),
+    ("a colon before a flow collection", "a: [a:[b]]\n"),
+    (
+        "colons before indicators in quotes, block text and comments",
+        "a: [\"x:]\", 'y:,']\nb: |\n  [c:]\nc: d:,e # [f:]\n",
+    ),
 ];
 
 fn corpus() -> Vec<(String, String)> {

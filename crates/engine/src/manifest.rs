@@ -22,6 +22,10 @@
 //!   documents on `---` lines only (anything but a comment after `---` is an error), and of each
 //!   only the first YAML document is read (after a `...` end marker, the rest is ignored).
 //! - an implicit key of a flow mapping stays on one line (go-yaml refuses `{a // note\n b: 1}`).
+//! - inside `[...]` and `{...}` a plain scalar keeps a `:` that is followed by `,` `]` `}` `[` or
+//!   `{` (`[--listen-addr=::]`, `[1.2.3.4, 001:db8::]`, `{k: v:}` hold strings that end in `:`),
+//!   where YAML 1.2 ends the scalar and reads the `:` as a key's indicator; and a plain scalar
+//!   there cannot start with `:` (go-yaml refuses `[::1]`: it must be quoted).
 //!
 //! Templates are not read here: they keep YAML 1.2's stricter rules (`crate::templates::yaml`).
 //!
@@ -115,11 +119,26 @@ fn read_yaml(
     options.set_emit_comments(false);
     let mut nodes = 0;
     for (index, (chunk, first_line)) in split_documents(text, lines_before)?.into_iter().enumerate() {
+        let kept_colons = keep_scalar_colons(chunk);
+        let (chunk, colon_stand_in) = match &kept_colons {
+            Some((text, stand_in)) => (text.as_str(), Some(*stand_in)),
+            None => (chunk, None),
+        };
         let parser = Parser::new_from_str_with_options(chunk, options.clone());
         let lines_before = first_line - 1;
         let document = index + 1;
-        let mut reader =
-            Reader { parser, text: chunk, limits, node_budget, nodes, document, lines_before, anchors: HashMap::new() };
+        let mut reader = Reader {
+            parser,
+            text: chunk,
+            colon_stand_in,
+            limits,
+            node_budget,
+            nodes,
+            document,
+            lines_before,
+            flow_depth: 0,
+            anchors: HashMap::new(),
+        };
         if document > limits.documents {
             let message = format!("more than {} documents: split the input into several files", limits.documents);
             return Err(reader.error(Span::default(), message));
@@ -234,10 +253,56 @@ fn read_json_stream(text: &str, limits: Limits, documents: &mut Vec<Value>) -> J
     unreachable!("the loop returns")
 }
 
+/// The characters after a `:` that go-yaml keeps in a plain scalar where YAML 1.2 does not.
+const KEPT_COLON_FOLLOWERS: &[u8] = b",]}[{";
+
+/// go-yaml (kubectl's reader) keeps a `:` that is followed by one of [`KEPT_COLON_FOLLOWERS`] in
+/// the plain scalar it ends, also inside `[...]` and `{...}`, where a YAML 1.2 parser ends the
+/// scalar and reads the `:` as a key's indicator. Each such colon is replaced by a character the
+/// text does not hold (the stand-in, returned too), which the parser reads as scalar content and
+/// the reader turns back into `:` in every scalar (so replacing one inside quotes, a block scalar
+/// or a comment changes nothing). A char for a char: lines and columns stay where they were.
+/// `None` when no colon needs it (the usual case, found in one pass).
+///
+/// A colon is kept when the character before it on its line, spaces and tabs skipped, can be part
+/// of a plain scalar (go-yaml reads `[a :]` as `"a :"`): not a flow indicator and not a quote,
+/// after which the colon is an indicator for both readers (`["a":]`).
+fn keep_scalar_colons(text: &str) -> Option<(String, char)> {
+    let bytes = text.as_bytes();
+    bytes.windows(2).position(|pair| pair[0] == b':' && KEPT_COLON_FOLLOWERS.contains(&pair[1]))?;
+    // A private-use character absent from the text (one pass, whatever the text holds).
+    let private = '\u{E000}'..='\u{F8FF}';
+    let mut present = vec![false; private.clone().count()];
+    for c in text.chars().filter(|c| private.contains(c)) {
+        present[(c as u32 - 0xE000) as usize] = true;
+    }
+    let stand_in = char::from_u32(0xE000 + present.iter().position(|p| !p)? as u32)?;
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut before: Option<char> = None;
+    for (at, c) in text.char_indices() {
+        let followed_by_indicator = bytes.get(at + 1).is_some_and(|b| KEPT_COLON_FOLLOWERS.contains(b));
+        let after_scalar_content = before.is_some_and(|b| !matches!(b, ',' | '[' | ']' | '{' | '}' | '"' | '\''));
+        match c {
+            ':' if followed_by_indicator && after_scalar_content => out.push(stand_in),
+            _ => out.push(c),
+        }
+        match c {
+            '\n' | '\r' => before = None,
+            ' ' | '\t' => {}
+            c => before = Some(c),
+        }
+    }
+    Some((out, stand_in))
+}
+
 struct Reader<'a> {
     parser: Parser<'a, granit_parser::StrInput<'a>>,
     /// The text the parser reads (this document's).
     text: &'a str,
+    /// What stands for a colon go-yaml keeps in a scalar (see [`keep_scalar_colons`]).
+    colon_stand_in: Option<char>,
+    /// How many `[...]` and `{...}` the node being read is in.
+    flow_depth: usize,
     limits: Limits,
     /// The nodes this input may have: [`Limits::nodes_per_byte`] of its size, at most
     /// [`Limits::nodes`].
@@ -326,16 +391,27 @@ impl<'a> Reader<'a> {
                 self.count(span, size)?;
                 return Ok(value);
             }
-            Event::Scalar(text, style, anchor, tag) => {
+            Event::Scalar(mut text, style, anchor, tag) => {
                 self.count(span, 1)?;
+                if let Some(stand_in) = self.colon_stand_in.filter(|c| text.contains(*c)) {
+                    text = text.replace(stand_in, ":").into();
+                }
+                if style == ScalarStyle::Plain && self.flow_depth > 0 && text.starts_with(':') {
+                    let message = format!(
+                        "did not find expected node content: inside [...] or {{...}} kubectl reads a `:` that starts {text:?} as a key's indicator; quote the value"
+                    );
+                    return Err(self.error(span, message));
+                }
                 let tag = tag.map(|t| format!("{}{}", t.handle(), t.suffix()));
                 let value = resolve(&text, style, tag.as_deref()).map_err(|m| self.error(span, m))?;
                 (value, anchor, 1)
             }
-            Event::SequenceStart(_, anchor, _) => {
+            Event::SequenceStart(style, anchor, _) => {
                 self.count(span, 1)?;
                 let before = self.nodes;
                 let mut items = Vec::new();
+                let flow = usize::from(style == StructureStyle::Flow);
+                self.flow_depth += flow;
                 loop {
                     let (event, span) = self.next()?;
                     if matches!(event, Event::SequenceEnd) {
@@ -343,12 +419,15 @@ impl<'a> Reader<'a> {
                     }
                     items.push(self.node(event, span, depth + 1)?);
                 }
+                self.flow_depth -= flow;
                 (Value::Array(items), anchor, 1 + self.nodes - before)
             }
             Event::MappingStart(style, anchor, _) => {
                 self.count(span, 1)?;
                 let before = self.nodes;
                 let mut map = Map::new();
+                let flow = usize::from(style == StructureStyle::Flow);
+                self.flow_depth += flow;
                 loop {
                     let (event, key_span) = self.next()?;
                     if matches!(event, Event::MappingEnd) {
@@ -373,6 +452,7 @@ impl<'a> Reader<'a> {
                         map.insert(key, value);
                     }
                 }
+                self.flow_depth -= flow;
                 (Value::Object(map), anchor, 1 + self.nodes - before)
             }
             _ => return Err(self.error(span, "unexpected YAML event".into())),
@@ -893,6 +973,52 @@ mod tests {
     }
 
     #[test]
+    fn colons_in_flow_scalars_read_as_kubectl_reads_them() {
+        // What `e2e/bin/yamlread` (kubectl's reader) prints for each.
+        let cases: &[(&str, Result<Value, &str>)] = &[
+            ("args: [--bind, --listen-addr=::]", Ok(json!({"args": ["--bind", "--listen-addr=::"]}))),
+            ("a: [1.2.3.4, 001:db8::]", Ok(json!({"a": ["1.2.3.4", "001:db8::"]}))),
+            ("a: {k: v:}", Ok(json!({"a": {"k": "v:"}}))),
+            ("a: {k: v:, j: w::}", Ok(json!({"a": {"k": "v:", "j": "w::"}}))),
+            ("a: {k:}", Ok(json!({"a": {"k:": null}}))),
+            ("a: [a:, b]", Ok(json!({"a": ["a:", "b"]}))),
+            ("a: [a: b:]", Ok(json!({"a": [{"a": "b:"}]}))),
+            ("a: [a :]", Ok(json!({"a": ["a :"]}))),
+            ("a: {k: v :}", Ok(json!({"a": {"k": "v :"}}))),
+            ("a: [x:y:, a:::]", Ok(json!({"a": ["x:y:", "a:::"]}))),
+            ("a: {a:: b}", Ok(json!({"a": {"a:": "b"}}))),
+            // After a quote or at the end of a line the colon is an indicator for both readers.
+            ("a: [\"a\":]", Ok(json!({"a": [{"a": null}]}))),
+            ("a: ['a':]", Ok(json!({"a": [{"a": null}]}))),
+            ("a: [a:\n]", Ok(json!({"a": [{"a": null}]}))),
+            ("a: [a:\t]", Ok(json!({"a": [{"a": null}]}))),
+            // Kept colons change nothing in quotes, block scalars, comments and block context.
+            ("a: [\"x:]\", 'y:,']", Ok(json!({"a": ["x:]", "y:,"]}))),
+            ("a: |\n  [a:]\nb: 1 # [c:]", Ok(json!({"a": "[a:]\n", "b": 1}))),
+            ("k: a:,b", Ok(json!({"k": "a:,b"}))),
+            ("k: :a", Ok(json!({"k": ":a"}))),
+            // A stand-in that the text already holds is not used.
+            ("a: [\u{e000}:, b]", Ok(json!({"a": ["\u{e000}:", "b"]}))),
+            // kubectl refuses these.
+            ("a: [a:[b]]", Err("")),
+            ("a: [::1]", Err("quote the value")),
+            ("a: [a, :b]", Err("quote the value")),
+            ("a: {k: :v}", Err("quote the value")),
+            ("a: {:a: b}", Err("quote the value")),
+        ];
+        for (text, expected) in cases {
+            match (read(text), expected) {
+                (Ok(documents), Ok(expected)) => assert_eq!(&json!(documents), &json!([expected]), "{text:?}"),
+                (Err(e), Err(expected)) => assert!(e.message.contains(expected), "{text:?}: {}", e.message),
+                (got, expected) => panic!("{text:?}: {got:?}, expected {expected:?}"),
+            }
+        }
+        // Lines and columns of errors are those of the text as written.
+        let err = read("a: [x:, y]\nb: [::1]\n").unwrap_err();
+        assert_eq!((err.line, err.column), (Some(2), Some(5)), "{err:?}");
+    }
+
+    #[test]
     fn written_strings_read_back_unchanged() {
         let strings = [
             "plain",
@@ -929,6 +1055,11 @@ mod tests {
             "\"dq\"",
             "\u{1}ctl",
             "ends:",
+            "a :",
+            "--listen-addr=::",
+            "001:db8::",
+            "x:]",
+            "::1",
             "1e3",
             ".inf",
             "~",

@@ -159,7 +159,8 @@ pub fn template() -> impl Strategy<Value = String> {
                     "sidecars": positioned(Value::Array(sidecars.iter().map(|n| json!({
                         "name": format!("c-{n}"),
                         "image": "{{ values.v }}",
-                        "args": ["{{ workload.name }}", "{{ pod.spec.containers | length }}", "{{ namespace.name }}"],
+                        // The last, a flag ending in `:` that kubectl's reader and YAML 1.2 read apart in `[...]`.
+                        "args": ["{{ workload.name }}", "{{ pod.spec.containers | length }}", "{{ namespace.name }}", "--listen=::"],
                         "volumeMounts": match (sidecars_mount, volume.len() == 4) {
                             (false, _) => json!([]),
                             (true, false) => json!([{"name": volume, "mountPath": "/shared"}]),
