@@ -1583,6 +1583,40 @@ fn an_image_volume_or_its_fallback_is_injected_as_the_nodes_allow_and_stays_as_i
 }
 
 #[test]
+fn a_copy_after_an_image_only_edit_gets_the_new_agent_in_either_form() {
+    // The agent's image in `values:`, as a release bump edits it; the engine after the edit never
+    // saw the old text (a replica started since, or the offline CLI).
+    let agent = |tag: &str| {
+        AGENT
+            .replace("default: true\n", &format!("default: true\nvalues: {{tag: \"{tag}\"}}\n"))
+            .replace("agent:2", "agent:{{ values.tag }}")
+    };
+    let (v2, v3) = (engine(&[("agent", &agent("2"))]), engine(&[("agent", &agent("3"))]));
+    for image_volumes in [true, false] {
+        let Outcome::Inject(injection) = v2.evaluate(&on_nodes(&web_pod(), image_volumes)).outcome else { panic!() };
+        let copy = apply(&web_pod(), &injection.patch);
+        let decision = v3.evaluate(&on_nodes(&copy, image_volumes));
+        let doubts = decision.warnings.iter().filter(|w| w.code != WarningCode::ImageVolumeFallback);
+        assert_eq!(doubts.count(), 0, "{image_volumes}: {:?}", decision.warnings);
+        let Outcome::Inject(again) = decision.outcome else { panic!("{image_volumes}: {:?}", decision.outcome) };
+        assert!(again.status.skipped.is_empty(), "{image_volumes}: nothing is kept as the pod's own");
+        let upgraded = apply(&copy, &again.patch);
+        // Exactly a fresh injection of the author's pod with the new version.
+        let Outcome::Inject(fresh) = v3.evaluate(&on_nodes(&web_pod(), image_volumes)).outcome else { panic!() };
+        assert_eq!(upgraded, apply(&web_pod(), &fresh.patch), "{image_volumes}");
+        let volume = upgraded["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "agent").unwrap();
+        match image_volumes {
+            true => assert_eq!(volume["image"]["reference"], "agent:3"),
+            false => assert_eq!(upgraded["spec"]["initContainers"][0]["image"], "agent:3"),
+        }
+        assert_eq!(
+            validate::validate_pod(&v3, &on_nodes(&upgraded, image_volumes)),
+            validate::Verdict::Allowed(Vec::new())
+        );
+    }
+}
+
+#[test]
 fn a_status_that_lies_about_the_form_proves_nothing_and_costs_nothing() {
     let engine = engine(&[("agent", AGENT)]);
     let Outcome::Inject(injection) = engine.evaluate(&on_nodes(&web_pod(), false)).outcome else { panic!() };

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::claims::status::{InjectionStatus, ItemKind, TemplateRef};
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::CONTAINER_LISTS;
+use crate::kinds::{CONTAINER_LISTS, VOLUMES};
 use crate::pod;
 use crate::templates::template::{Template, TemplateSet, content_hash};
 use crate::templates::yaml::{SourceNode, SourceValue};
@@ -77,27 +77,45 @@ pub(crate) fn image_of<'r>(rendered: &'r RenderedTemplate, name: &str) -> Option
     container_in(rendered, name).and_then(|c| c.get("image")).and_then(Value::as_str)
 }
 
-/// For each claimed container of `template` its new rendering has with another image: (new image,
-/// the pod's).
+/// For each claimed container of `template` its new rendering has with another image, and each
+/// claimed image volume (an agent delivered as an image, with no container that names it) it
+/// renders with another reference: (new image, the pod's).
 fn image_pairs(
     pod: &Value,
     claim: &InjectionStatus,
     template: &str,
     rendered: &RenderedTemplate,
 ) -> Vec<(String, String)> {
-    let mut pairs = Vec::new();
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    let mut pair = |new: Option<&str>, had: Option<&str>| {
+        if let (Some(new), Some(had)) = (new, had)
+            && new != had
+            && !pairs.iter().any(|(n, o)| n == new && o == had)
+        {
+            pairs.push((new.to_owned(), had.to_owned()));
+        }
+    };
     for list in &CONTAINER_LISTS {
         for name in (list.claimed)(claim).iter().filter(|name| injected_by(claim, template, name)) {
             let had = pod::container(pod, name).and_then(|c| c.get("image")).and_then(Value::as_str);
-            if let (Some(new), Some(had)) = (image_of(rendered, name), had)
-                && new != had
-                && !pairs.iter().any(|(n, o)| n == new && o == had)
-            {
-                pairs.push((new.to_owned(), had.to_owned()));
-            }
+            pair(image_of(rendered, name), had);
         }
     }
+    let skipped = |name: &str| claim.skipped.iter().any(|s| s.template == template && s.name == name);
+    for name in claim.image_volumes.iter().filter(|name| !skipped(name)) {
+        let in_pod = pod.get("spec").and_then(|s| s.get("volumes")).and_then(Value::as_array);
+        // The rendering has the image form where the claim records it (the callers render the
+        // forms the claim records).
+        let in_pod = in_pod.map_or(&[][..], Vec::as_slice);
+        pair(image_reference(rendered.pod_list(&VOLUMES), name), image_reference(in_pod, name));
+    }
     pairs
+}
+
+/// The image an image volume of that name among `volumes` mounts.
+fn image_reference<'v>(volumes: &'v [Value], name: &str) -> Option<&'v str> {
+    let volume = volumes.iter().find(|v| v.get("name").and_then(Value::as_str) == Some(name))?;
+    volume.get("image")?.get("reference")?.as_str()
 }
 
 /// The earlier version of `current` whose content hash is `hash`, when it is `current` with the
