@@ -227,7 +227,8 @@ impl Engine {
         let base_annotations = pod::string_map(&base, "annotations").unwrap_or_default();
         // What was injected is re-rendered in the forms it was given, whatever the nodes say now.
         let as_claimed = VolumeForms::Recorded(&claim.image_volumes);
-        let renderings: Vec<Option<RenderedTemplate>> = claim
+        let render = |template: &Template| render_one(template, &base, &base_annotations, as_claimed).ok();
+        let mut renderings: Vec<Option<RenderedTemplate>> = claim
             .templates
             .iter()
             .zip(claims::versions::first_of_each_name(claim))
@@ -235,23 +236,27 @@ impl Engine {
                 if !first {
                     return None;
                 }
-                let template = claims::versions::claimed_version(&self.templates, claimed, pod, claim, |now| {
-                    render_one(now, &base, &base_annotations, as_claimed).ok()
-                })?;
-                render_one(&template, &base, &base_annotations, as_claimed).ok()
+                let template = claims::versions::claimed_version(&self.templates, claimed, pod, claim, render)?;
+                render(&template)
             })
             .collect();
-        let assessed =
-            claims::ownership::assess(pod, claim, &renderings.iter().map(Option::as_ref).collect::<Vec<_>>());
-        let current = claim.is_current(selected.iter().map(|t| (&*t.name, t.hash.as_str())));
+        let stood_in = stand_in_for_gone_versions(pod, claim, selected, &mut renderings, render);
+        let assessed = stood_in.unwrap_or_else(|| {
+            claims::ownership::assess(pod, claim, &renderings.iter().map(Option::as_ref).collect::<Vec<_>>())
+        });
+        let current = assessed.present.is_current(selected.iter().map(|t| (&*t.name, t.hash.as_str())));
         if current && !assessed.altered.is_empty() {
             return ClaimCheck::Decided(Outcome::Denied(Denial::Altered(assessed.altered)));
         }
         if current {
             // An enforced template's items count as injected only when exactly the template's.
             let enforced = claim.templates.iter().zip(&renderings).find_map(|(claimed, rendered)| {
-                let template = self.templates.version(&claimed.name, &claimed.hash).filter(|t| t.enforced)?;
-                let conflicts = checks::enforce::inexact_items(&assessed.present, &assessed.owned, rendered.as_ref()?);
+                let rendered = rendered.as_ref()?;
+                // The version in service where it stood in for the claimed one.
+                let version = || selected.iter().copied().find(|t| *t.name == claimed.name && t.hash == rendered.hash);
+                let template = self.templates.version(&claimed.name, &claimed.hash).or_else(version);
+                let template = template.filter(|t| t.enforced)?;
+                let conflicts = checks::enforce::inexact_items(&assessed.present, &assessed.owned, rendered);
                 (!conflicts.is_empty()).then(|| Denial::Enforced { template: template.name.to_string(), conflicts })
             });
             if let Some(denial) = enforced {
@@ -351,6 +356,71 @@ impl Engine {
         }
         (owned, carried)
     }
+}
+
+/// An edit that changed nothing a pod holds (its `description`, `default:`, a selector, a value
+/// none of its items use, an item added) makes a new version all the same. Where versions a claim
+/// names are gone (`renderings` has none for them: a replica started since, the CLI), the versions
+/// in service stand in for them when every other version the claim names is known and every
+/// claimed item is in the pod just as they render it. A pod gains nothing by it: where the claim
+/// is then current the items stay and nothing is replaced, as for a claim naming the versions in
+/// service; where it is stale, some version it names was proven by its hash (the pod is a copy of
+/// a real injection), and its items are replaced as every stale injection's are. Then the
+/// stand-ins' renderings fill `renderings` and the ownership found is returned (its `present`
+/// naming the versions in service); `None` otherwise.
+fn stand_in_for_gone_versions(
+    pod: &Value,
+    claim: &InjectionStatus,
+    selected: &[&Arc<Template>],
+    renderings: &mut [Option<RenderedTemplate>],
+    render: impl Fn(&Template) -> Option<RenderedTemplate>,
+) -> Option<claims::ownership::Ownership> {
+    let in_service = |name: &str| selected.iter().find(|t| *t.name == *name);
+    let as_read: Vec<(&str, &str)> = claim
+        .templates
+        .iter()
+        .zip(renderings.iter())
+        .map(|(claimed, rendered)| match (rendered, in_service(&claimed.name)) {
+            (None, Some(now)) => (&*claimed.name, now.hash.as_str()),
+            _ => (claimed.name.as_str(), claimed.hash.as_str()),
+        })
+        .collect();
+    // Decided before anything renders: a claim that names a template twice, or a gone version of
+    // one not in service, costs no rendering (and the others at most one per template selected).
+    let accounted =
+        claim.templates.iter().zip(renderings.iter()).all(|(c, r)| r.is_some() || in_service(&c.name).is_some());
+    let first = claims::versions::first_of_each_name(claim);
+    if !accounted || first.iter().any(|first| !first) || renderings.iter().all(Option::is_some) {
+        return None;
+    }
+    let stand_ins: Vec<Option<RenderedTemplate>> = claim
+        .templates
+        .iter()
+        .zip(renderings.iter())
+        .map(|(claimed, rendered)| match rendered {
+            None => render(in_service(&claimed.name)?),
+            Some(_) => None,
+        })
+        .collect();
+    let with: Vec<Option<&RenderedTemplate>> =
+        renderings.iter().zip(&stand_ins).map(|(claimed, now)| claimed.as_ref().or(now.as_ref())).collect();
+    let mut assessed = claims::ownership::assess(pod, claim, &with);
+    if !assessed.altered.is_empty() {
+        return None;
+    }
+    assessed.present.templates = claim
+        .templates
+        .iter()
+        .zip(&as_read)
+        .map(|(claimed, (_, hash))| claims::status::TemplateRef {
+            name: claimed.name.clone(),
+            hash: (*hash).to_owned(),
+        })
+        .collect();
+    for (rendering, stand_in) in renderings.iter_mut().zip(stand_ins) {
+        *rendering = rendering.take().or(stand_in);
+    }
+    Some(assessed)
 }
 
 /// An injection that would make a pod the API server refuses (`Injection::invalid`) is not

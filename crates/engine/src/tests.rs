@@ -345,6 +345,49 @@ fn re_injection_after_a_template_change_replaces_exactly_what_was_injected() {
 }
 
 #[test]
+fn an_edit_that_changes_nothing_the_pod_holds_keeps_its_claims_proven() {
+    // An engine that never saw the version the pod names (a replica started since, the CLI).
+    let v1 = engine(&[("logs", LOGS)]);
+    let injected = apply(&web_pod(), &inject(&v1, &web_pod()).patch);
+    let edits = [
+        ("a description", LOGS.replace("default: true\n", "default: true\ndescription: Ships logs\n"), true),
+        (
+            "a selector",
+            LOGS.replace(
+                "default: true\n",
+                "default: true\npodSelector: {matchExpressions: [{key: x, operator: DoesNotExist}]}\n",
+            ),
+            true,
+        ),
+        (
+            "an item added",
+            LOGS.replace(
+                "  labels: {logging/shipper: fluent-bit}",
+                "  labels: {logging/shipper: fluent-bit, logging/v: '2'}",
+            ),
+            true,
+        ),
+        // What the pod holds changed: nothing proves the old items (kept as the pod's own).
+        ("an argument", LOGS.replace("--level=", "--log-level="), false),
+        ("an env value", LOGS.replace("value: /var/log/app}", "value: /logs}"), false),
+    ];
+    for (edit, text, proven) in edits {
+        let v2 = engine(&[("logs", &text)]);
+        let decision = v2.evaluate(&request(injected.clone(), opted_in("shop", &[])));
+        let doubted = decision.warnings.iter().any(|w| w.code == WarningCode::ClaimDoubted);
+        assert_eq!(doubted, !proven, "{edit}: {:?}", decision.warnings);
+        let Outcome::Inject(again) = decision.outcome else { panic!("{edit}: {:?}", decision.outcome) };
+        let reinjected = apply(&injected, &again.patch);
+        if proven {
+            // Exactly a fresh injection of the author's pod with the version in service.
+            assert_eq!(reinjected, apply(&web_pod(), &inject(&v2, &web_pod()).patch), "{edit}");
+        } else {
+            keeps_everything(&injected, &reinjected);
+        }
+    }
+}
+
+#[test]
 fn a_pod_no_template_matches_gets_only_a_status_that_says_why() {
     let engine = engine(&[("proxy", PROXY)]);
     let injection = inject(&engine, &web_pod());

@@ -32,7 +32,7 @@ use sidecar_injector_engine::kinds::{
 };
 use sidecar_injector_engine::templates::template::InProcess;
 use sidecar_injector_engine::{
-    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, manifest,
+    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, WarningCode, manifest,
 };
 
 /// The seed of `make test`'s cases.
@@ -332,6 +332,48 @@ proptest! {
         let reinjected = match evaluate(&new_engine, &injected_old, native) {
             outcome @ Outcome::Inject(_) => patched(&injected_old, outcome).0,
             Outcome::UpToDate(_) => injected_old.clone(),
+            other => panic!("{other:?}"),
+        };
+        prop_assert_eq!(normalize(&reinjected), normalize(&expected));
+    }
+
+    /// An engine that never saw the version a pod was injected with (a replica started since, the
+    /// CLI) still proves its claim after an edit that changed nothing the pod holds (a
+    /// description) or only images (the agents' image volumes and their fallbacks' copying init
+    /// containers, in whichever form the pod got them): re-admitting it is exactly a fresh
+    /// injection of the author's pod, with no claim doubted.
+    #[test]
+    fn an_edit_a_pod_cannot_see_or_of_images_only_keeps_its_claims_proven(
+        pod in pod(),
+        old in proptest::collection::vec(template(), 1..=2),
+        images in any::<bool>(),
+        native in any::<bool>(),
+    ) {
+        let old_engine = engine(&old);
+        let injected = match evaluate(&old_engine, &pod, native) {
+            outcome @ Outcome::Inject(_) => patched(&pod, outcome).0,
+            _ => return Ok(()),
+        };
+        let new: Vec<String> = old.iter().map(|text| match images {
+            true => text.replace("agent-", "agent2-"),
+            false => format!("description: edited\n{text}"),
+        }).collect();
+        let new_engine = engine(&new);
+        let expected = match evaluate(&new_engine, &pod, native) {
+            outcome @ Outcome::Inject(_) => patched(&pod, outcome).0,
+            other => panic!("{other:?}"),
+        };
+        let decision = new_engine.evaluate(&PodRequest {
+            pod: Arc::new(injected.clone()),
+            namespace: shop(),
+            cluster: cluster(native),
+            workload: None,
+        });
+        let doubts: Vec<_> = decision.warnings.iter().filter(|w| w.code == WarningCode::ClaimDoubted).collect();
+        prop_assert!(doubts.is_empty(), "{:?}", doubts);
+        let reinjected = match decision.outcome {
+            outcome @ Outcome::Inject(_) => patched(&injected, outcome).0,
+            Outcome::UpToDate(_) => injected.clone(),
             other => panic!("{other:?}"),
         };
         prop_assert_eq!(normalize(&reinjected), normalize(&expected));

@@ -101,13 +101,15 @@ fn image_pairs(
             pair(image_of(rendered, name), had);
         }
     }
-    let skipped = |name: &str| claim.skipped.iter().any(|s| s.template == template && s.name == name);
+    let skipped = |name: &str| {
+        claim.skipped.iter().any(|s| s.template == template && s.name == name && s.kind == ItemKind::Volume)
+    };
     for name in claim.image_volumes.iter().filter(|name| !skipped(name)) {
         let in_pod = pod.get("spec").and_then(|s| s.get("volumes")).and_then(Value::as_array);
         // The rendering has the image form where the claim records it (the callers render the
         // forms the claim records).
         let in_pod = in_pod.map_or(&[][..], Vec::as_slice);
-        pair(image_reference(rendered.pod_list(&VOLUMES), name), image_reference(in_pod, name));
+        pair(image_reference(rendered.pod_list(VOLUMES), name), image_reference(in_pod, name));
     }
     pairs
 }
