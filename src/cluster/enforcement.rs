@@ -103,11 +103,14 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>,
             let engine = state.engine.load_full();
             // Cluster-wide objects: native only where every node runs a kubelet that starts them.
             let native = state.nodes.load().facts_for(&serde_json::Value::Null, **state.cluster.load()).native_sidecars;
+            let may_precede = enforce::may_precede(&engine.templates);
             let enforced: PolicyObjects = engine
                 .templates
                 .iter()
                 .filter(|t| modes.enforcement && (t.enforced || t.audit))
-                .map(|t| (t.name.to_string(), enforce::policy_objects(t, native, &own_namespace)))
+                .map(|t| {
+                    (t.name.to_string(), enforce::policy_objects(t, native, &own_namespace, may_precede.as_deref()))
+                })
                 .collect();
             // Compiled again only when the templates in service (or the sidecar mode) change, and
             // off the async workers: hundreds of templates take a while.

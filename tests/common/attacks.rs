@@ -3,7 +3,7 @@
 //! its container's memory limit (`tests/node_e2e`, scenario n6). Each attack runs for a few seconds
 //! while a canary sends normal reviews on a **fresh TCP + TLS connection per request** (as the API
 //! server's client may) and measures them; an attack passes when the canary saw no failure and its
-//! p99 stayed within [`P99_LIMIT`].
+//! p99 stayed within [`P99_LIMIT`] (a canary that was only slow is measured once more).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

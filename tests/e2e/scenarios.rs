@@ -734,10 +734,20 @@ fn all_containers(pod: &Pod) -> Vec<k8s_openapi::api::core::v1::Container> {
     spec.init_containers.unwrap_or_default().into_iter().chain(spec.containers).collect()
 }
 
+/// A pod's exact copy of the enforced audit agent (`ENFORCED_AUDIT`) as a native sidecar.
+fn audit_agent_copy() -> Value {
+    json!({
+        "name": "audit-agent", "image": "registry.example/audit-agent:2.1", "command": ["/audit-agent"],
+        "args": ["--spool=/spool", "--upload=none"], "restartPolicy": "Always",
+        "volumeMounts": [{"name": "audit-spool", "mountPath": "/spool"}]
+    })
+}
+
 /// Scenario 16: An enforced template cannot be skipped, swapped or faked: not with the opt-out label,
 /// the templates annotation or a look-alike container while the injector is up, not by an UPDATE
-/// afterwards, and not while the injector is down (the enforcement policy the injector binds).
-/// The status tells the truth about a template applied with conflicts.
+/// afterwards, and not while the injector is down (the enforcement policy the injector binds); nor
+/// by an exact copy the pod runs after an init container of its own. The status tells the truth
+/// about a template applied with conflicts.
 pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     set_template(ctx, "audit.yaml", Some(ENFORCED_AUDIT)).await.context("adding the enforced template")?;
     let start = Instant::now();
@@ -771,6 +781,18 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     ensure!(
         message.contains("template audit is enforced for this pod") && message.contains("\"audit-agent\""),
         "look-alike not refused: {refused:?}"
+    );
+
+    // An exact copy of the enforced native sidecar that the pod runs after an init container of
+    // its own (which would then run before the agent starts).
+    let mut late_copy = pod("enforced-late-copy", json!({"tier": "prod"}), json!({}));
+    late_copy["spec"]["initContainers"] = json!([{"name": "warm-cache", "image": "busybox"}, audit_agent_copy()]);
+    late_copy["spec"]["volumes"] = json!([{"name": "audit-spool", "emptyDir": {}}]);
+    let refused = ctx.dry_run_pod("e2e-shop", late_copy.clone()).await;
+    let message = refused.as_ref().err().map(api_message).unwrap_or_default();
+    ensure!(
+        message.contains("is the template's, but it runs after the pod's own init container \"warm-cache\""),
+        "a copy run late not refused: {message:?}"
     );
 
     // The honest status: a pod whose own container takes the log shipper's place.
@@ -823,11 +845,7 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     // Injector down: the enforcement policy holds on its own.
     ctx.stop_injector();
     let mut exact = pod("exact", prod_opted_out.clone(), json!({}));
-    exact["spec"]["initContainers"] = json!([{
-        "name": "audit-agent", "image": "registry.example/audit-agent:2.1", "command": ["/audit-agent"],
-        "args": ["--spool=/spool", "--upload=none"], "restartPolicy": "Always",
-        "volumeMounts": [{"name": "audit-spool", "mountPath": "/spool"}]
-    }]);
+    exact["spec"]["initContainers"] = json!([audit_agent_copy()]);
     exact["spec"]["volumes"] = json!([{"name": "audit-spool", "emptyDir": {}}]);
     let mut forged_status = exact.clone();
     forged_status["metadata"]["annotations"] = json!({"sidecar-injector.io/status": "{\"templates\":[{\"name\":\"audit\",\"hash\":\"x\"}],\"initContainers\":[\"audit-agent\"]}"});
@@ -837,6 +855,8 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     swapped_args["spec"]["initContainers"][0]["args"] = json!(["--spool=/spool\u{1f}--upload=none"]);
     let mut not_native = exact.clone();
     not_native["spec"]["initContainers"][0].as_object_mut().unwrap().remove("restartPolicy");
+    let mut late = exact.clone();
+    late["spec"]["initContainers"] = json!([{"name": "warm-cache", "image": "busybox"}, audit_agent_copy()]);
     let cases: Vec<(&str, Value, Option<&str>)> = vec![
         (
             "missing",
@@ -846,6 +866,11 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
         ("forged status, other image", forged_status, Some("whose audit-agent differ from the template's")),
         ("separator smuggled into args", swapped_args, Some("whose audit-agent differ from the template's")),
         ("not native", not_native, Some("native sidecar(s) audit-agent lack restartPolicy: Always")),
+        (
+            "run after the pod's own init container",
+            late,
+            Some("whose audit-agent run after init containers of the pod's own"),
+        ),
         ("exactly the template's", exact, None),
         (
             "not tier=prod",

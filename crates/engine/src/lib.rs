@@ -688,7 +688,8 @@ impl Engine {
                         sidecar_mode(template, &rendered),
                         request.cluster.native_sidecars,
                     );
-                    checks::enforce::conflicts(pod, status, &rendered, native)
+                    let enforced = |name: &str| self.templates.get(name).is_some_and(|t| which(t));
+                    checks::enforce::conflicts(pod, status, &rendered, native, &enforced)
                 }
                 (Err(e), _) => vec![format!("the template does not render for the pod as it is: {e}")],
             };

@@ -28,9 +28,16 @@ use crate::{claims::ownership, names};
 /// The conflicts of one enforced template with what the pod already has, one sentence each.
 /// `pod` is the pod as the injection leaves it (so an item the patch removes never stands for
 /// the template's), `status` what the injection records, `rendered` the template rendered for
-/// this pod; `native` whether its sidecars are native. Where the pod has an item of a name twice,
-/// the one compared is the one the kubelet runs with (`AppListKind::in_effect`).
-pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTemplate, native: bool) -> Vec<String> {
+/// this pod; `native` whether its sidecars are native; `enforced` whether a template (by name) is
+/// enforced. Where the pod has an item of a name twice, the one compared is the one the kubelet
+/// runs with (`AppListKind::in_effect`).
+pub fn conflicts(
+    pod: &Value,
+    status: &InjectionStatus,
+    rendered: &RenderedTemplate,
+    native: bool,
+    enforced: &dyn Fn(&str) -> bool,
+) -> Vec<String> {
     let spec_list = |field: &str| pod.get("spec").and_then(|s| s.get(field)).and_then(Value::as_array);
     let container = |name: &str| {
         [spec_list("containers"), spec_list("initContainers")]
@@ -107,9 +114,51 @@ pub fn conflicts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTempl
             found.push(format!("the pod's {what} is not the template's ({difference})"));
         } else if !ownership::exact(&expected, &actual) {
             found.push(format!("the pod's {what} holds fields the template does not set"));
+        } else if let Some(before) = runs_late(pod, status, skip, rendered, native, enforced) {
+            found.push(format!(
+                "the pod's {what} is the template's, but it runs after the pod's own init container {before:?}, where the template's runs before the pod's own"
+            ));
         }
     }
     found
+}
+
+/// Where a pod's exact copy of an enforced template's init container or native sidecar (`skip`)
+/// stands: the template's runs before the pod's own init containers (a traffic-redirect init
+/// container, an agent an app's init container may need), and a copy the pod put after one of its
+/// own would let that one run first. The first init container before the copy that neither this
+/// injection added nor is an exact copy of an enforced template's item (checked in its turn), if
+/// any. `None` for an init container the template puts last (`position: last`) and for classic
+/// sidecars, which start with the app whatever their place.
+fn runs_late(
+    pod: &Value,
+    status: &InjectionStatus,
+    skip: &crate::claims::status::Skipped,
+    rendered: &RenderedTemplate,
+    native: bool,
+    enforced: &dyn Fn(&str) -> bool,
+) -> Option<String> {
+    let runs_first = match skip.kind.place() {
+        Place::InitContainer => rendered.positions.get(&skip.name) != Some(&crate::kinds::ContainerPosition::Last),
+        Place::Sidecar => native,
+        _ => false,
+    };
+    if !runs_first {
+        return None;
+    }
+    let inits = pod.get("spec").and_then(|s| s.get("initContainers")).and_then(Value::as_array)?;
+    let names: Vec<&str> = inits.iter().filter_map(|c| c.get("name").and_then(Value::as_str)).collect();
+    let at = names.iter().position(|n| *n == skip.name)?;
+    let injected = |name: &str| status.init_containers.iter().chain(&status.native_sidecars).any(|n| n == name);
+    let enforced_copy = |name: &str| {
+        status.skipped.iter().any(|s| {
+            s.name == name
+                && s.owner == "pod"
+                && matches!(s.kind.place(), Place::InitContainer | Place::Sidecar)
+                && enforced(&s.template)
+        })
+    };
+    names[..at].iter().find(|n| !injected(n) && !enforced_copy(n)).map(|n| (*n).to_owned())
 }
 
 /// The items of an enforced template that a status annotation claims as injected and that are in
@@ -190,6 +239,9 @@ pub struct RequiredContainer {
     pub name: String,
     /// A native sidecar: must keep `restartPolicy: Always`.
     pub native: bool,
+    /// It runs before the pod's own init containers (a native sidecar, or an init container the
+    /// template does not put last): the policy refuses a pod whose copy runs after one of them.
+    pub runs_first: bool,
     /// The image, when the same for every pod.
     pub image: Option<String>,
     /// The command, when the same for every pod (an empty list: the pod must not set one).
@@ -281,6 +333,8 @@ impl Requirements {
                     args: strings("args"),
                     resource_floor,
                     native: native_sidecar,
+                    runs_first: native_sidecar
+                        || (kind == "init container" && item.position != Some(crate::kinds::ContainerPosition::Last)),
                     name,
                 };
                 for (field, fixed) in [
@@ -321,6 +375,15 @@ impl Requirements {
                 self.init_containers.iter().filter(|c| c.native).map(|c| c.name.as_str()).collect::<Vec<_>>().join(" "),
             ),
             ("volumes".to_owned(), self.volumes.join(" ")),
+            (
+                "runFirst".to_owned(),
+                self.init_containers
+                    .iter()
+                    .filter(|c| c.runs_first)
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
         ]);
         let encode = |list: &[String]| list.iter().map(|e| format!("{LIST_SEPARATOR}{e}")).collect::<String>();
         for container in self.containers.iter().chain(&self.init_containers) {
@@ -346,14 +409,25 @@ impl Requirements {
 /// (in `own_namespace`) and the binding of the enforcement policy to the pods the template is
 /// enforced for. Both are plain JSON for server-side apply. For an `enforced: audit` template the
 /// binding warns the client and writes the audit log instead of refusing (`Warn`, `Audit`).
-pub fn policy_objects(template: &Template, native: bool, own_namespace: &str) -> (Value, Value) {
+/// `may_precede` ([`may_precede`]) lets the policy check where the template's init containers
+/// and native sidecars run (`runFirst`); `None` leaves that to the webhook.
+pub fn policy_objects(
+    template: &Template,
+    native: bool,
+    own_namespace: &str,
+    may_precede: Option<&[String]>,
+) -> (Value, Value) {
     let name = format!("{}{}", names::ENFORCED_OBJECT_PREFIX, template.name);
     let labels = json!({ names::ENFORCED_TEMPLATE_LABEL: &*template.name });
+    let mut data = Requirements::of(template, native).params_data();
+    if let Some(names) = may_precede {
+        data.insert("mayPrecede".to_owned(), names.join(" "));
+    }
     let params = json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": name, "namespace": own_namespace, "labels": labels},
-        "data": Requirements::of(template, native).params_data(),
+        "data": data,
     });
     // The namespaces the webhook serves (opted in, not excluded), narrowed by the template's own
     // namespaceSelector; the pods its podSelector matches, opted out or not.
@@ -385,6 +459,37 @@ pub fn policy_objects(template: &Template, native: bool, own_namespace: &str) ->
         },
     });
     (params, binding)
+}
+
+/// The init containers that may run before an enforced template's (`runFirst`) without the policy
+/// refusing the pod: every init container, sidecar (native ones are init containers) and image
+/// volume fallback's init container that some template in service may inject, by name. The policy
+/// cannot tell which templates a pod got (its status is the pod's word), so a pod's own init
+/// container named like one of these passes it (the webhook, which knows, refuses it). `None`
+/// when some template names such a container after the pod: then the policy cannot tell a
+/// template's from the pod's, and leaves positions to the webhook.
+pub fn may_precede(templates: &crate::templates::template::TemplateSet) -> Option<Vec<String>> {
+    let mut names = Vec::new();
+    for template in templates.iter() {
+        let spec = &template.inject;
+        let fallbacks = spec.pod_lists[VOLUMES.index].iter().filter_map(|v| v.fallback.as_ref());
+        let pieces = spec.init_containers.iter().chain(&spec.sidecars).map(|item| &item.piece);
+        for piece in pieces.chain(fallbacks.map(|f| &f.init_container)) {
+            let name = match piece {
+                Piece::Map(entries) => {
+                    entries.iter().find(|(k, _)| k == "name").and_then(|(_, p)| fixed_value(template, p))
+                }
+                Piece::Literal(Value::Object(map)) => map.get("name").cloned(),
+                _ => None,
+            };
+            let Some(Value::String(name)) = name else { return None };
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    names.sort();
+    Some(names)
 }
 
 /// The fields of an item that are the same for every pod (`None` for a field that is not), or
@@ -571,6 +676,36 @@ inject:
     }
 
     #[test]
+    fn an_exact_copy_the_pod_runs_after_its_own_init_container_is_refused() {
+        let audit = audit_engine();
+        let copy = json!({"name": "audit", "image": "audit:1.0", "command": ["/audit"], "args": ["--level=info"],
+                          "restartPolicy": "Always", "imagePullPolicy": "IfNotPresent"});
+        let own = own_init();
+        let late = pod(json!({"app": "web"}), json!({}), json!([own.clone(), copy.clone()]));
+        let Outcome::Denied(denial) = evaluate(&audit, &late) else { panic!("allowed") };
+        let message = denial.to_string();
+        assert!(
+            message.contains("the pod's sidecar \"audit\" is the template's, but it runs after the pod's own init container \"redirect\""),
+            "{message}"
+        );
+        // In its place (before the pod's own) it stands.
+        let first = pod(json!({"app": "web"}), json!({}), json!([copy, own]));
+        assert!(matches!(evaluate(&audit, &first), Outcome::Inject(_)));
+        // An enforced init container a template puts last may stand anywhere.
+        let last = "enforced: true\ninject:\n  initContainers:\n    - {name: warm, image: \"w:1\", position: last}\n";
+        let last_engine = engine(&[("last", last)]);
+        let copy = json!({"name": "warm", "image": "w:1"});
+        for order in [json!([own_init(), copy.clone()]), json!([copy, own_init()])] {
+            let pod = pod(json!({}), json!({}), order);
+            assert!(matches!(evaluate(&last_engine, &pod), Outcome::Inject(_)), "{pod}");
+        }
+    }
+
+    fn own_init() -> Value {
+        json!({"name": "redirect", "image": "iptables"})
+    }
+
+    #[test]
     fn a_forged_status_cannot_add_fields_to_an_enforced_sidecar() {
         let engine = audit_engine();
         let pod = pod(json!({"app": "web"}), json!({}), json!([]));
@@ -687,6 +822,18 @@ inject:
         );
         let classic = Requirements::of(engine.templates.get("audit").unwrap(), false).params_data();
         assert_eq!((classic["containers"].as_str(), classic["initContainers"].as_str()), ("audit", ""));
+        // Where its native sidecar runs: before the pod's own init containers, after only what
+        // some template adds (every template's init containers and sidecars, by name).
+        assert_eq!((data["runFirst"].as_str(), classic["runFirst"].as_str()), ("audit", ""));
+        assert_eq!(may_precede(&engine.templates), Some(vec!["audit".to_owned(), "logs".to_owned()]));
+        let (params, _) =
+            policy_objects(engine.templates.get("audit").unwrap(), true, "ns", Some(&["a".into(), "b".into()]));
+        assert_eq!(params["data"]["mayPrecede"], "a b");
+        let last = "enforced: true\ninject:\n  initContainers:\n    - {name: warm, image: w, position: last}\n    - {name: first, image: f}\n";
+        assert_eq!(
+            Requirements::of(engine_with(last).templates.get("t").unwrap(), true).params_data()["runFirst"],
+            "first"
+        );
 
         let per_pod = r#"
 enforced: true
@@ -706,6 +853,11 @@ inject:
         assert_eq!(requirements.init_containers.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), vec!["fixed"]);
         assert_eq!(requirements.init_containers[0].args, Some(vec![]), "no args: the pod must not add any");
         assert_eq!(requirements.unchecked.len(), 2, "{:?}", requirements.unchecked);
+        assert_eq!(
+            may_precede(&engine.templates),
+            None,
+            "a name read from the namespace: positions left to the webhook"
+        );
     }
 
     #[test]
@@ -755,9 +907,10 @@ inject:
         assert!(matches!(decision.outcome, Outcome::Inject(_)));
         assert!(decision.audited.is_empty() && decision.warnings.is_empty(), "{:?}", decision.warnings);
         // The policy binding warns and audits instead of denying.
-        let (_, binding) = policy_objects(engine.templates.get("audit").unwrap(), true, "sidecar-injector");
+        let (_, binding) = policy_objects(engine.templates.get("audit").unwrap(), true, "sidecar-injector", None);
         assert_eq!(binding["spec"]["validationActions"], json!(["Warn", "Audit"]));
-        let (_, binding) = policy_objects(audit_engine().templates.get("audit").unwrap(), true, "sidecar-injector");
+        let (_, binding) =
+            policy_objects(audit_engine().templates.get("audit").unwrap(), true, "sidecar-injector", None);
         assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
     }
 

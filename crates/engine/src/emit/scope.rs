@@ -322,6 +322,7 @@ mod tests {
             enforced.templates.get("e").unwrap(),
             true,
             names::INJECTOR_NAMESPACE,
+            None,
         );
         let mut want = selector(Some(&namespace_selector(&OWN)));
         want.insert(("env".to_owned(), "In".to_owned(), BTreeSet::from(["prod".to_owned()])));
