@@ -51,9 +51,28 @@ impl Template {
             template.warnings.extend(unchecked.into_iter().map(|what| {
                 format!("enforced: while the injector is down, the enforcement policy checks less: {what}")
             }));
+            template.warnings.extend(pod_label_permission(&template));
         }
         Ok(template)
     }
+}
+
+/// An enforced template whose `podSelector` reads pod labels lets whoever writes a pod's labels
+/// (its author, or a controller's template) decide whether the pod gets it: the labels become a
+/// permission to skip the template. Said at load (`check-templates`, the ConfigMap check, the
+/// log), naming the labels.
+fn pod_label_permission(template: &Template) -> Option<String> {
+    let selector = &template.pod_selector.as_ref()?.label_selector;
+    let mut keys: Vec<&str> = selector.match_labels.iter().flatten().map(|(k, _)| k.as_str()).collect();
+    keys.extend(selector.match_expressions.iter().flatten().map(|e| e.key.as_str()));
+    keys.sort_unstable();
+    keys.dedup();
+    (!keys.is_empty()).then(|| {
+        format!(
+            "enforced: its podSelector reads pod labels ({}), which a pod's author writes: a pod whose labels do not match is not given the template, so these labels are a permission to skip it; select by namespace instead (namespace labels are the operator's), or keep these labels out of authors' hands (an admission policy of your own)",
+            keys.join(", ")
+        )
+    })
 }
 
 /// Renders, once, every expression of `template` that reads neither `pod` nor `namespace`, with its
@@ -411,6 +430,21 @@ mod tests {
             let err = Template::load("k8s", text).unwrap_err();
             assert!(err.message.contains(fragment), "expected {fragment:?} in {err}");
         }
+    }
+
+    #[test]
+    fn an_enforced_template_selecting_on_pod_labels_says_they_are_a_permission() {
+        let sidecar = "inject:\n  sidecars:\n    - {name: s, image: i}\n";
+        let warned = |head: &str| {
+            let template = Template::load("t", &format!("{head}{sidecar}")).unwrap();
+            template.warnings.into_iter().find(|w| w.contains("a permission to skip it"))
+        };
+        let labels = "enforced: true\npodSelector:\n  matchLabels: {tier: prod}\n  matchExpressions: [{key: skip, operator: DoesNotExist}]\n";
+        let warning = warned(labels).expect("a warning");
+        assert!(warning.contains("reads pod labels (skip, tier)"), "{warning}");
+        assert!(warned(&labels.replace("enforced: true", "enforced: audit")).is_some());
+        assert_eq!(warned(&labels.replace("enforced: true", "default: true")), None, "not enforced");
+        assert_eq!(warned("enforced: true\nnamespaceSelector: {matchLabels: {env: prod}}\n"), None, "namespace labels");
     }
 
     #[test]
