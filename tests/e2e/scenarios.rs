@@ -669,6 +669,8 @@ inject:
   volumes:
     - name: audit-spool
       emptyDir: {}
+  hostAliases:
+    - {ip: 10.96.40.10, hostnames: [audit-collector.internal]}
 "#;
 
 pub(crate) async fn set_template(ctx: &Ctx, key: &str, text: Option<&str>) -> Result<()> {
@@ -746,7 +748,8 @@ fn audit_agent_copy() -> Value {
 /// Scenario 16: An enforced template cannot be skipped, swapped or faked: not with the opt-out label,
 /// the templates annotation or a look-alike container while the injector is up, not by an UPDATE
 /// afterwards, and not while the injector is down (the enforcement policy the injector binds); nor
-/// by an exact copy the pod runs after an init container of its own. The status tells the truth
+/// by an exact copy the pod runs after an init container of its own, or a host alias of its own for
+/// the template's host name. The status tells the truth
 /// about a template applied with conflicts.
 pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     set_template(ctx, "audit.yaml", Some(ENFORCED_AUDIT)).await.context("adding the enforced template")?;
@@ -793,6 +796,16 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     ensure!(
         message.contains("is the template's, but it runs after the pod's own init container \"warm-cache\""),
         "a copy run late not refused: {message:?}"
+    );
+
+    // A host alias of the pod's own for the agent's collector, to another IP.
+    let mut shadowing = pod("enforced-shadowing", json!({"tier": "prod"}), json!({}));
+    shadowing["spec"]["hostAliases"] = json!([{"ip": "127.0.0.1", "hostnames": ["audit-collector.internal"]}]);
+    let refused = ctx.dry_run_pod("e2e-shop", shadowing.clone()).await;
+    let message = refused.as_ref().err().map(api_message).unwrap_or_default();
+    ensure!(
+        message.contains("the pod's host alias 127.0.0.1 maps host name \"audit-collector.internal\""),
+        "a shadowing host alias not refused: {message:?}"
     );
 
     // The honest status: a pod whose own container takes the log shipper's place.
@@ -855,6 +868,8 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     swapped_args["spec"]["initContainers"][0]["args"] = json!(["--spool=/spool\u{1f}--upload=none"]);
     let mut not_native = exact.clone();
     not_native["spec"]["initContainers"][0].as_object_mut().unwrap().remove("restartPolicy");
+    let mut shadowing = exact.clone();
+    shadowing["spec"]["hostAliases"] = json!([{"ip": "127.0.0.1", "hostnames": ["Audit-Collector.internal"]}]);
     let mut late = exact.clone();
     late["spec"]["initContainers"] = json!([{"name": "warm-cache", "image": "busybox"}, audit_agent_copy()]);
     let cases: Vec<(&str, Value, Option<&str>)> = vec![
@@ -870,6 +885,11 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
             "run after the pod's own init container",
             late,
             Some("whose audit-agent run after init containers of the pod's own"),
+        ),
+        (
+            "a host alias to another IP",
+            shadowing,
+            Some("whose host aliases map audit-collector.internal to another IP"),
         ),
         ("exactly the template's", exact, None),
         (

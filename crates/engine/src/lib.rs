@@ -657,7 +657,15 @@ impl Engine {
         which: fn(&Template) -> bool,
     ) -> Vec<Denial> {
         let conflicted = status.conflicted_templates();
-        if conflicted.is_empty() {
+        // A template's host aliases can be shadowed by the pod's without any skip (another IP for
+        // one of their host names): those templates are checked too.
+        let enforced: Vec<&Arc<Template>> = status
+            .templates
+            .iter()
+            .filter_map(|t| self.templates.version(&t.name, &t.hash).filter(|t| which(t)))
+            .filter(|t| conflicted.contains(&&*t.name) || !t.inject.pod_lists[kinds::HOST_ALIASES.index].is_empty())
+            .collect();
+        if enforced.is_empty() {
             return Vec::new();
         }
         let after: Result<std::borrow::Cow<'_, Value>, String> = match patch {
@@ -669,11 +677,6 @@ impl Engine {
             }
             None => Ok(std::borrow::Cow::Borrowed(&*request.pod)),
         };
-        let enforced = status
-            .templates
-            .iter()
-            .filter(|t| conflicted.contains(&t.name.as_str()))
-            .filter_map(|t| self.templates.version(&t.name, &t.hash).filter(|t| which(t)));
         let annotations = pod::string_map(&request.pod, "annotations").unwrap_or_default();
         let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(&request.pod));
         let mut denials = Vec::new();
@@ -689,7 +692,9 @@ impl Engine {
                         request.cluster.native_sidecars,
                     );
                     let enforced = |name: &str| self.templates.get(name).is_some_and(|t| which(t));
-                    checks::enforce::conflicts(pod, status, &rendered, native, &enforced)
+                    let mut found = checks::enforce::conflicts(pod, status, &rendered, native, &enforced);
+                    found.extend(checks::enforce::shadowed_host_names(pod, &rendered));
+                    found
                 }
                 (Err(e), _) => vec![format!("the template does not render for the pod as it is: {e}")],
             };

@@ -21,7 +21,7 @@ use crate::emit::scope;
 use crate::injection::compare::first_difference;
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{APP_LISTS, MAPS, POD_LISTS, Place, Placement, VOLUMES};
+use crate::kinds::{APP_LISTS, HOST_ALIASES, MAPS, POD_LISTS, Place, Placement, VOLUMES};
 use crate::templates::template::{Piece, SeqItem, Template};
 use crate::{claims::ownership, names};
 
@@ -118,6 +118,38 @@ pub fn conflicts(
             found.push(format!(
                 "the pod's {what} is the template's, but it runs after the pod's own init container {before:?}, where the template's runs before the pod's own"
             ));
+        }
+    }
+    found
+}
+
+/// The host names of an enforced template's host aliases that another entry of the pod's
+/// `hostAliases` maps to another IP, one sentence each. Host aliases are identified by IP, so such
+/// an entry is no conflict for the merge, but the kubelet writes every entry to `/etc/hosts`, where
+/// the first line that names a host wins: the pod's (written before the injected ones) would send
+/// the agent's traffic elsewhere. (A pod's DNS settings, `dnsPolicy: None` included, do not: the
+/// resolver reads `/etc/hosts` first.)
+pub fn shadowed_host_names(pod: &Value, rendered: &RenderedTemplate) -> Vec<String> {
+    let field = HOST_ALIASES.field;
+    let in_pod = pod.get("spec").and_then(|s| s.get(field)).and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+    let names = |alias: &Value| -> Vec<String> {
+        let hostnames = alias.get("hostnames").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+        hostnames.iter().filter_map(Value::as_str).map(str::to_owned).collect()
+    };
+    let mut found = Vec::new();
+    for alias in rendered.pod_list(HOST_ALIASES) {
+        let ip = alias.get("ip").and_then(Value::as_str).unwrap_or_default();
+        for hostname in names(alias) {
+            let other = in_pod.iter().find(|a| {
+                a.get("ip").and_then(Value::as_str) != Some(ip)
+                    && names(a).iter().any(|n| n.eq_ignore_ascii_case(&hostname))
+            });
+            if let Some(other) = other {
+                let theirs = other.get("ip").and_then(Value::as_str).unwrap_or_default();
+                found.push(format!(
+                    "the pod's host alias {theirs} maps host name {hostname:?}, which the template maps to {ip}: /etc/hosts would name it twice, and the first line wins"
+                ));
+            }
         }
     }
     found
@@ -228,6 +260,9 @@ pub struct Requirements {
     pub init_containers: Vec<RequiredContainer>,
     /// Required in `spec.volumes`.
     pub volumes: Vec<String>,
+    /// The host names its host aliases map, each with its IP (those the same for every pod): no
+    /// other alias of the pod may map one of them.
+    pub host_names: Vec<(String, String)>,
     /// Items the policy cannot check, with why (for `check-templates`).
     pub unchecked: Vec<String>,
 }
@@ -356,6 +391,22 @@ impl Requirements {
                 }
             }
         }
+        for (index, item) in spec.pod_lists[HOST_ALIASES.index].iter().enumerate() {
+            let fixed = fixed_item(template, item).ok().and_then(|fields| {
+                let ip = fields.get("ip").cloned().flatten()?;
+                let Some(Value::Array(names)) = fields.get("hostnames").cloned().flatten() else { return None };
+                let names: Option<Vec<String>> =
+                    names.iter().map(|n| n.as_str().map(str::to_ascii_lowercase)).collect();
+                Some((ip.as_str()?.to_owned(), names?))
+            });
+            match fixed {
+                Some((ip, names)) => requirements.host_names.extend(names.into_iter().map(|n| (n, ip.clone()))),
+                None => requirements.unchecked.push(format!(
+                    "host alias #{}: its IP or host names are not the same for every pod, so the policy does not check that the pod maps them elsewhere",
+                    index + 1
+                )),
+            }
+        }
         requirements
     }
 
@@ -375,6 +426,10 @@ impl Requirements {
                 self.init_containers.iter().filter(|c| c.native).map(|c| c.name.as_str()).collect::<Vec<_>>().join(" "),
             ),
             ("volumes".to_owned(), self.volumes.join(" ")),
+            (
+                "hostNames".to_owned(),
+                self.host_names.iter().map(|(name, ip)| format!("{name}={ip}")).collect::<Vec<_>>().join(" "),
+            ),
             (
                 "runFirst".to_owned(),
                 self.init_containers
@@ -701,6 +756,34 @@ inject:
         }
     }
 
+    #[test]
+    fn a_pod_alias_for_an_enforced_host_name_is_refused() {
+        let collector =
+            "inject:\n  hostAliases:\n    - {ip: 10.96.40.10, hostnames: [collector.internal, backup.internal]}\n";
+        let enforced = engine(&[("collector", &format!("enforced: true\n{collector}"))]);
+        let with_aliases = |aliases: Value| {
+            let mut pod = pod(json!({}), json!({}), json!([]));
+            pod["spec"]["hostAliases"] = aliases;
+            pod
+        };
+        let shadow = with_aliases(json!([{"ip": "127.0.0.1", "hostnames": ["other", "Collector.Internal"]}]));
+        let Outcome::Denied(denial) = evaluate(&enforced, &shadow) else { panic!("allowed") };
+        assert!(
+            denial.to_string().contains("the pod's host alias 127.0.0.1 maps host name \"collector.internal\", which the template maps to 10.96.40.10"),
+            "{denial}"
+        );
+        // Other names, or the template's own line, stand.
+        for aliases in [
+            json!([{"ip": "127.0.0.1", "hostnames": ["other"]}]),
+            json!([{"ip": "10.96.40.10", "hostnames": ["collector.internal", "backup.internal"]}]),
+        ] {
+            assert!(matches!(evaluate(&enforced, &with_aliases(aliases.clone())), Outcome::Inject(_)), "{aliases}");
+        }
+        // A template that is not enforced: the pod's line stands (the pod's items win).
+        let plain = engine(&[("collector", &format!("default: true\n{collector}"))]);
+        assert!(matches!(evaluate(&plain, &shadow), Outcome::Inject(_)));
+    }
+
     fn own_init() -> Value {
         json!({"name": "redirect", "image": "iptables"})
     }
@@ -829,6 +912,10 @@ inject:
         let (params, _) =
             policy_objects(engine.templates.get("audit").unwrap(), true, "ns", Some(&["a".into(), "b".into()]));
         assert_eq!(params["data"]["mayPrecede"], "a b");
+        let aliases = "enforced: true\ninject:\n  hostAliases:\n    - {ip: 10.0.0.1, hostnames: [A.internal, b]}\n    - {ip: 10.0.0.2, hostnames: [\"{{ namespace.name }}.c\"]}\n";
+        let requirements = Requirements::of(engine_with(aliases).templates.get("t").unwrap(), true);
+        assert_eq!(requirements.params_data()["hostNames"], "a.internal=10.0.0.1 b=10.0.0.1");
+        assert_eq!(requirements.unchecked.len(), 1, "{:?}", requirements.unchecked);
         let last = "enforced: true\ninject:\n  initContainers:\n    - {name: warm, image: w, position: last}\n    - {name: first, image: f}\n";
         assert_eq!(
             Requirements::of(engine_with(last).templates.get("t").unwrap(), true).params_data()["runFirst"],
