@@ -657,13 +657,18 @@ impl Engine {
         which: fn(&Template) -> bool,
     ) -> Vec<Denial> {
         let conflicted = status.conflicted_templates();
-        // A template's host aliases can be shadowed by the pod's without any skip (another IP for
-        // one of their host names): those templates are checked too.
+        // A template's host aliases and mounts can be shadowed by the pod's without any skip
+        // (another IP for one of their host names, a mount below one): those templates are
+        // checked too.
         let enforced: Vec<&Arc<Template>> = status
             .templates
             .iter()
             .filter_map(|t| self.templates.version(&t.name, &t.hash).filter(|t| which(t)))
-            .filter(|t| conflicted.contains(&&*t.name) || !t.inject.pod_lists[kinds::HOST_ALIASES.index].is_empty())
+            .filter(|t| {
+                conflicted.contains(&&*t.name)
+                    || !t.inject.pod_lists[kinds::HOST_ALIASES.index].is_empty()
+                    || !t.inject.app_lists[kinds::VOLUME_MOUNTS.index].is_empty()
+            })
             .collect();
         if enforced.is_empty() {
             return Vec::new();
@@ -694,6 +699,7 @@ impl Engine {
                     let enforced = |name: &str| self.templates.get(name).is_some_and(|t| which(t));
                     let mut found = checks::enforce::conflicts(pod, status, &rendered, native, &enforced);
                     found.extend(checks::enforce::shadowed_host_names(pod, &rendered));
+                    found.extend(checks::enforce::shadowed_mounts(pod, status, &rendered));
                     found
                 }
                 (Err(e), _) => vec![format!("the template does not render for the pod as it is: {e}")],

@@ -21,7 +21,7 @@ use crate::emit::scope;
 use crate::injection::compare::first_difference;
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{APP_LISTS, HOST_ALIASES, MAPS, POD_LISTS, Place, Placement, VOLUMES};
+use crate::kinds::{APP_LISTS, HOST_ALIASES, MAPS, POD_LISTS, Place, Placement, VOLUME_MOUNTS, VOLUMES};
 use crate::templates::template::{Piece, SeqItem, Template};
 use crate::{claims::ownership, names};
 
@@ -148,6 +148,42 @@ pub fn shadowed_host_names(pod: &Value, rendered: &RenderedTemplate) -> Vec<Stri
                 let theirs = other.get("ip").and_then(Value::as_str).unwrap_or_default();
                 found.push(format!(
                     "the pod's host alias {theirs} maps host name {hostname:?}, which the template maps to {ip}: /etc/hosts would name it twice, and the first line wins"
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// The mounts of an app container that an enforced template mounts something above, one sentence
+/// each: a mount at a deeper path (`/var/audit/libaudit.so`, a subPath or not) hides that part of
+/// the template's (`/var/audit`) from the app, which then reads the pod's file instead. `pod` is
+/// the pod as the injection leaves it; the app containers are those the template targets that
+/// no template added.
+pub fn shadowed_mounts(pod: &Value, status: &InjectionStatus, rendered: &RenderedTemplate) -> Vec<String> {
+    let mounts = rendered.app_list(VOLUME_MOUNTS);
+    if mounts.is_empty() {
+        return Vec::new();
+    }
+    let path =
+        |mount: &Value| mount.get("mountPath").and_then(Value::as_str).map(|p| p.trim_end_matches('/').to_owned());
+    let containers = pod.get("spec").and_then(|s| s.get("containers")).and_then(Value::as_array);
+    let mut found = Vec::new();
+    for container in containers.into_iter().flatten() {
+        let Some(name) = container.get("name").and_then(Value::as_str) else { continue };
+        if status.containers.iter().any(|c| c == name) || !rendered.targets.includes(name) {
+            continue;
+        }
+        let own = container.get(VOLUME_MOUNTS.field).and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+        for top in mounts.iter().filter_map(path) {
+            let below = own
+                .iter()
+                .filter_map(|m| Some((path(m)?, m)))
+                .find(|(p, _)| p.strip_prefix(top.as_str()).is_some_and(|rest| rest.starts_with('/')));
+            if let Some((deeper, mount)) = below {
+                let volume = mount.get("name").and_then(Value::as_str).unwrap_or_default();
+                found.push(format!(
+                    "the pod's mount of volume {volume:?} at {deeper:?} in container {name:?} hides part of the template's mount at {top:?}"
                 ));
             }
         }
@@ -782,6 +818,31 @@ inject:
         // A template that is not enforced: the pod's line stands (the pod's items win).
         let plain = engine(&[("collector", &format!("default: true\n{collector}"))]);
         assert!(matches!(evaluate(&plain, &shadow), Outcome::Inject(_)));
+    }
+
+    #[test]
+    fn a_pod_mount_below_an_enforced_mount_is_refused() {
+        let audit = "enforced: true\ninject:\n  volumes:\n    - {name: audit-lib, emptyDir: {}}\n  appContainers:\n    volumeMounts:\n      - {name: audit-lib, mountPath: /var/audit/}\n";
+        let engine = engine(&[("audit", audit)]);
+        let with_mounts = |mounts: Value| {
+            let mut pod = pod(json!({}), json!({}), json!([]));
+            pod["spec"]["containers"][0]["volumeMounts"] = mounts;
+            pod["spec"]["volumes"] = json!([{"name": "mine", "emptyDir": {}}]);
+            pod
+        };
+        let hiding =
+            with_mounts(json!([{"name": "mine", "mountPath": "/var/audit/libaudit.so", "subPath": "fake.so"}]));
+        let Outcome::Denied(denial) = evaluate(&engine, &hiding) else { panic!("allowed") };
+        assert!(
+            denial.to_string().contains("the pod's mount of volume \"mine\" at \"/var/audit/libaudit.so\" in container \"web\" hides part of the template's mount at \"/var/audit\""),
+            "{denial}"
+        );
+        // Beside it, or above it (the template's then hides the pod's), it stands.
+        for mounts in
+            [json!([{"name": "mine", "mountPath": "/var/audit-other"}]), json!([{"name": "mine", "mountPath": "/var"}])]
+        {
+            assert!(matches!(evaluate(&engine, &with_mounts(mounts.clone())), Outcome::Inject(_)), "{mounts}");
+        }
     }
 
     fn own_init() -> Value {
