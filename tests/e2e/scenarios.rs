@@ -869,7 +869,7 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     let mut not_native = exact.clone();
     not_native["spec"]["initContainers"][0].as_object_mut().unwrap().remove("restartPolicy");
     let mut shadowing = exact.clone();
-    shadowing["spec"]["hostAliases"] = json!([{"ip": "127.0.0.1", "hostnames": ["Audit-Collector.internal"]}]);
+    shadowing["spec"]["hostAliases"] = json!([{"ip": "127.0.0.1", "hostnames": ["audit-collector.internal"]}]);
     let mut late = exact.clone();
     late["spec"]["initContainers"] = json!([{"name": "warm-cache", "image": "busybox"}, audit_agent_copy()]);
     let cases: Vec<(&str, Value, Option<&str>)> = vec![

@@ -771,6 +771,96 @@ proptest! {
     }
 }
 
+/// The names of a list of containers.
+fn names_of(containers: &[Value]) -> Vec<String> {
+    containers.iter().filter_map(|c| c["name"].as_str()).map(str::to_owned).collect()
+}
+
+/// The host names (lower case) each IP of a pod's `hostAliases` maps.
+fn host_names(pod: &Value) -> Vec<(String, Vec<String>)> {
+    let aliases = pod["spec"]["hostAliases"].as_array().cloned().unwrap_or_default();
+    aliases
+        .iter()
+        .map(|a| {
+            let names = a["hostnames"].as_array().into_iter().flatten();
+            (
+                a["ip"].as_str().unwrap_or_default().to_owned(),
+                names.filter_map(Value::as_str).map(str::to_ascii_lowercase).collect(),
+            )
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Wherever a pod puts exact copies of an enforced template's init containers and native
+    /// sidecars among its own, and whatever host alias it adds for one of the template's host
+    /// names, an admitted pod runs the template's containers that run first before every init
+    /// container of the author's, and no alias of the author's maps a host name the template
+    /// maps. Anything else is refused.
+    #[test]
+    fn an_admitted_pod_runs_enforced_init_containers_first_and_keeps_their_host_names(
+        template in template(),
+        copies in proptest::collection::vec((any::<bool>(), any::<proptest::sample::Index>()), 0..4),
+        shadow in any::<bool>(),
+        native in any::<bool>(),
+    ) {
+        let enforced = format!("enforced: true\n{template}");
+        let engine = engine(std::slice::from_ref(&enforced));
+        // A pod with an init container of its own that copies may follow (and no item of the
+        // generator's names, which an enforced template would refuse first).
+        let authors = vec![json!({"name": "own-setup", "image": "setup:1"})];
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"initContainers": authors, "containers": [{"name": "main", "image": "main:1"}]}});
+        let injected = match evaluate(&engine, &pod, native) {
+            outcome @ Outcome::Inject(_) => patched(&pod, outcome).0,
+            _ => return Ok(()),
+        };
+        let author_names = names_of(&authors);
+        let added: Vec<Value> = injected["spec"]["initContainers"].as_array().cloned().unwrap_or_default()
+            .into_iter().filter(|c| !author_names.contains(&c["name"].as_str().unwrap_or_default().to_owned())).collect();
+        // What the template puts after the pod's own init containers: its `position: last` ones.
+        let doc = manifest::read(&template).unwrap().remove(0);
+        let last: Vec<String> = doc["inject"]["initContainers"].as_array().into_iter().flatten()
+            .filter(|c| c["position"] == "last").filter_map(|c| c["name"].as_str()).map(str::to_owned).collect();
+        let mut crafted = pod.clone();
+        let mut inits = authors.clone();
+        for ((take, at), container) in copies.iter().zip(&added) {
+            if *take {
+                inits.insert(at.index(inits.len() + 1), container.clone());
+            }
+        }
+        crafted["spec"]["initContainers"] = Value::Array(inits);
+        // The template's aliases, as it writes them (the generator's are literal).
+        let templates_names = host_names(&json!({"spec": {"hostAliases": doc["inject"]["hostAliases"]}}));
+        if let Some(name) = templates_names.iter().flat_map(|(_, names)| names).next().filter(|_| shadow) {
+            let mut aliases = crafted["spec"]["hostAliases"].as_array().cloned().unwrap_or_default();
+            aliases.push(json!({"ip": "127.0.0.1", "hostnames": [name.to_uppercase()]}));
+            crafted["spec"]["hostAliases"] = Value::Array(aliases);
+        }
+        let decided = evaluate(&engine, &crafted, native);
+        let admitted = match decided {
+            outcome @ Outcome::Inject(_) => patched(&crafted, outcome).0,
+            Outcome::UpToDate(_) => crafted.clone(),
+            _ => return Ok(()),
+        };
+        let order = names_of(admitted["spec"]["initContainers"].as_array().map_or(&[][..], Vec::as_slice));
+        let added_names = names_of(&added);
+        for (at, name) in order.iter().enumerate() {
+            if added_names.contains(name) && !last.contains(name) {
+                let before = order[..at].iter().find(|n| author_names.contains(n));
+                prop_assert!(before.is_none(), "the template's {} runs after the author's {:?}: {:?}", name, before, order);
+            }
+        }
+        let template_ips: Vec<&String> = templates_names.iter().map(|(ip, _)| ip).collect();
+        for (ip, names) in host_names(&admitted).iter().filter(|(ip, _)| !template_ips.contains(&ip)) {
+            for (theirs, mapped) in &templates_names {
+                prop_assert!(!names.iter().any(|n| mapped.contains(n)), "the pod's alias {} maps a name the template maps to {}: {:?}", ip, theirs, names);
+            }
+        }
+    }
+}
+
 /// Fragment parts as agents' options and paths look, separators included (`:` and ` ` split
 /// fragments themselves, so a part may already hold what another fragment adds).
 const PARTS: [&str; 6] = ["-javaagent:/a.jar", "-Dx=1", "/otel", "=", "/otel:/lib", "-Xss1m -Dy"];

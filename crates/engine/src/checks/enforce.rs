@@ -136,13 +136,16 @@ pub fn shadowed_host_names(pod: &Value, rendered: &RenderedTemplate) -> Vec<Stri
         let hostnames = alias.get("hostnames").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
         hostnames.iter().filter_map(Value::as_str).map(str::to_owned).collect()
     };
+    let rendered_aliases = rendered.pod_list(HOST_ALIASES);
+    // The template's own lines are the template's business (it may map a name to two IPs).
+    let own_ips: Vec<&str> = rendered_aliases.iter().filter_map(|a| a.get("ip").and_then(Value::as_str)).collect();
     let mut found = Vec::new();
-    for alias in rendered.pod_list(HOST_ALIASES) {
+    for alias in rendered_aliases {
         let ip = alias.get("ip").and_then(Value::as_str).unwrap_or_default();
         for hostname in names(alias) {
             let other = in_pod.iter().find(|a| {
-                a.get("ip").and_then(Value::as_str) != Some(ip)
-                    && names(a).iter().any(|n| n.eq_ignore_ascii_case(&hostname))
+                let theirs = a.get("ip").and_then(Value::as_str).unwrap_or_default();
+                !own_ips.contains(&theirs) && names(a).iter().any(|n| n.eq_ignore_ascii_case(&hostname))
             });
             if let Some(other) = other {
                 let theirs = other.get("ip").and_then(Value::as_str).unwrap_or_default();
@@ -815,6 +818,9 @@ inject:
         ] {
             assert!(matches!(evaluate(&enforced, &with_aliases(aliases.clone())), Outcome::Inject(_)), "{aliases}");
         }
+        // A template that maps a name to two IPs itself is its own business.
+        let twice = "enforced: true\ninject:\n  hostAliases:\n    - {ip: 10.96.40.10, hostnames: [c]}\n    - {ip: 10.96.40.11, hostnames: [c]}\n";
+        assert!(matches!(evaluate(&engine(&[("twice", twice)]), &with_aliases(json!([]))), Outcome::Inject(_)));
         // A template that is not enforced: the pod's line stands (the pod's items win).
         let plain = engine(&[("collector", &format!("default: true\n{collector}"))]);
         assert!(matches!(evaluate(&plain, &shadow), Outcome::Inject(_)));
