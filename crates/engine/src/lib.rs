@@ -376,13 +376,14 @@ fn stand_in_for_gone_versions(
     render: impl Fn(&Template) -> Option<RenderedTemplate>,
 ) -> Option<claims::ownership::Ownership> {
     let in_service = |name: &str| selected.iter().find(|t| *t.name == *name);
-    let as_read: Vec<(&str, &str)> = claim
+    // The version each reference is read as.
+    let as_read: Vec<&str> = claim
         .templates
         .iter()
         .zip(renderings.iter())
         .map(|(claimed, rendered)| match (rendered, in_service(&claimed.name)) {
-            (None, Some(now)) => (&*claimed.name, now.hash.as_str()),
-            _ => (claimed.name.as_str(), claimed.hash.as_str()),
+            (None, Some(now)) => now.hash.as_str(),
+            _ => claimed.hash.as_str(),
         })
         .collect();
     // Decided before anything renders: a claim that names a template twice, or a gone version of
@@ -412,10 +413,7 @@ fn stand_in_for_gone_versions(
         .templates
         .iter()
         .zip(&as_read)
-        .map(|(claimed, (_, hash))| claims::status::TemplateRef {
-            name: claimed.name.clone(),
-            hash: (*hash).to_owned(),
-        })
+        .map(|(claimed, hash)| claims::status::TemplateRef { name: claimed.name.clone(), hash: (*hash).to_owned() })
         .collect();
     for (rendering, stand_in) in renderings.iter_mut().zip(stand_ins) {
         *rendering = rendering.take().or(stand_in);
