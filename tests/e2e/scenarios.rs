@@ -653,6 +653,7 @@ pub async fn s13_explain_cluster(ctx: &mut Ctx) -> Result<()> {
 /// An enforced template for pods labelled `tier=prod`, as an operator would add it.
 const ENFORCED_AUDIT: &str = r#"description: An audit agent every tier=prod pod must run
 enforced: true
+ownProcessNamespace: true
 sidecarMode: auto
 podSelector:
   matchLabels: {tier: prod}
@@ -748,8 +749,8 @@ fn audit_agent_copy() -> Value {
 /// Scenario 16: An enforced template cannot be skipped, swapped or faked: not with the opt-out label,
 /// the templates annotation or a look-alike container while the injector is up, not by an UPDATE
 /// afterwards, and not while the injector is down (the enforcement policy the injector binds); nor
-/// by an exact copy the pod runs after an init container of its own, or a host alias of its own for
-/// the template's host name. The status tells the truth
+/// by an exact copy the pod runs after an init container of its own, a host alias of its own for
+/// the template's host name, or a process namespace shared with the agent. The status tells the truth
 /// about a template applied with conflicts.
 pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     set_template(ctx, "audit.yaml", Some(ENFORCED_AUDIT)).await.context("adding the enforced template")?;
@@ -807,6 +808,13 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
         message.contains("the pod's host alias 127.0.0.1 maps host name \"audit-collector.internal\""),
         "a shadowing host alias not refused: {message:?}"
     );
+
+    // A pod that shares its process namespace, which the agent must not.
+    let mut sharing = pod("enforced-sharing", json!({"tier": "prod"}), json!({}));
+    sharing["spec"]["shareProcessNamespace"] = json!(true);
+    let refused = ctx.dry_run_pod("e2e-shop", sharing.clone()).await;
+    let message = refused.as_ref().err().map(api_message).unwrap_or_default();
+    ensure!(message.contains("(shareProcessNamespace: true)"), "a shared process namespace not refused: {message:?}");
 
     // The honest status: a pod whose own container takes the log shipper's place.
     let before = ctx.injector.as_ref().context("no injector")?.metrics();
@@ -870,6 +878,8 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     not_native["spec"]["initContainers"][0].as_object_mut().unwrap().remove("restartPolicy");
     let mut shadowing = exact.clone();
     shadowing["spec"]["hostAliases"] = json!([{"ip": "127.0.0.1", "hostnames": ["audit-collector.internal"]}]);
+    let mut sharing = exact.clone();
+    sharing["spec"]["shareProcessNamespace"] = json!(true);
     let mut late = exact.clone();
     late["spec"]["initContainers"] = json!([{"name": "warm-cache", "image": "busybox"}, audit_agent_copy()]);
     let cases: Vec<(&str, Value, Option<&str>)> = vec![
@@ -891,6 +901,7 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
             shadowing,
             Some("whose host aliases map audit-collector.internal to another IP"),
         ),
+        ("a shared process namespace", sharing, Some("needs a process namespace of its own")),
         ("exactly the template's", exact, None),
         (
             "not tier=prod",

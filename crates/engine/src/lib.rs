@@ -656,8 +656,9 @@ impl Engine {
     ) -> Vec<Denial> {
         let conflicted = status.conflicted_templates();
         // A template's host aliases and mounts can be shadowed by the pod's without any skip
-        // (another IP for one of their host names, a mount below one): those templates are
-        // checked too.
+        // (another IP for one of their host names, a mount below one), and a pod may share its
+        // process namespace with a template's containers that need their own: those templates
+        // are checked too.
         let enforced: Vec<&Arc<Template>> = status
             .templates
             .iter()
@@ -666,6 +667,7 @@ impl Engine {
                 conflicted.contains(&&*t.name)
                     || !t.inject.pod_lists[kinds::HOST_ALIASES.index].is_empty()
                     || !t.inject.app_lists[kinds::VOLUME_MOUNTS.index].is_empty()
+                    || t.own_process_namespace
             })
             .collect();
         if enforced.is_empty() {
@@ -698,6 +700,7 @@ impl Engine {
                     let mut found = checks::enforce::conflicts(pod, status, &rendered, native, &enforced);
                     found.extend(checks::enforce::shadowed_host_names(pod, &rendered));
                     found.extend(checks::enforce::shadowed_mounts(pod, status, &rendered));
+                    found.extend(checks::enforce::shared_process_namespace(pod, template));
                     found
                 }
                 (Err(e), _) => vec![format!("the template does not render for the pod as it is: {e}")],

@@ -194,6 +194,16 @@ pub fn shadowed_mounts(pod: &Value, status: &InjectionStatus, rendered: &Rendere
     found
 }
 
+/// Why the pod cannot have `template`, which needs a process namespace of its containers' own
+/// (`ownProcessNamespace: true`), when it shares one among its containers: the app could then
+/// see, signal or stop the template's (a stopped agent is not restarted).
+pub fn shared_process_namespace(pod: &Value, template: &Template) -> Option<String> {
+    let shared = pod.pointer("/spec/shareProcessNamespace").and_then(Value::as_bool) == Some(true);
+    (template.own_process_namespace && shared).then(|| {
+        "the pod shares one process namespace among its containers (shareProcessNamespace: true), so its app could signal or stop the template's containers, which need their own: remove shareProcessNamespace from the pod".to_owned()
+    })
+}
+
 /// Where a pod's exact copy of an enforced template's init container or native sidecar (`skip`)
 /// stands: the template's runs before the pod's own init containers (a traffic-redirect init
 /// container, an agent an app's init container may need), and a copy the pod put after one of its
@@ -299,6 +309,8 @@ pub struct Requirements {
     pub init_containers: Vec<RequiredContainer>,
     /// Required in `spec.volumes`.
     pub volumes: Vec<String>,
+    /// `ownProcessNamespace: true`: the pod may not share its process namespace.
+    pub own_process_namespace: bool,
     /// The host names its host aliases map, each with its IP (those the same for every pod): no
     /// other alias of the pod may map one of them.
     pub host_names: Vec<(String, String)>,
@@ -339,6 +351,7 @@ impl Requirements {
         let mut requirements = Requirements {
             template: template.name.to_string(),
             hash: template.hash.clone(),
+            own_process_namespace: template.own_process_namespace,
             ..Requirements::default()
         };
         let spec = &template.inject;
@@ -465,6 +478,7 @@ impl Requirements {
                 self.init_containers.iter().filter(|c| c.native).map(|c| c.name.as_str()).collect::<Vec<_>>().join(" "),
             ),
             ("volumes".to_owned(), self.volumes.join(" ")),
+            ("ownProcessNamespace".to_owned(), self.own_process_namespace.to_string()),
             (
                 "hostNames".to_owned(),
                 self.host_names.iter().map(|(name, ip)| format!("{name}={ip}")).collect::<Vec<_>>().join(" "),
@@ -849,6 +863,34 @@ inject:
         {
             assert!(matches!(evaluate(&engine, &with_mounts(mounts.clone())), Outcome::Inject(_)), "{mounts}");
         }
+    }
+
+    #[test]
+    fn a_pod_sharing_its_process_namespace_is_refused_where_the_template_needs_its_own() {
+        let own = "enforced: true\nownProcessNamespace: true\ninject:\n  sidecars:\n    - {name: agent, image: a}\n";
+        let engine = engine(&[("agent", own)]);
+        let mut shared = pod(json!({}), json!({}), json!([]));
+        shared["spec"]["shareProcessNamespace"] = json!(true);
+        let Outcome::Denied(denial) = evaluate(&engine, &shared) else { panic!("allowed") };
+        assert!(denial.to_string().contains("shareProcessNamespace: true"), "{denial}");
+        shared["spec"]["shareProcessNamespace"] = json!(false);
+        assert!(matches!(evaluate(&engine, &shared), Outcome::Inject(_)));
+        // Without the key, sharing is the pod's choice.
+        let plain = engine_with("enforced: true\ninject:\n  sidecars:\n    - {name: agent, image: a}\n");
+        shared["spec"]["shareProcessNamespace"] = json!(true);
+        assert!(matches!(evaluate(&plain, &shared), Outcome::Inject(_)));
+        // The policy alone: a param.
+        let data = Requirements::of(engine.templates.get("agent").unwrap(), true).params_data();
+        assert_eq!(data["ownProcessNamespace"], "true");
+        assert_eq!(
+            Requirements::of(plain.templates.get("t").unwrap(), true).params_data()["ownProcessNamespace"],
+            "false"
+        );
+        // Only an enforced template can ask for it.
+        let err = crate::templates::template::Template::load("t", &own.replace("enforced: true\n", "default: true\n"))
+            .unwrap_err();
+        assert!(err.message.contains("ownProcessNamespace: true is a requirement of an enforced template"), "{err}");
+        assert_eq!(err.line, Some(2));
     }
 
     fn own_init() -> Value {

@@ -330,6 +330,10 @@ pub struct Template {
     /// `enforced: true` would refuse, or would give the template against its annotations, is
     /// reported (admission warning, metric, drift state, a Warn/Audit policy binding) and admitted.
     pub audit: bool,
+    /// `ownProcessNamespace: true` (enforced templates only): its containers need a process
+    /// namespace the app cannot reach, so a pod that shares one among its containers
+    /// (`shareProcessNamespace: true`, where the app could signal or stop the agent) is refused.
+    pub own_process_namespace: bool,
     /// Optional selector on pod labels.
     pub pod_selector: Option<TemplateSelector>,
     /// Optional selector on namespace labels.
@@ -422,6 +426,7 @@ impl<'a> Compiler<'a> {
             default: false,
             enforced: false,
             audit: false,
+            own_process_namespace: false,
             pod_selector: None,
             namespace_selector: None,
             sidecar_mode: SidecarMode::Auto,
@@ -437,6 +442,7 @@ impl<'a> Compiler<'a> {
             expressions: expression::Expressions::default(),
         };
         let mut overridable_node = None;
+        let mut own_process_namespace_line = 0;
         for MapEntry { key, key_line, value: node } in entries {
             match key.as_str() {
                 "description" => template.description = self.plain_string(node, key)?,
@@ -455,6 +461,18 @@ impl<'a> Compiler<'a> {
                         return Err(self.err(
                             node.line,
                             format!("enforced must be true, false or audit, not {}", node.type_name()),
+                        ));
+                    }
+                },
+                "ownProcessNamespace" => match node.value {
+                    SourceValue::Bool(b) => {
+                        template.own_process_namespace = b;
+                        own_process_namespace_line = *key_line;
+                    }
+                    _ => {
+                        return Err(self.err(
+                            node.line,
+                            format!("ownProcessNamespace must be true or false, not {}", node.type_name()),
                         ));
                     }
                 },
@@ -499,11 +517,17 @@ impl<'a> Compiler<'a> {
                     return Err(self.err(
                         *key_line,
                         format!(
-                            "unknown key {other:?} (expected description, default, enforced, podSelector, namespaceSelector, sidecarMode, podResources, values, overridable, podChoices, uncheckedFields, inject)"
+                            "unknown key {other:?} (expected description, default, enforced, ownProcessNamespace, podSelector, namespaceSelector, sidecarMode, podResources, values, overridable, podChoices, uncheckedFields, inject)"
                         ),
                     ));
                 }
             }
+        }
+        if template.own_process_namespace && !(template.enforced || template.audit) {
+            return Err(self.err(
+                own_process_namespace_line,
+                "ownProcessNamespace: true is a requirement of an enforced template (enforced: true or audit): a template that is not enforced cannot refuse pods",
+            ));
         }
         if let Some(node) = overridable_node {
             template.overridable = self.overridable(node, &template.values)?;
