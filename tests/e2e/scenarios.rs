@@ -746,11 +746,24 @@ fn audit_agent_copy() -> Value {
     })
 }
 
+/// Adds the ephemeral container `name` targeting `target` to the stored pod `pod`, as `kubectl
+/// debug --target` does; `Err` holds the API server's message.
+async fn debug_target(pods: &Api<Pod>, pod: &str, name: &str, target: &str) -> Result<(), String> {
+    let container = json!({"name": name, "image": "busybox", "targetContainerName": target, "command": ["sh"]});
+    let patch = kube::api::Patch::Strategic(json!({"spec": {"ephemeralContainers": [container]}}));
+    pods.patch_ephemeral_containers(pod, &kube::api::PatchParams::default(), &patch)
+        .await
+        .map(|_| ())
+        .map_err(|e| api_message(&e))
+}
+
 /// Scenario 16: An enforced template cannot be skipped, swapped or faked: not with the opt-out label,
 /// the templates annotation or a look-alike container while the injector is up, not by an UPDATE
 /// afterwards, and not while the injector is down (the enforcement policy the injector binds); nor
 /// by an exact copy the pod runs after an init container of its own, a host alias of its own for
-/// the template's host name, or a process namespace shared with the agent. The status tells the truth
+/// the template's host name, a process namespace shared with the agent, an ephemeral container
+/// that targets the agent (injector up and down), or a label update that leaves the template's
+/// podSelector (the policy). The status tells the truth
 /// about a template applied with conflicts.
 pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     set_template(ctx, "audit.yaml", Some(ENFORCED_AUDIT)).await.context("adding the enforced template")?;
@@ -863,6 +876,22 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
         "status rewrite not refused: {refused:?}"
     );
 
+    // An ephemeral container (`kubectl debug --target`) may not join the enforced agent's process
+    // namespace; the app's, yes, and `/validate` saw it (the webhook matches the subresource).
+    let validated =
+        "sidecar_injector_admission_requests_total{endpoint=\"validate\",operation=\"UPDATE\",result=\"allowed\"}";
+    let before = ctx.injector.as_ref().context("no injector")?.metrics();
+    let message = debug_target(&pods, "enforced-opted-out", "peek", "audit-agent").await.err().unwrap_or_default();
+    ensure!(
+        message.contains("is enforced for this pod: ephemeral container")
+            && message.contains("targets")
+            && message.contains("audit-agent"),
+        "an ephemeral container targeting the agent not refused: {message:?}"
+    );
+    debug_target(&pods, "enforced-opted-out", "peek-app", "app").await.map_err(anyhow::Error::msg)?;
+    let after = ctx.injector.as_ref().context("no injector")?.metrics();
+    ensure!(count(&after, validated) > count(&before, validated), "/validate never saw the ephemeral container");
+
     // Injector down: the enforcement policy holds on its own.
     ctx.stop_injector();
     let mut exact = pod("exact", prod_opted_out.clone(), json!({}));
@@ -945,6 +974,27 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
             }
         }
     }
+    // The policy alone refuses an ephemeral container that targets the agent, not one that
+    // targets the app.
+    let message = debug_target(&pods, "enforced-opted-out", "peek-down", "audit-agent").await.err().unwrap_or_default();
+    ensure!(
+        message.contains("ephemeral container peek-down targets audit-agent")
+            && message.contains("ValidatingAdmissionPolicy 'sidecar-injector.io-enforced'"),
+        "injector down: an ephemeral container targeting the agent not refused: {message:?}"
+    );
+    debug_target(&pods, "enforced-opted-out", "peek-app-down", "app").await.map_err(anyhow::Error::msg)?;
+    // Nor a label update that takes the pod out of the template's podSelector (after which an
+    // image update would match the binding on neither the old pod nor the new one).
+    let relabel = patch(json!({"metadata": {"labels": {"tier": "dev"}}}));
+    let refused = pods.patch("enforced-opted-out", &params, &relabel).await;
+    let message = refused.as_ref().err().map(api_message).unwrap_or_default();
+    ensure!(
+        message.contains("and selects pods by tier: an update may not change these labels"),
+        "injector down: a label update leaving the template's selector not refused: {refused:?}"
+    );
+    pods.patch("enforced-opted-out", &params, &patch(json!({"metadata": {"labels": {"team": "b"}}})))
+        .await
+        .context("injector down: an unrelated label update")?;
     ctx.start_injector()?;
     wait_for_injection(ctx, "e2e-shop").await?;
 

@@ -768,7 +768,8 @@ spec:
 /// 12. In-place resizes (KEP-1287) of an enforced native sidecar on the real kubelet: below what
 ///     its template sets the resize is refused; above it, and the app's own container, the kubelet
 ///     applies it in place (no restart, same container), as the `resizePolicy` the injection gave
-///     the sidecar says.
+///     the sidecar says. `kubectl debug --target` at the enforced sidecar is refused, at the app
+///     it runs.
 pub fn n12_enforced_resize(ctx: &mut Ctx) -> Result<()> {
     ctx.apply(&format!(
         r#"apiVersion: v1
@@ -849,6 +850,33 @@ spec:
     println!(
         "      meter (resizePolicy NotRequired, written by the injection) to cpu 80m and the app to 60m applied in place, no restart"
     );
+    // `kubectl debug --target` runs an ephemeral container in a container's process namespace:
+    // at the enforced meter it is refused; at the app it runs, and sees the app's processes.
+    let debug = |name: &str, target: &str| {
+        let image = format!("--image={BUSYBOX}");
+        let target = format!("--target={target}");
+        let args =
+            ["-n", SHOP, "debug", "metered", &image, "--image-pull-policy=Never", &target, "-c", name, "--", "ps"];
+        ctx.kubectl(&args)
+    };
+    let refused = debug("peek-meter", "meter").err().context("kubectl debug --target=meter ran")?.to_string();
+    // Refused by the enforcement policy or the webhook, whichever the API server asks first.
+    ensure!(
+        refused.contains("template meter is enforced for this pod: ephemeral container") && refused.contains("meter"),
+        "{refused}"
+    );
+    println!("      kubectl debug --target=meter refused: {}", refused.lines().last().unwrap_or_default());
+    debug("peek-app", "app")?;
+    let seen = eventually("the ephemeral container at the app to finish", Duration::from_secs(60), || {
+        let pod = ctx.json(&["-n", SHOP, "get", "pod", "metered"])?;
+        let statuses = pod["status"]["ephemeralContainerStatuses"].as_array().cloned().unwrap_or_default();
+        let done = statuses.iter().any(|s| s["name"] == "peek-app" && s["state"]["terminated"]["exitCode"] == 0);
+        Ok(done.then_some(()))
+    });
+    let logs = ctx.kubectl(&["-n", SHOP, "logs", "metered", "-c", "peek-app"]).unwrap_or_default();
+    seen.with_context(|| format!("its output: {logs}"))?;
+    ensure!(logs.contains("while true"), "the app's processes not seen from its debug container: {logs}");
+    println!("      kubectl debug --target=app ran and saw the app's processes");
     ctx.kubectl(&["-n", SHOP, "delete", "pod", "metered", "--wait=false"])?;
     ctx.kubectl(&["-n", INJECTOR_NS, "delete", "configmap", "resize-templates"])?;
     Ok(())

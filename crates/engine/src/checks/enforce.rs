@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::checks::resize;
+use crate::checks::resize::{self, Breach};
 use crate::claims::status::{InjectionStatus, ItemKind};
 use crate::emit::scope;
 use crate::injection::compare::first_difference;
@@ -23,7 +23,7 @@ use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
 use crate::kinds::{APP_LISTS, HOST_ALIASES, MAPS, POD_LISTS, Place, Placement, VOLUME_MOUNTS, VOLUMES};
 use crate::templates::template::{Piece, SeqItem, Template};
-use crate::{claims::ownership, names};
+use crate::{Engine, PodRequest, claims::ownership, names};
 
 /// The conflicts of one enforced template with what the pod already has, one sentence each.
 /// `pod` is the pod as the injection leaves it (so an item the patch removes never stands for
@@ -204,6 +204,59 @@ pub fn shared_process_namespace(pod: &Value, template: &Template) -> Option<Stri
     })
 }
 
+/// The ephemeral containers an update adds (`pods/ephemeralcontainers`: `kubectl debug
+/// --target`) that target a container an enforced (or audit) template `status` names injected,
+/// or the pod's exact copy that stood in for one: an ephemeral container with a target joins that
+/// container's process namespace, where it can read the agent's memory, signal or stop it (a
+/// stopped container of a running pod is restarted only by its restart policy, and a debugger can
+/// keep it stopped). One breach per such ephemeral container. Ephemeral containers already in
+/// the pod were checked when they were added (they can be neither changed nor removed).
+pub fn ephemeral_targets(request: &PodRequest, old: &Value, status: &InjectionStatus, engine: &Engine) -> Vec<Breach> {
+    let ephemeral = |pod: &Value| -> Vec<(String, Option<String>)> {
+        let list = pod.pointer("/spec/ephemeralContainers").and_then(Value::as_array);
+        list.into_iter()
+            .flatten()
+            .map(|c| {
+                let text = |field: &str| c.get(field).and_then(Value::as_str).map(str::to_owned);
+                (text("name").unwrap_or_default(), text("targetContainerName"))
+            })
+            .collect()
+    };
+    let before: Vec<String> = ephemeral(old).into_iter().map(|(name, _)| name).collect();
+    let enforced = resize::enforced_templates(engine, status);
+    let guarded: Vec<&String> = resize::guarded_names(status, &enforced).collect();
+    let added: Vec<(String, String)> = ephemeral(&request.pod)
+        .into_iter()
+        .filter(|(name, _)| !before.contains(name))
+        .filter_map(|(name, target)| Some((name, target.filter(|t| guarded.contains(&t))?)))
+        .collect();
+    if added.is_empty() {
+        return Vec::new();
+    }
+    let mut found = Vec::new();
+    for (template, rendered) in resize::render_as_authored(request, status, &enforced) {
+        // A template that no longer renders for the pod keeps every guarded container.
+        let owns = |target: &str| match &rendered {
+            Ok(rendered) => rendered
+                .init_containers
+                .iter()
+                .chain(&rendered.sidecars)
+                .any(|c| c.get("name").and_then(Value::as_str) == Some(target)),
+            Err(_) => true,
+        };
+        for (name, target) in added.iter().filter(|(_, target)| owns(target)) {
+            found.push(Breach {
+                template: template.name.to_string(),
+                audit: !template.enforced,
+                message: format!(
+                    "ephemeral container {name:?} targets {target:?}, the template's container (it would share its processes, and could stop it): target the app's container, or debug a copy of the pod"
+                ),
+            });
+        }
+    }
+    found
+}
+
 /// Where a pod's exact copy of an enforced template's init container or native sidecar (`skip`)
 /// stands: the template's runs before the pod's own init containers (a traffic-redirect init
 /// container, an agent an app's init container may need), and a copy the pod put after one of its
@@ -314,6 +367,10 @@ pub struct Requirements {
     /// The host names its host aliases map, each with its IP (those the same for every pod): no
     /// other alias of the pod may map one of them.
     pub host_names: Vec<(String, String)>,
+    /// The pod label keys its `podSelector` reads: an update may not change them, so a pod can
+    /// neither leave the template's guard (then change an injected image unchecked) nor join it
+    /// without the template's items.
+    pub selector_labels: Vec<String>,
     /// Items the policy cannot check, with why (for `check-templates`).
     pub unchecked: Vec<String>,
 }
@@ -352,6 +409,7 @@ impl Requirements {
             template: template.name.to_string(),
             hash: template.hash.clone(),
             own_process_namespace: template.own_process_namespace,
+            selector_labels: template.pod_selector.iter().flat_map(|s| s.label_keys()).map(str::to_owned).collect(),
             ..Requirements::default()
         };
         let spec = &template.inject;
@@ -479,6 +537,7 @@ impl Requirements {
             ),
             ("volumes".to_owned(), self.volumes.join(" ")),
             ("ownProcessNamespace".to_owned(), self.own_process_namespace.to_string()),
+            ("selectorLabels".to_owned(), self.selector_labels.join(" ")),
             (
                 "hostNames".to_owned(),
                 self.host_names.iter().map(|(name, ip)| format!("{name}={ip}")).collect::<Vec<_>>().join(" "),
@@ -993,6 +1052,69 @@ inject:
     }
 
     #[test]
+    fn an_ephemeral_container_may_not_target_an_enforced_container() {
+        let engine = audit_engine();
+        let debug = |name: &str, target: Option<&str>| {
+            let mut container = json!({"name": name, "image": "busybox", "command": ["sh"]});
+            if let Some(target) = target {
+                container["targetContainerName"] = json!(target);
+            }
+            container
+        };
+        let check = |stored: &Value, ephemeral: Vec<Value>| {
+            let mut new = stored.clone();
+            new["spec"]["ephemeralContainers"] = Value::Array(ephemeral);
+            validate_pod_update(&engine, stored, &request(new, opted_in("shop", &[]))).verdict
+        };
+        // Injected, and the pod's own exact copy that stood in for the template's.
+        let exact = json!([{"name": "audit", "image": "audit:1.0", "command": ["/audit"], "args": ["--level=info"],
+                            "restartPolicy": "Always"}]);
+        for (case, init) in [("injected", json!([])), ("the pod's exact copy", exact)] {
+            let pod = pod(json!({"app": "web"}), json!({}), init);
+            let Outcome::Inject(injection) = evaluate(&engine, &pod) else { panic!("{case}: not injected") };
+            let stored = apply(&pod, &injection.patch);
+            let Verdict::Denied(message) = check(&stored, vec![debug("peek", Some("audit"))]) else {
+                panic!("{case}: targeting the enforced agent allowed")
+            };
+            assert!(
+                message.contains(
+                    "template audit is enforced for this pod: ephemeral container \"peek\" targets \"audit\""
+                ),
+                "{case}: {message}"
+            );
+            // The app's container, another template's sidecar, no target: the pod's business.
+            for target in [Some("web"), Some("logs"), None] {
+                assert_eq!(
+                    check(&stored, vec![debug("peek", target)]),
+                    Verdict::Allowed(Vec::new()),
+                    "{case}: {target:?}"
+                );
+            }
+            // Only what the update adds: one already in the pod (from before the template was
+            // enforced) does not block the next.
+            let mut earlier = stored.clone();
+            earlier["spec"]["ephemeralContainers"] = json!([debug("old", Some("audit"))]);
+            let verdict = check(&earlier, vec![debug("old", Some("audit")), debug("peek", Some("web"))]);
+            assert_eq!(verdict, Verdict::Allowed(Vec::new()), "{case}: an earlier one");
+        }
+        // The same template as `enforced: audit`: allowed, with what `enforced: true` would refuse.
+        let audit_only = AUDIT.replace("enforced: true", "enforced: audit\ndefault: true");
+        let engine = crate::test_support::engine(&[("logs", LOGS), ("audit", audit_only.as_str())]);
+        let pod = pod(json!({"app": "web"}), json!({}), json!([]));
+        let Outcome::Inject(injection) = evaluate(&engine, &pod) else { panic!("not injected") };
+        let stored = apply(&pod, &injection.patch);
+        let mut new = stored.clone();
+        new["spec"]["ephemeralContainers"] = json!([debug("peek", Some("audit"))]);
+        let checked = validate_pod_update(&engine, &stored, &request(new, opted_in("shop", &[])));
+        let Verdict::Allowed(warnings) = checked.verdict else { panic!("audit refused") };
+        assert!(
+            warnings.iter().any(|w| w.contains("would refuse this update: ephemeral container \"peek\"")),
+            "{warnings:?}"
+        );
+        assert_eq!(checked.audited, ["audit"]);
+    }
+
+    #[test]
     fn the_policy_params_hold_what_is_the_same_for_every_pod() {
         let engine = audit_engine();
         let requirements = Requirements::of(engine.templates.get("audit").unwrap(), true);
@@ -1003,6 +1125,7 @@ inject:
         assert_eq!(data["nativeSidecars"], "audit");
         assert_eq!(data["containers"], "");
         assert_eq!(data["volumes"], "audit-spool");
+        assert_eq!(data["selectorLabels"], "app", "the podSelector's keys");
         assert_eq!(data["image.audit"], "audit:1.0");
         assert_eq!(data["command.audit"], format!("{sep}/audit"));
         assert!(!data.contains_key("args.audit"), "args read an overridable value");

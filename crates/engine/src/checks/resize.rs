@@ -20,64 +20,52 @@ use crate::claims::status::{InjectionStatus, ItemKind};
 use crate::claims::strip::strip_injection;
 use crate::injection::image_volumes::VolumeForms::Recorded;
 
-use crate::injection::render::{self, Subject};
+use crate::injection::render::{self, RenderedTemplate, Subject};
 use crate::kinds::CONTAINER_LISTS;
+use crate::templates::template::Template;
 use crate::{Engine, PodRequest, pod, quantity, workload};
 
 /// The resource fields a template's floor covers, as a container's `resources` names them.
 pub const FLOOR_FIELDS: [&str; 2] = ["requests", "limits"];
 
-/// One enforced (or audit) template's container resized below what the template sets.
+/// What an update does that an enforced (or audit) template forbids: one of its containers
+/// resized below what it sets, or targeted by an ephemeral container (`enforce::ephemeral_targets`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Shortfall {
+pub struct Breach {
     /// The template.
     pub template: String,
     /// `enforced: audit`: reported, not refused.
     pub audit: bool,
-    /// What is below what, one sentence.
+    /// What breaks what, one sentence.
     pub message: String,
 }
 
 /// The shortfalls of `request`'s pod (after an update) against the enforced templates `status`
 /// names, in the containers whose resources changed from `old`.
-pub fn shortfalls(engine: &Engine, request: &PodRequest, old: &Value, status: &InjectionStatus) -> Vec<Shortfall> {
+pub fn shortfalls(engine: &Engine, request: &PodRequest, old: &Value, status: &InjectionStatus) -> Vec<Breach> {
     let new = &*request.pod;
-    let enforced = status
-        .templates
-        .iter()
-        .filter_map(|t| engine.templates.get(&t.name))
-        .filter(|t| t.enforced || t.audit)
-        .collect::<Vec<_>>();
+    let enforced = enforced_templates(engine, status);
     // The containers the injection added, and the pod's own exact copies that stood in for an
     // enforced template's (recorded as skipped): the author may not starve those either.
-    let copies = status.skipped.iter().filter(|s| {
-        matches!(s.kind, ItemKind::Sidecar | ItemKind::InitContainer) && enforced.iter().any(|t| *t.name == *s.template)
-    });
-    let checked = CONTAINER_LISTS.iter().flat_map(|l| (l.claimed)(status)).chain(copies.map(|s| &s.name));
-    let resized: BTreeSet<&str> =
-        checked.map(String::as_str).filter(|name| resources(new, name) != resources(old, name)).collect();
+    let resized: BTreeSet<&str> = guarded_names(status, &enforced)
+        .map(String::as_str)
+        .filter(|name| resources(new, name) != resources(old, name))
+        .collect();
     if enforced.is_empty() || resized.is_empty() {
         return Vec::new();
     }
-    // The template renders for the pod as its author wrote it, as at its creation.
-    let authored = Arc::new(strip_injection(new, status));
-    let annotations = pod::string_map(&authored, "annotations").unwrap_or_default();
-    let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(&authored));
     let mut found = Vec::new();
-    for template in enforced {
-        let subject = Subject::new(authored.clone(), &owner);
-        let shortfall = |message| Shortfall { template: template.name.to_string(), audit: !template.enforced, message };
-        let rendered =
-            match render::render(template, &subject, &annotations, &request.namespace, Recorded(&status.image_volumes))
-            {
-                Ok(rendered) => rendered,
-                Err(e) => {
-                    found.push(shortfall(format!(
-                        "the template does not render for the pod, so the resize cannot be checked: {e}"
-                    )));
-                    continue;
-                }
-            };
+    for (template, rendered) in render_as_authored(request, status, &enforced) {
+        let shortfall = |message| Breach { template: template.name.to_string(), audit: !template.enforced, message };
+        let rendered = match rendered {
+            Ok(rendered) => rendered,
+            Err(e) => {
+                found.push(shortfall(format!(
+                    "the template does not render for the pod, so the resize cannot be checked: {e}"
+                )));
+                continue;
+            }
+        };
         for container in rendered.init_containers.iter().chain(&rendered.sidecars) {
             let Some(name) = container.get("name").and_then(Value::as_str).filter(|n| resized.contains(n)) else {
                 continue;
@@ -99,6 +87,46 @@ pub fn shortfalls(engine: &Engine, request: &PodRequest, old: &Value, status: &I
         }
     }
     found
+}
+
+/// The enforced (or audit) templates in service that `status` names.
+pub fn enforced_templates<'e>(engine: &'e Engine, status: &InjectionStatus) -> Vec<&'e Template> {
+    status
+        .templates
+        .iter()
+        .filter_map(|t| engine.templates.get(&t.name).map(|t| &**t))
+        .filter(|t| t.enforced || t.audit)
+        .collect()
+}
+
+/// The containers an update may not take from `enforced`: those the injection added, and the
+/// pod's own exact copies that stood in for an enforced template's (recorded as skipped).
+pub fn guarded_names<'s>(status: &'s InjectionStatus, enforced: &[&Template]) -> impl Iterator<Item = &'s String> {
+    let copies = status.skipped.iter().filter(|s| {
+        matches!(s.kind, ItemKind::Sidecar | ItemKind::InitContainer) && enforced.iter().any(|t| *t.name == *s.template)
+    });
+    CONTAINER_LISTS.iter().flat_map(|l| (l.claimed)(status)).chain(copies.map(|s| &s.name))
+}
+
+/// Each of `templates` rendered for `request`'s pod as its author wrote it (the injection
+/// stripped), as at its creation.
+pub fn render_as_authored<'t>(
+    request: &PodRequest,
+    status: &InjectionStatus,
+    templates: &[&'t Template],
+) -> Vec<(&'t Template, Result<RenderedTemplate, String>)> {
+    let authored = Arc::new(strip_injection(&request.pod, status));
+    let annotations = pod::string_map(&authored, "annotations").unwrap_or_default();
+    let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(&authored));
+    templates
+        .iter()
+        .map(|template| {
+            let subject = Subject::new(authored.clone(), &owner);
+            let recorded = Recorded(&status.image_volumes);
+            let rendered = render::render(template, &subject, &annotations, &request.namespace, recorded);
+            (*template, rendered.map_err(|e| e.to_string()))
+        })
+        .collect()
 }
 
 /// The floor a rendered container's `resources` set: each `requests` and `limits` entry with its

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::checks::resize;
+use crate::checks::{enforce, resize};
 use crate::claims::status::{InjectionStatus, ItemKind, TemplateRef};
 use crate::claims::strip::strip_injection;
 use crate::drift::in_place;
@@ -107,7 +107,8 @@ impl From<Verdict> for UpdateVerdict {
 /// and the `injected` label stay as written (a pod that rewrote them would mislead `drift` and
 /// every later check), the image of every container the status names as injected, or that an
 /// enforced template requires, stays (images are the one container field a pod UPDATE may
-/// change), and an enforced template's containers are not resized below what it sets (`resize`).
+/// change), an enforced template's containers are not resized below what it sets (`resize`), and
+/// no ephemeral container the update adds targets one of them (`enforce::ephemeral_targets`).
 pub fn validate_pod_update(engine: &Engine, old: &Value, request: &PodRequest) -> UpdateVerdict {
     let new = &*request.pod;
     let advice = "an injection changes only when the pod is created again (delete it, or restart its workload with `sidecar-injector drift --restart`), or by an update to the template versions in service that changes only images (`sidecar-injector drift --in-place`)";
@@ -140,26 +141,32 @@ pub fn validate_pod_update(engine: &Engine, old: &Value, request: &PodRequest) -
             }
         }
     }
-    let (audited, refused): (Vec<_>, Vec<_>) =
-        resize::shortfalls(engine, request, old, &status).into_iter().partition(|s| s.audit);
-    if let Some(first) = refused.first() {
-        let messages = refused.iter().map(|s| s.message.as_str()).collect::<Vec<_>>().join("; ");
-        return Verdict::Denied(format!(
-            "template {} is enforced for this pod: {messages}; resize within what the template sets (the operator changes the template to lower it)",
-            first.template
-        ))
-        .into();
-    }
-    let warnings = audited
-        .iter()
-        .map(|s| {
+    let checks = [
+        (
+            resize::shortfalls(engine, request, old, &status),
+            "; resize within what the template sets (the operator changes the template to lower it)",
+        ),
+        (enforce::ephemeral_targets(request, old, &status, engine), ""),
+    ];
+    let (mut warnings, mut audited) = (Vec::new(), Vec::new());
+    for (breaches, advice) in checks {
+        let (audit, refused): (Vec<_>, Vec<_>) = breaches.into_iter().partition(|s| s.audit);
+        if let Some(first) = refused.first() {
+            let messages = refused.iter().map(|s| s.message.as_str()).collect::<Vec<_>>().join("; ");
+            return Verdict::Denied(format!(
+                "template {} is enforced for this pod: {messages}{advice}",
+                first.template
+            ))
+            .into();
+        }
+        warnings.extend(audit.iter().map(|s| {
             format!(
                 "template {} is enforced: audit; with enforced: true it would refuse this update: {}",
                 s.template, s.message
             )
-        })
-        .collect();
-    let mut audited: Vec<String> = audited.into_iter().map(|s| s.template).collect();
+        }));
+        audited.extend(audit.into_iter().map(|s| s.template));
+    }
     audited.dedup();
     UpdateVerdict { verdict: Verdict::Allowed(warnings), audited }
 }

@@ -62,14 +62,10 @@ impl Template {
 /// permission to skip the template. Said at load (`check-templates`, the ConfigMap check, the
 /// log), naming the labels.
 fn pod_label_permission(template: &Template) -> Option<String> {
-    let selector = &template.pod_selector.as_ref()?.label_selector;
-    let mut keys: Vec<&str> = selector.match_labels.iter().flatten().map(|(k, _)| k.as_str()).collect();
-    keys.extend(selector.match_expressions.iter().flatten().map(|e| e.key.as_str()));
-    keys.sort_unstable();
-    keys.dedup();
+    let keys = template.pod_selector.as_ref()?.label_keys();
     (!keys.is_empty()).then(|| {
         format!(
-            "enforced: its podSelector reads pod labels ({}), which a pod's author writes: a pod whose labels do not match is not given the template, so these labels are a permission to skip it; select by namespace instead (namespace labels are the operator's), or keep these labels out of authors' hands (an admission policy of your own)",
+            "enforced: its podSelector reads pod labels ({}), which a pod's author writes: a pod created with labels that do not match is not given the template, so these labels are a permission to skip it (once created, a pod cannot change them: the enforcement policy refuses the update); select by namespace instead (namespace labels are the operator's), or keep these labels out of authors' hands (an admission policy of your own)",
             keys.join(", ")
         )
     })

@@ -79,6 +79,16 @@ pub struct TemplateSelector {
 }
 
 impl TemplateSelector {
+    /// The label keys the selector reads (its `matchLabels` and `matchExpressions`), sorted, once each.
+    pub fn label_keys(&self) -> Vec<&str> {
+        let selector = &self.label_selector;
+        let mut keys: Vec<&str> = selector.match_labels.iter().flatten().map(|(k, _)| k.as_str()).collect();
+        keys.extend(selector.match_expressions.iter().flatten().map(|e| e.key.as_str()));
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
     /// Labels that satisfy the selector, added to `base` (used to build the sample pod and
     /// namespace a template is test-rendered against).
     pub(crate) fn satisfying_labels(&self, mut base: BTreeMap<String, String>) -> BTreeMap<String, String> {
