@@ -14,8 +14,8 @@
 //! A failure is a case where:
 //! - the engine injects and the API server refuses the injected pod (while it accepts the author's);
 //! - a quantity the engine computes (a padded pod-level value) is not stored as written (the
-//!   engine's canonical form differs from Kubernetes'), or one a template passes through is stored
-//!   as another value.
+//!   engine's canonical form differs from Kubernetes'), or any other quantity of the injected pod
+//!   (a template's own, in the containers it appends; the pod's own) is stored as another value.
 //!
 //! Cases whose author pod the API server refuses say nothing about the engine: they are counted
 //! and the first reason printed, so a generator that drifts from valid pods shows. The count of
@@ -195,13 +195,20 @@ async fn judge(ctx: &Ctx, case: &Case, index: u64, namespace: &str, tally: &mut 
         }
         Ok(stored) => {
             tally.accepted += 1;
-            for (path, written) in quantities_written(&injection.patch) {
+            // What the engine computes (pod-level padding) must be what the API server stores,
+            // text for text; every other quantity of the injected pod (a template's own, in the
+            // sidecars the patch appends, the pod's own) passes through, equal in value. The API
+            // server keeps the order of containers, so a quantity is found at its own pointer.
+            let computed: Vec<String> = quantities_written(&injection.patch)
+                .into_iter()
+                .map(|(path, _)| path)
+                .filter(|path| path.starts_with("/spec/resources/"))
+                .collect();
+            for (path, written) in quantities_in(&injected) {
                 let kept = stored.pointer(&path);
-                // What the engine computes (pod-level padding) must be what the API server
-                // stores, text for text; a template's own value passes through, equal in value.
-                let same = match path.starts_with("/spec/resources/") {
+                let same = match computed.contains(&path) {
                     true => kept == Some(&written),
-                    false => kept.is_some_and(|kept| quantity::equal(kept, &written)),
+                    false => kept.is_some_and(|kept| kept == &written || quantity::equal(kept, &written)),
                 };
                 if !same {
                     tally.failures.push(format!(
@@ -250,27 +257,37 @@ async fn dry_run(ctx: &Ctx, namespace: &str, pod: &Value) -> Result<Result<Value
     }
 }
 
+/// Every quantity (a value under `requests` or `limits`, or under `resources` where `in_resources`)
+/// in `value` at `path`, by its JSON pointer.
+fn walk(path: String, value: &Value, in_resources: bool, out: &mut Vec<(String, Value)>) {
+    match value {
+        Value::Object(map) => {
+            for (key, item) in map {
+                let inside = in_resources || matches!(key.as_str(), "requests" | "limits");
+                let escaped = key.replace('~', "~0").replace('/', "~1");
+                walk(format!("{path}/{escaped}"), item, inside, out);
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                walk(format!("{path}/{i}"), item, in_resources, out);
+            }
+        }
+        quantity if in_resources => out.push((path, quantity.clone())),
+        _ => {}
+    }
+}
+
+/// Every quantity of a pod's spec (containers', init containers', pod-level), by its JSON pointer.
+fn quantities_in(pod: &Value) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    walk("/spec".to_owned(), &pod["spec"], false, &mut out);
+    out
+}
+
 /// Every quantity (a string under a `requests`, `limits` or pod-level `resources`) that the patch
 /// adds or replaces, by its JSON pointer.
 fn quantities_written(patch: &[PatchOperation]) -> Vec<(String, Value)> {
-    fn walk(path: String, value: &Value, in_resources: bool, out: &mut Vec<(String, Value)>) {
-        match value {
-            Value::Object(map) => {
-                for (key, item) in map {
-                    let inside = in_resources || matches!(key.as_str(), "requests" | "limits");
-                    let escaped = key.replace('~', "~0").replace('/', "~1");
-                    walk(format!("{path}/{escaped}"), item, inside, out);
-                }
-            }
-            Value::Array(items) => {
-                for (i, item) in items.iter().enumerate() {
-                    walk(format!("{path}/{i}"), item, in_resources, out);
-                }
-            }
-            quantity if in_resources => out.push((path, quantity.clone())),
-            _ => {}
-        }
-    }
     let mut out = Vec::new();
     for operation in patch {
         let (path, value) = match operation {
@@ -278,8 +295,7 @@ fn quantities_written(patch: &[PatchOperation]) -> Vec<(String, Value)> {
             PatchOperation::Replace(replace) => (replace.path.to_string(), &replace.value),
             _ => continue,
         };
-        // Appended items (`/-`) are found where they end up only by content: pod-level resources
-        // and a container's own are written whole, so only those paths are compared.
+        // Appended items (`/-`) have no pointer of their own here (`quantities_in` finds them).
         if path.ends_with("/-") {
             continue;
         }

@@ -99,8 +99,9 @@ pub fn enforced_templates<'e>(engine: &'e Engine, status: &InjectionStatus) -> V
         .collect()
 }
 
-/// The containers an update may not take from `enforced`: those the injection added, and the
-/// pod's own exact copies that stood in for an enforced template's (recorded as skipped).
+/// The containers an enforced template's guard may cover: every one the injection added (any
+/// template's: rendering tells whose), and the pod's own exact copies that stood in for one of
+/// `enforced` (recorded as skipped).
 pub fn guarded_names<'s>(status: &'s InjectionStatus, enforced: &[&Template]) -> impl Iterator<Item = &'s String> {
     let copies = status.skipped.iter().filter(|s| {
         matches!(s.kind, ItemKind::Sidecar | ItemKind::InitContainer) && enforced.iter().any(|t| *t.name == *s.template)
