@@ -13,6 +13,8 @@
 //!
 //! A failure is a case where:
 //! - the engine injects and the API server refuses the injected pod (while it accepts the author's);
+//! - the engine predicts that the API server would refuse the injected pod (and leaves the pod as
+//!   written) and the API server accepts the pod the injection would have made;
 //! - a quantity the engine computes (a padded pod-level value) is not stored as written (the
 //!   engine's canonical form differs from Kubernetes'), or any other quantity of the injected pod
 //!   (a template's own, in the containers it appends; the pod's own) is stored as another value.
@@ -32,6 +34,8 @@ use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::{Value, json};
 use sidecar_injector_engine::injection::image_volumes::ImageVolumeSupport;
+use sidecar_injector_engine::injection::plan::Injection;
+use sidecar_injector_engine::injection::select::OutOfScope;
 use sidecar_injector_engine::quantity;
 use sidecar_injector_engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource};
 
@@ -107,7 +111,7 @@ pub async fn s37_api_server_oracle(ctx: &mut Ctx) -> Result<()> {
     }
     let seconds = started.elapsed().as_secs_f64();
     println!(
-        "  oracle: {} cases in {seconds:.1} s ({:.1}/s, seed {seed}): {} injected, {} accepted by the API server, {} refused though predicted valid; {} not injected by the engine, {} predicted invalid; {} author pods refused{}",
+        "  oracle: {} cases in {seconds:.1} s ({:.1}/s, seed {seed}): {} injected, {} accepted by the API server, {} disagreements; {} not injected by the engine, {} predicted invalid (each refused by the API server too); {} author pods refused{}",
         tally.cases,
         tally.cases as f64 / seconds.max(0.001),
         tally.injected,
@@ -160,23 +164,50 @@ async fn judge(ctx: &Ctx, case: &Case, index: u64, namespace: &str, tally: &mut 
         },
     };
     let request = PodRequest { pod: Arc::new(pod.clone()), namespace: facts, cluster, workload: None };
-    let injection = match engine.evaluate(&request).outcome {
-        Outcome::Inject(injection) => injection,
-        _ => {
-            tally.not_injected += 1;
-            return Ok(());
-        }
+    let outcome = engine.evaluate(&request).outcome;
+    // A predicted refusal: the pod is left as written (with a status saying why, or none).
+    let predicted = match &outcome {
+        Outcome::OutOfScope(OutOfScope::WouldBeInvalid { reasons, refused_patch })
+        | Outcome::Inject(Injection {
+            skipped_as: Some(OutOfScope::WouldBeInvalid { reasons, refused_patch }), ..
+        }) => Some((reasons.clone(), refused_patch.clone())),
+        _ => None,
     };
+    let injection = match outcome {
+        Outcome::Inject(injection) => Some(injection),
+        _ => None,
+    };
+    if injection.is_none() && predicted.is_none() {
+        tally.not_injected += 1;
+        return Ok(());
+    }
     if let Err(refusal) = dry_run(ctx, namespace, &pod).await? {
         tally.author_refused += 1;
         tally.first_author_refusal.get_or_insert(refusal);
         return Ok(());
     }
-    if !injection.invalid.is_empty() {
-        // The engine left the pod as it was, predicting a refusal of the injected one.
-        tally.predicted_invalid += 1;
-        return Ok(());
+    if let Some((reasons, refused_patch)) = predicted {
+        // The prediction, judged: the pod the injection would have made must really be refused.
+        let mut refused = pod.clone();
+        json_patch::patch(&mut refused, &refused_patch)
+            .with_context(|| format!("case {index}: the refused patch applies"))?;
+        match dry_run(ctx, namespace, &refused).await? {
+            Err(_) => tally.predicted_invalid += 1,
+            Ok(_) => tally.failures.push(format!(
+                "the engine predicted a refusal the API server does not make ({}):
+case {index} (namespace {namespace}, recent cluster: {}):
+templates:
+{}
+pod: {}
+the pod not injected: {refused}",
+                reasons.join("; "),
+                case.recent,
+                case.templates.join("---\n"),
+                case.pod,
+            )),
+        }
     }
+    let Some(injection) = injection else { return Ok(()) };
     tally.injected += 1;
     let mut injected = pod.clone();
     json_patch::patch(&mut injected, &injection.patch).with_context(|| format!("case {index}: the patch applies"))?;

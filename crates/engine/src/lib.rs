@@ -439,7 +439,7 @@ fn refuse_or_admit(
     if let Some(template) = selected.iter().find(|t| t.enforced && !t.audit) {
         return Outcome::Denied(Denial::WouldBeInvalid { template: template.name.to_string(), reasons });
     }
-    let reason = injection::select::OutOfScope::WouldBeInvalid { reasons };
+    let reason = injection::select::OutOfScope::WouldBeInvalid { reasons, refused_patch: injection.patch };
     warnings
         .push(Warning::new(WarningCode::InjectionWouldBeInvalid, format!("sidecar-injector: not injected: {reason}")));
     let recorded = earlier.and_then(|earlier| {

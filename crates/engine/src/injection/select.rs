@@ -51,6 +51,10 @@ pub enum OutOfScope {
     WouldBeInvalid {
         /// What the API server would say, one sentence each.
         reasons: Vec<String>,
+        /// The patch the injection would have written (not applied): what the API server's own
+        /// judgement of the prediction needs (the oracle, `tests/e2e/oracle.rs`).
+        #[serde(skip)]
+        refused_patch: Vec<json_patch::PatchOperation>,
     },
 }
 
@@ -85,7 +89,7 @@ impl fmt::Display for OutOfScope {
             OutOfScope::PodOptedOut => {
                 write!(f, "the pod opts out with label {}={}", names::INJECT_LABEL, names::INJECT_DISABLED)
             }
-            OutOfScope::WouldBeInvalid { reasons } => write!(
+            OutOfScope::WouldBeInvalid { reasons, .. } => write!(
                 f,
                 "the API server would refuse the injected pod ({}); the pod is admitted as written",
                 reasons.join("; ")
