@@ -227,6 +227,10 @@ pub const SMALL_BODY_BYTES: usize = 64 * 1024;
 pub struct InflightRoom {
     small: Arc<tokio::sync::Semaphore>,
     large: Arc<tokio::sync::Semaphore>,
+    /// One turn: a large body's parsing or deciding runs one at a time on the blocking pool, so
+    /// two of them released together (after the same namespace wait) never take both cores of a
+    /// 2-core pod from the small reviews on the async workers.
+    large_work: Arc<tokio::sync::Semaphore>,
 }
 
 impl InflightRoom {
@@ -238,7 +242,14 @@ impl InflightRoom {
         InflightRoom {
             small: Arc::new(tokio::sync::Semaphore::new(small)),
             large: Arc::new(tokio::sync::Semaphore::new(large)),
+            large_work: Arc::new(tokio::sync::Semaphore::new(1)),
         }
+    }
+
+    /// Waits (asynchronously) for the turn of one large body's parsing or deciding; the turn ends
+    /// when the permit is dropped.
+    pub(crate) async fn large_turn(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.large_work.clone().acquire_owned().await.ok()
     }
 
     pub(crate) fn pool(&self, bytes: usize) -> &Arc<tokio::sync::Semaphore> {

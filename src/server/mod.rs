@@ -129,12 +129,15 @@ async fn decide(endpoint: Endpoint, req: &HttpRequest, payload: web::Payload, st
     let started = Instant::now();
     // A multi-MiB body takes milliseconds of parsing and deciding in one go: on the async worker
     // that would hold up every other request of that worker, so large ones go to the blocking
-    // pool (one at a time, through the in-flight room).
+    // pool, one at a time (`InflightRoom::large_turn`).
     let large = body.len() > SMALL_BODY_BYTES;
     let parsed = match large {
-        true => web::block(move || admission::parse(&body))
-            .await
-            .unwrap_or_else(|e| Err(admission::BadRequest(e.to_string()))),
+        true => {
+            let _turn = state.inflight_kib.large_turn().await;
+            web::block(move || admission::parse(&body))
+                .await
+                .unwrap_or_else(|e| Err(admission::BadRequest(e.to_string())))
+        }
         false => admission::parse(&body),
     };
     let reply = match parsed {
@@ -165,9 +168,12 @@ async fn decide(endpoint: Endpoint, req: &HttpRequest, payload: web::Payload, st
                     }
                 };
                 match large {
-                    true => web::block(decide)
-                        .await
-                        .unwrap_or_else(|e| admission::invalid(&admission::BadRequest(e.to_string()))),
+                    true => {
+                        let _turn = state.inflight_kib.large_turn().await;
+                        web::block(decide)
+                            .await
+                            .unwrap_or_else(|e| admission::invalid(&admission::BadRequest(e.to_string())))
+                    }
                     false => decide(),
                 }
             }
