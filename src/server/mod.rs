@@ -133,10 +133,15 @@ async fn decide(endpoint: Endpoint, req: &HttpRequest, payload: web::Payload, st
     let large = body.len() > SMALL_BODY_BYTES;
     let parsed = match large {
         true => {
-            let _turn = state.inflight_kib.large_turn().await;
-            web::block(move || admission::parse(&body))
-                .await
-                .unwrap_or_else(|e| Err(admission::BadRequest(e.to_string())))
+            // The turn moves into the job: it ends when the work does, even if this request is
+            // dropped (its caller gone) while the blocking thread still parses.
+            let turn = state.inflight_kib.large_turn().await;
+            web::block(move || {
+                let _turn = turn;
+                admission::parse(&body)
+            })
+            .await
+            .unwrap_or_else(|e| Err(admission::BadRequest(e.to_string())))
         }
         false => admission::parse(&body),
     };
@@ -169,10 +174,13 @@ async fn decide(endpoint: Endpoint, req: &HttpRequest, payload: web::Payload, st
                 };
                 match large {
                     true => {
-                        let _turn = state.inflight_kib.large_turn().await;
-                        web::block(decide)
-                            .await
-                            .unwrap_or_else(|e| admission::invalid(&admission::BadRequest(e.to_string())))
+                        let turn = state.inflight_kib.large_turn().await;
+                        web::block(move || {
+                            let _turn = turn;
+                            decide()
+                        })
+                        .await
+                        .unwrap_or_else(|e| admission::invalid(&admission::BadRequest(e.to_string())))
                     }
                     false => decide(),
                 }
