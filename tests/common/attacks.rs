@@ -294,14 +294,17 @@ async fn canary_loop(
 async fn flood(target: &Target, path: &str, body: Vec<u8>, parallel: usize, deadline: Instant) -> String {
     let client = target.client_builder().timeout(Duration::from_secs(30)).build().unwrap();
     let url = target.url(path);
-    let body = Arc::new(body);
+    // One shared buffer, as a real client sends the body it holds: a copy per request (3.5 MiB of
+    // fresh pages each time) is the harness's own work on the cores the server and canary share,
+    // and it comes in bursts when the room wait refuses the 63 waiting loops at the same moment.
+    let body = actix_web::web::Bytes::from(body);
     let tasks: Vec<_> = (0..parallel)
         .map(|_| {
             let (client, url, body) = (client.clone(), url.clone(), body.clone());
             tokio::spawn(async move {
                 let mut answers: Vec<String> = Vec::new();
                 while Instant::now() < deadline {
-                    let answer = match client.post(&url).body(body.to_vec()).send().await {
+                    let answer = match client.post(&url).body(body.clone()).send().await {
                         Ok(r) => {
                             let status = r.status().as_u16();
                             let text: Value = r.json().await.unwrap_or(Value::Null);
