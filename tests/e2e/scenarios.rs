@@ -672,6 +672,9 @@ inject:
       emptyDir: {}
   hostAliases:
     - {ip: 10.96.40.10, hostnames: [audit-collector.internal]}
+  appContainers:
+    envFrom:
+      - {configMapRef: {name: audit-env, optional: true}, keys: [AUDIT_PRELOAD]}
 "#;
 
 pub(crate) async fn set_template(ctx: &Ctx, key: &str, text: Option<&str>) -> Result<()> {
@@ -829,6 +832,16 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     let message = refused.as_ref().err().map(api_message).unwrap_or_default();
     ensure!(message.contains("(shareProcessNamespace: true)"), "a shared process namespace not refused: {message:?}");
 
+    // An env entry of the app's over a key the agent's envFrom source provides (env wins).
+    let mut replacing = pod("enforced-replacing", json!({"tier": "prod"}), json!({}));
+    replacing["spec"]["containers"][0]["env"] = json!([{"name": "AUDIT_PRELOAD", "value": ""}]);
+    let refused = ctx.dry_run_pod("e2e-shop", replacing).await;
+    let message = refused.as_ref().err().map(api_message).unwrap_or_default();
+    ensure!(
+        message.contains("the env var \"AUDIT_PRELOAD\" of container \"app\" replaces the one the template's envFrom source configMap/audit-env provides"),
+        "an env entry over an enforced envFrom key not refused: {message:?}"
+    );
+
     // The honest status: a pod whose own container takes the log shipper's place.
     let before = ctx.injector.as_ref().context("no injector")?.metrics();
     let mut own_shipper = pod("own-shipper", json!({"app": "web"}), json!({}));
@@ -911,6 +924,8 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     sharing["spec"]["shareProcessNamespace"] = json!(true);
     let mut late = exact.clone();
     late["spec"]["initContainers"] = json!([{"name": "warm-cache", "image": "busybox"}, audit_agent_copy()]);
+    let mut replacing = exact.clone();
+    replacing["spec"]["containers"][0]["env"] = json!([{"name": "AUDIT_PRELOAD", "value": ""}]);
     let cases: Vec<(&str, Value, Option<&str>)> = vec![
         (
             "missing",
@@ -931,6 +946,11 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
             Some("whose host aliases map audit-collector.internal to another IP"),
         ),
         ("a shared process namespace", sharing, Some("needs a process namespace of its own")),
+        (
+            "an env entry over an envFrom key",
+            replacing,
+            Some("whose container app sets AUDIT_PRELOAD, which the template's envFrom"),
+        ),
         ("exactly the template's", exact, None),
         (
             "not tier=prod",

@@ -655,10 +655,10 @@ impl Engine {
         which: fn(&Template) -> bool,
     ) -> Vec<Denial> {
         let conflicted = status.conflicted_templates();
-        // A template's host aliases and mounts can be shadowed by the pod's without any skip
-        // (another IP for one of their host names, a mount below one), and a pod may share its
-        // process namespace with a template's containers that need their own: those templates
-        // are checked too.
+        // A template's host aliases, mounts and `envFrom` keys can be shadowed by the pod's
+        // without any skip (another IP for one of their host names, a mount below one, an env
+        // entry of a key's name), and a pod may share its process namespace with a template's
+        // containers that need their own: those templates are checked too.
         let enforced: Vec<&Arc<Template>> = status
             .templates
             .iter()
@@ -667,6 +667,7 @@ impl Engine {
                 conflicted.contains(&&*t.name)
                     || !t.inject.pod_lists[kinds::HOST_ALIASES.index].is_empty()
                     || !t.inject.app_lists[kinds::VOLUME_MOUNTS.index].is_empty()
+                    || t.inject.app_lists[kinds::ENV_FROM.index].iter().any(|source| !source.keys.is_empty())
                     || t.own_process_namespace
             })
             .collect();
@@ -700,6 +701,7 @@ impl Engine {
                     let mut found = checks::enforce::conflicts(pod, status, &rendered, native, &enforced);
                     found.extend(checks::enforce::shadowed_host_names(pod, &rendered));
                     found.extend(checks::enforce::shadowed_mounts(pod, status, &rendered));
+                    found.extend(checks::enforce::replaced_env_from_keys(pod, status, &rendered));
                     found.extend(checks::enforce::shared_process_namespace(pod, template));
                     found
                 }

@@ -564,7 +564,8 @@ fn merging_template(name: &str, fragment: &str, append: bool) -> String {
 /// references and separators included), `valueFrom`, repeated names, and maybe an `envFrom`.
 fn author_container() -> impl Strategy<Value = Value> {
     let entry = (
-        proptest::sample::select(vec!["JAVA_TOOL_OPTIONS", "PATH", "OTHER"]),
+        // `AGENT_KEY`: a key the enforced template's envFrom source provides (`keys:`).
+        proptest::sample::select(vec!["JAVA_TOOL_OPTIONS", "PATH", "OTHER", "AGENT_KEY"]),
         proptest::option::of(prop_oneof![
             proptest::string::string_regex("[-a-z:/ =$()A-Z_.]{0,24}").unwrap(),
             // The shapes that decide what the kubelet runs with: the enforced value, entries that
@@ -720,14 +721,20 @@ proptest! {
 fn enforced_env_template(fragment: &str) -> String {
     let value = serde_json::to_string(fragment).unwrap();
     format!(
-        "default: true\nenforced: true\ninject:\n  appContainers:\n    env:\n      - {{name: OTHER, value: enforced}}\n      - name: JAVA_TOOL_OPTIONS\n        value: {value}\n        merge: {{append: \" \"}}\n"
+        "default: true\nenforced: true\ninject:\n  appContainers:\n    envFrom:\n      - {{configMapRef: {{name: agent-env}}, keys: [AGENT_KEY]}}\n    env:\n      - {{name: OTHER, value: enforced}}\n      - name: JAVA_TOOL_OPTIONS\n        value: {value}\n        merge: {{append: \" \"}}\n"
     )
 }
 
 /// Whether the container runs with what the enforced template mandates: `OTHER` is the
-/// template's value and `JAVA_TOOL_OPTIONS` holds the fragment.
+/// template's value, `JAVA_TOOL_OPTIONS` holds the fragment, and `AGENT_KEY` comes from the
+/// template's envFrom source (no env entry replaces it).
 fn runs_enforced_env(pod: &Value, fragment: &str) -> Result<(), String> {
-    let env = kubelet_env(&pod["spec"]["containers"][0]);
+    let container = &pod["spec"]["containers"][0];
+    let env = kubelet_env(container);
+    let sources = container["envFrom"].as_array().cloned().unwrap_or_default();
+    if env.contains_key("AGENT_KEY") || !sources.iter().any(|s| s["configMapRef"]["name"] == "agent-env") {
+        return Err(format!("AGENT_KEY is not the template's envFrom source's: {}, envFrom {sources:?}", env_of(pod)));
+    }
     match (env.get("OTHER").map(String::as_str), env.get("JAVA_TOOL_OPTIONS")) {
         (Some("enforced"), Some(java)) if java.contains(fragment) => Ok(()),
         (other, java) => {

@@ -21,8 +21,8 @@ use crate::emit::scope;
 use crate::injection::compare::first_difference;
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{APP_LISTS, HOST_ALIASES, MAPS, POD_LISTS, Place, Placement, VOLUME_MOUNTS, VOLUMES};
-use crate::templates::template::{Piece, SeqItem, Template};
+use crate::kinds::{APP_LISTS, ENV, ENV_FROM, HOST_ALIASES, MAPS, POD_LISTS, Place, Placement, VOLUME_MOUNTS, VOLUMES};
+use crate::templates::template::{AppTargets, Piece, SeqItem, Template};
 use crate::{Engine, PodRequest, claims::ownership, names};
 
 /// The conflicts of one enforced template with what the pod already has, one sentence each.
@@ -187,6 +187,38 @@ pub fn shadowed_mounts(pod: &Value, status: &InjectionStatus, rendered: &Rendere
                 let volume = mount.get("name").and_then(Value::as_str).unwrap_or_default();
                 found.push(format!(
                     "the pod's mount of volume {volume:?} at {deeper:?} in container {name:?} hides part of the template's mount at {top:?}"
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// The env entries of an app container that replace a key an enforced template's `envFrom`
+/// source provides (its `keys:`), one sentence each: Kubernetes gives an `env` entry precedence
+/// over every `envFrom` source, so `LD_PRELOAD=""` would neutralise the template's. `pod` is the
+/// pod as the injection leaves it; the app containers are those the template targets that no
+/// template added; the template's own `env` items are its business.
+pub fn replaced_env_from_keys(pod: &Value, status: &InjectionStatus, rendered: &RenderedTemplate) -> Vec<String> {
+    if rendered.env_from_keys.is_empty() {
+        return Vec::new();
+    }
+    let own: Vec<&str> = rendered.app_list(ENV).iter().filter_map(|e| e.get("name").and_then(Value::as_str)).collect();
+    let containers = pod.get("spec").and_then(|s| s.get("containers")).and_then(Value::as_array);
+    let mut found = Vec::new();
+    for container in containers.into_iter().flatten() {
+        let Some(name) = container.get("name").and_then(Value::as_str) else { continue };
+        if status.containers.iter().any(|c| c == name) || !rendered.targets.includes(name) {
+            continue;
+        }
+        let env = container.get(ENV.field).and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+        let mut named: Vec<&str> = env.iter().filter_map(|e| e.get("name").and_then(Value::as_str)).collect();
+        named.sort_unstable();
+        named.dedup();
+        for variable in named.into_iter().filter(|n| !own.contains(n)) {
+            if let Some(source) = rendered.env_from_keys.get(variable) {
+                found.push(format!(
+                    "the env var {variable:?} of container {name:?} replaces the one the template's envFrom source {source} provides (an env entry wins over envFrom): remove it"
                 ));
             }
         }
@@ -371,6 +403,11 @@ pub struct Requirements {
     /// neither leave the template's guard (then change an injected image unchecked) nor join it
     /// without the template's items.
     pub selector_labels: Vec<String>,
+    /// The env vars its `envFrom` sources' `keys:` name (prefix included, those the same for every
+    /// pod): no `env` entry of an app container it targets may set one.
+    pub env_from_keys: Vec<String>,
+    /// The app containers it targets (`appContainers.containers` / `excludeContainers`).
+    pub app_targets: AppTargets,
     /// Items the policy cannot check, with why (for `check-templates`).
     pub unchecked: Vec<String>,
 }
@@ -410,8 +447,10 @@ impl Requirements {
             hash: template.hash.clone(),
             own_process_namespace: template.own_process_namespace,
             selector_labels: template.pod_selector.iter().flat_map(|s| s.label_keys()).map(str::to_owned).collect(),
+            app_targets: template.inject.targets.clone(),
             ..Requirements::default()
         };
+        requirements.add_env_from_keys(template);
         let spec = &template.inject;
         let lists: [(&[SeqItem], &str, bool); 3] = [
             (&spec.init_containers, "init container", false),
@@ -520,6 +559,44 @@ impl Requirements {
         requirements
     }
 
+    /// The env vars of the template's `envFrom` keys that are the same for every pod, less those
+    /// its own `env` items set; the rest goes to `unchecked`.
+    fn add_env_from_keys(&mut self, template: &Template) {
+        let sources = template.inject.app_lists[ENV_FROM.index].iter().enumerate().filter(|(_, s)| !s.keys.is_empty());
+        let own: Vec<String> = template.inject.app_lists[ENV.index]
+            .iter()
+            .filter_map(|item| match fixed_item(template, item).ok()?.get("name") {
+                Some(Some(Value::String(name))) => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        for (index, source) in sources {
+            let what = format!("envFrom source #{} (keys {})", index + 1, source.keys.join(", "));
+            if template.pod_choices.app_containers {
+                self.unchecked.push(format!("{what}: the pod chooses the app containers that get it"));
+                continue;
+            }
+            let prefix = match fixed_item(template, source).map(|fields| fields.get("prefix").cloned()) {
+                Ok(None) => String::new(),
+                Ok(Some(Some(Value::String(prefix)))) if !prefix.contains(' ') => prefix,
+                Ok(_) => {
+                    self.unchecked.push(format!("{what}: its prefix is not the same for every pod"));
+                    continue;
+                }
+                Err(why) => {
+                    self.unchecked.push(format!("{what} {why}"));
+                    continue;
+                }
+            };
+            for key in &source.keys {
+                let name = format!("{prefix}{key}");
+                if !own.contains(&name) && !self.env_from_keys.contains(&name) {
+                    self.env_from_keys.push(name);
+                }
+            }
+        }
+    }
+
     /// The params ConfigMap data the enforcement policy in `deploy/` reads. CEL cannot parse JSON,
     /// so every value is a flat string: names separated by spaces (DNS labels never hold one),
     /// list fields as each element preceded by [`LIST_SEPARATOR`] (a control character refused in
@@ -538,6 +615,8 @@ impl Requirements {
             ("volumes".to_owned(), self.volumes.join(" ")),
             ("ownProcessNamespace".to_owned(), self.own_process_namespace.to_string()),
             ("selectorLabels".to_owned(), self.selector_labels.join(" ")),
+            ("envFromKeys".to_owned(), self.env_from_keys.join(" ")),
+            ("envFromExcept".to_owned(), self.app_targets.except.join(" ")),
             (
                 "hostNames".to_owned(),
                 self.host_names.iter().map(|(name, ip)| format!("{name}={ip}")).collect::<Vec<_>>().join(" "),
@@ -552,6 +631,9 @@ impl Requirements {
                     .join(" "),
             ),
         ]);
+        if let Some(only) = &self.app_targets.only {
+            data.insert("envFromOnly".to_owned(), only.join(" "));
+        }
         let encode = |list: &[String]| list.iter().map(|e| format!("{LIST_SEPARATOR}{e}")).collect::<String>();
         for container in self.containers.iter().chain(&self.init_containers) {
             if let Some(image) = &container.image {
@@ -921,6 +1003,63 @@ inject:
             [json!([{"name": "mine", "mountPath": "/var/audit-other"}]), json!([{"name": "mine", "mountPath": "/var"}])]
         {
             assert!(matches!(evaluate(&engine, &with_mounts(mounts.clone())), Outcome::Inject(_)), "{mounts}");
+        }
+    }
+
+    #[test]
+    fn an_env_entry_over_a_key_of_an_enforced_env_from_source_is_refused() {
+        let preload = "enforced: true\ninject:\n  appContainers:\n    envFrom:\n      - {configMapRef: {name: agent-env}, keys: [LD_PRELOAD]}\n      - {secretRef: {name: agent-token}, prefix: AGENT_, keys: [TOKEN, tls.crt]}\n";
+        let engine = engine(&[("preload", preload)]);
+        let with_env = |env: Value| {
+            let mut pod = pod(json!({}), json!({}), json!([]));
+            pod["spec"]["containers"][0]["env"] = env;
+            pod
+        };
+        for (name, source) in [("LD_PRELOAD", "configMap/agent-env"), ("AGENT_TOKEN", "secret/agent-token+AGENT_")] {
+            let Outcome::Denied(denial) = evaluate(&engine, &with_env(json!([{"name": name, "value": ""}]))) else {
+                panic!("{name}: allowed")
+            };
+            let expected = format!(
+                "the env var {name:?} of container \"web\" replaces the one the template's envFrom source {source} provides"
+            );
+            assert!(denial.to_string().contains(&expected), "{denial}");
+        }
+        // Other names, and a key without its prefix, are the pod's business; the `keys:` are not
+        // part of the injected source.
+        let other = with_env(json!([{"name": "TOKEN", "value": "x"}, {"name": "PATH", "value": "/bin"}]));
+        let Outcome::Inject(injection) = evaluate(&engine, &other) else { panic!("refused") };
+        let patch = serde_json::to_string(&injection.patch).unwrap();
+        assert!(patch.contains("agent-env") && !patch.contains("keys"), "{patch}");
+        // A container the template does not target may set the name.
+        let except = preload.replace("  appContainers:\n", "  appContainers:\n    excludeContainers: [web]\n");
+        let engine = engine_with(&except);
+        assert!(matches!(
+            evaluate(&engine, &with_env(json!([{"name": "LD_PRELOAD", "value": ""}]))),
+            Outcome::Inject(_)
+        ));
+        // The policy alone: the env vars, the containers it targets.
+        let data = Requirements::of(engine.templates.get("t").unwrap(), true).params_data();
+        assert_eq!(data["envFromKeys"], "LD_PRELOAD AGENT_TOKEN AGENT_tls.crt");
+        assert_eq!((data["envFromExcept"].as_str(), data.get("envFromOnly")), ("web", None));
+        let chosen = engine_with(&format!("podChoices: [appContainers]\n{preload}"));
+        let requirements = Requirements::of(chosen.templates.get("t").unwrap(), true);
+        assert!(requirements.env_from_keys.is_empty(), "{requirements:?}");
+        assert!(requirements.unchecked[0].contains("the pod chooses the app containers"), "{requirements:?}");
+        // Only an enforced template can say it, with literal keys.
+        let err =
+            crate::templates::template::Template::load("t", &preload.replace("enforced: true\n", "default: true\n"))
+                .unwrap_err();
+        assert!(err.message.contains("keys: on an envFrom source is for an enforced template"), "{err}");
+        assert_eq!(err.line, Some(5));
+        for (keys, message) in [
+            ("[]", "the list is empty"),
+            ("LD_PRELOAD", "keys must be a list"),
+            ("['{{ values.k }}']", "is not a ConfigMap or Secret key"),
+            ("[a b]", "is not a ConfigMap or Secret key"),
+        ] {
+            let text = preload.replace("[LD_PRELOAD]", keys);
+            let err = crate::templates::template::Template::load("t", &text).unwrap_err();
+            assert!(err.message.contains(message), "{keys}: {err}");
         }
     }
 

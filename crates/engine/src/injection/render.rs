@@ -24,12 +24,12 @@ use serde_json::Value;
 
 use crate::facts::NamespaceFacts;
 use crate::findings::{Warning, WarningCode};
-use crate::injection::compare::POD_DERIVED;
+use crate::injection::compare::{POD_DERIVED, env_from_key};
 use crate::injection::env_merge::EnvMerge;
 use crate::injection::image_volumes::{self, ImageVolumeChoice, RenderedFallback, VolumeForms};
 use crate::kinds::{
-    ANNOTATIONS, APP_LISTS, AppListKind, ContainerPosition, ENV, MAPS, MapKind, PerAppList, PerMap, PerPodList,
-    Placement, PodListKind, VOLUME_MOUNTS, VOLUMES,
+    ANNOTATIONS, APP_LISTS, AppListKind, ContainerPosition, ENV, ENV_FROM, MAPS, MapKind, PerAppList, PerMap,
+    PerPodList, Placement, PodListKind, VOLUME_MOUNTS, VOLUMES,
 };
 use crate::names;
 use crate::templates::expression::{CompiledText, FUEL_PER_EXPRESSION, Failure, MAX_EXPRESSION_OUTPUT, lookup_path};
@@ -65,6 +65,9 @@ pub struct RenderedTemplate {
     pub app_lists: PerAppList<Vec<Value>>,
     /// How the env vars that say `merge:` merge with the app's own, by name.
     pub env_merges: BTreeMap<String, EnvMerge>,
+    /// The env vars the `keys:` of its `envFrom` sources name (the source's prefix and the key),
+    /// each with the source (`configMap/<name>`), which no `env` entry of the app may replace.
+    pub env_from_keys: BTreeMap<String, String>,
     /// Which app containers get `env`, `envFrom` and `volumeMounts` (the pod's choice applied).
     pub targets: AppTargets,
     /// The pod's choice of sidecar mode, when the template lets it choose.
@@ -253,15 +256,20 @@ fn render_items(
     let spec = &template.inject;
     let err = RenderError::Template;
     let mut app_lists = PerAppList::<Vec<Value>>::default();
-    let mut env_merges = BTreeMap::new();
+    let (mut env_merges, mut env_from_keys) = (BTreeMap::new(), BTreeMap::new());
     for (kind, (rendered, items)) in APP_LISTS.iter().zip(app_lists.iter_mut().zip(&spec.app_lists)) {
-        *rendered = match kind.index == ENV.index {
-            true => {
+        *rendered = match kind.index {
+            index if index == ENV.index => {
                 let (env, merges) = renderer.env_items(items).map_err(err)?;
                 env_merges = merges;
                 env
             }
-            false => renderer.items(items).map_err(err)?,
+            index if index == ENV_FROM.index => {
+                let (sources, keys) = renderer.env_from_items(items).map_err(err)?;
+                env_from_keys = keys;
+                sources
+            }
+            _ => renderer.items(items).map_err(err)?,
         };
     }
     let mut positions = BTreeMap::new();
@@ -307,6 +315,7 @@ fn render_items(
         positions,
         app_lists,
         env_merges,
+        env_from_keys,
         pod_lists,
         targets,
         sidecar_mode,
@@ -653,6 +662,26 @@ impl Renderer<'_> {
             out.push(rendered);
         }
         Ok((out, merges))
+    }
+
+    /// `appContainers.envFrom`: the sources, and the env var each `keys:` entry names (the
+    /// rendered prefix and the key) with its source.
+    fn env_from_items(&mut self, items: &[SeqItem]) -> Result<(Vec<Value>, BTreeMap<String, String>), TemplateError> {
+        let mut out = Vec::with_capacity(items.len());
+        let mut keys = BTreeMap::new();
+        for item in items {
+            if !self.keeps(item)? {
+                continue;
+            }
+            let rendered = self.piece(&item.piece)?;
+            let prefix = rendered.get("prefix").and_then(Value::as_str).unwrap_or_default();
+            let source = env_from_key(&rendered).unwrap_or_default();
+            for key in &item.keys {
+                keys.insert(format!("{prefix}{key}"), source.clone());
+            }
+            out.push(rendered);
+        }
+        Ok((out, keys))
     }
 
     fn items(&mut self, items: &[SeqItem]) -> Result<Vec<Value>, TemplateError> {

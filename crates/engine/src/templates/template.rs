@@ -21,7 +21,9 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::injection::env_merge::{EnvMerge, Position};
-use crate::kinds::{APP_LISTS, ContainerPosition, ENV, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList, VOLUMES};
+use crate::kinds::{
+    APP_LISTS, ContainerPosition, ENV, ENV_FROM, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList, VOLUMES,
+};
 use crate::templates::expression::{self, CompiledText};
 use crate::templates::yaml::{MapEntry, SourceNode, SourceValue};
 
@@ -199,6 +201,10 @@ pub(crate) struct SeqItem {
     pub(crate) position: Option<ContainerPosition>,
     /// `fallback:` of an image volume (`image_volumes`); `None` elsewhere.
     pub(crate) fallback: Option<Box<VolumeFallback>>,
+    /// `keys:` of an `appContainers.envFrom` source of an enforced template: the keys of the
+    /// source the app must get from it, which no `env` entry of the app container may replace
+    /// (an `env` entry wins over `envFrom` in Kubernetes). Empty elsewhere.
+    pub(crate) keys: Vec<String>,
 }
 
 /// An image volume's `fallback:`: the emptyDir that stands in for the image where the nodes
@@ -222,6 +228,8 @@ enum ItemKeys {
     Container,
     /// `fallback:` (a volume).
     Volume,
+    /// `keys:` (an `appContainers.envFrom` source).
+    EnvFrom,
 }
 
 /// What a template injects, compiled.
@@ -417,11 +425,13 @@ fn is_identifier(key: &str) -> bool {
 struct Compiler<'a> {
     name: &'a str,
     expressions: expression::ExpressionsBuilder,
+    /// The line of the first `keys:` of an `envFrom` source (only an enforced template may say it).
+    env_from_keys_line: Option<u64>,
 }
 
 impl<'a> Compiler<'a> {
     fn new(name: &'a str) -> Self {
-        Compiler { name, expressions: expression::ExpressionsBuilder::default() }
+        Compiler { name, expressions: expression::ExpressionsBuilder::default(), env_from_keys_line: None }
     }
 
     fn err(&self, line: u64, message: impl Into<String>) -> TemplateError {
@@ -533,12 +543,7 @@ impl<'a> Compiler<'a> {
                 }
             }
         }
-        if template.own_process_namespace && !(template.enforced || template.audit) {
-            return Err(self.err(
-                own_process_namespace_line,
-                "ownProcessNamespace: true is a requirement of an enforced template (enforced: true or audit): a template that is not enforced cannot refuse pods",
-            ));
-        }
+        self.check_enforced_only(&template, own_process_namespace_line)?;
         if let Some(node) = overridable_node {
             template.overridable = self.overridable(node, &template.values)?;
         }
@@ -546,6 +551,26 @@ impl<'a> Compiler<'a> {
         template.warnings = self.override_warnings(&template);
         template.expressions = self.expressions.build(&template.values);
         Ok(template)
+    }
+
+    /// What only an enforced template may say: a template that is not enforced cannot refuse pods.
+    fn check_enforced_only(&self, template: &Template, own_process_namespace_line: u64) -> Result<(), TemplateError> {
+        if template.enforced || template.audit {
+            return Ok(());
+        }
+        if template.own_process_namespace {
+            return Err(self.err(
+                own_process_namespace_line,
+                "ownProcessNamespace: true is a requirement of an enforced template (enforced: true or audit): a template that is not enforced cannot refuse pods",
+            ));
+        }
+        match self.env_from_keys_line {
+            Some(line) => Err(self.err(
+                line,
+                "keys: on an envFrom source is for an enforced template (enforced: true or audit): a template that is not enforced cannot refuse pods whose env replaces a key",
+            )),
+            None => Ok(()),
+        }
     }
 
     fn mapping<'n>(&self, node: &'n SourceNode, what: &str) -> Result<&'n [MapEntry], TemplateError> {
@@ -798,7 +823,11 @@ impl<'a> Compiler<'a> {
                         match key.as_str() {
                             field if APP_LISTS.iter().any(|k| k.field == field) => {
                                 let kind = APP_LISTS.iter().find(|k| k.field == field).expect("matched above");
-                                let keys = if kind.index == ENV.index { ItemKeys::Env } else { ItemKeys::Plain };
+                                let keys = match kind.index {
+                                    index if index == ENV.index => ItemKeys::Env,
+                                    index if index == ENV_FROM.index => ItemKeys::EnvFrom,
+                                    _ => ItemKeys::Plain,
+                                };
                                 spec.app_lists[kind.index] =
                                     self.items(grandchild, &kind.section(), kind.required, keys)?
                             }
@@ -926,6 +955,7 @@ impl<'a> Compiler<'a> {
                 ItemKeys::Env => seq_item.merge = self.env_merge(item)?,
                 ItemKeys::Container => seq_item.position = self.position(item)?,
                 ItemKeys::Volume => seq_item.fallback = self.volume_fallback(item)?,
+                ItemKeys::EnvFrom => seq_item.keys = self.env_from_keys(item)?,
                 ItemKeys::Plain => {}
             }
             out.push(seq_item);
@@ -937,7 +967,8 @@ impl<'a> Compiler<'a> {
     /// part of the rendered item.
     fn seq_item(&mut self, item: &SourceNode, keys: ItemKeys) -> Result<SeqItem, TemplateError> {
         let SourceValue::Map(entries) = &item.value else {
-            return Ok(SeqItem { when: None, piece: self.piece(item)?, merge: None, position: None, fallback: None });
+            let piece = self.piece(item)?;
+            return Ok(SeqItem { when: None, piece, merge: None, position: None, fallback: None, keys: Vec::new() });
         };
         let mut when = None;
         let mut rest = Vec::with_capacity(entries.len());
@@ -946,6 +977,7 @@ impl<'a> Compiler<'a> {
                 ItemKeys::Env => entry.key == "merge",
                 ItemKeys::Container => entry.key == "position",
                 ItemKeys::Volume => entry.key == "fallback",
+                ItemKeys::EnvFrom => entry.key == "keys",
                 ItemKeys::Plain => false,
             };
             if entry.key == "when" {
@@ -955,7 +987,7 @@ impl<'a> Compiler<'a> {
             }
         }
         let piece = self.piece(&SourceNode { line: item.line, value: SourceValue::Map(rest) })?;
-        Ok(SeqItem { when, piece, merge: None, position: None, fallback: None })
+        Ok(SeqItem { when, piece, merge: None, position: None, fallback: None, keys: Vec::new() })
     }
 
     /// The `fallback:` of a volume: only on an image volume, `{initContainer: <container>,
@@ -1019,6 +1051,38 @@ impl<'a> Compiler<'a> {
             ));
         };
         Ok(Some(Box::new(VolumeFallback { empty_dir, init_container })))
+    }
+
+    /// The `keys:` of an `envFrom` source: literal ConfigMap or Secret keys (letters, digits, `-`,
+    /// `_`, `.`), which the app container gets as env vars named with the source's `prefix`.
+    fn env_from_keys(&mut self, item: &SourceNode) -> Result<Vec<String>, TemplateError> {
+        let SourceValue::Map(entries) = &item.value else { return Ok(Vec::new()) };
+        let Some(entry) = entries.iter().find(|e| e.key == "keys") else { return Ok(Vec::new()) };
+        self.env_from_keys_line.get_or_insert(entry.key_line);
+        let expected = "keys must be a list of the source's keys, like [LD_PRELOAD, JAVA_TOOL_OPTIONS]";
+        let SourceValue::Seq(items) = &entry.value.value else {
+            return Err(self.err(entry.value.line, format!("{expected}, not {}", entry.value.type_name())));
+        };
+        let is_key = |k: &str| {
+            !k.is_empty() && k.len() <= 253 && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        };
+        let mut keys = Vec::with_capacity(items.len());
+        for key in items {
+            match &key.value {
+                SourceValue::String(k) if is_key(k) => keys.push(k.clone()),
+                SourceValue::String(k) => {
+                    return Err(self.err(
+                        key.line,
+                        format!("{k:?} is not a ConfigMap or Secret key (letters, digits, '-', '_' and '.', literal)"),
+                    ));
+                }
+                _ => return Err(self.err(key.line, format!("{expected}, not a list holding {}", key.type_name()))),
+            }
+        }
+        if keys.is_empty() {
+            return Err(self.err(entry.value.line, format!("{expected}: the list is empty")));
+        }
+        Ok(keys)
     }
 
     /// The `position:` of an init container or sidecar: `first` or `last`, literal.
