@@ -1030,6 +1030,16 @@ inject:
         let Outcome::Inject(injection) = evaluate(&engine, &other) else { panic!("refused") };
         let patch = serde_json::to_string(&injection.patch).unwrap();
         assert!(patch.contains("agent-env") && !patch.contains("keys"), "{patch}");
+        // `/validate`: a later mutator that sets the key after the injection is refused too.
+        let mut stored = apply(&other, &injection.patch);
+        let validate = |pod: &Value| validate_pod(&engine, &request(pod.clone(), opted_in("shop", &[])));
+        assert!(matches!(validate(&stored), Verdict::Allowed(_)));
+        stored["spec"]["containers"][0]["env"].as_array_mut().unwrap().push(json!({"name": "LD_PRELOAD", "value": ""}));
+        let Verdict::Denied(message) = validate(&stored) else { panic!("allowed") };
+        assert!(
+            message.contains("replaces the one the template's envFrom source configMap/agent-env provides"),
+            "{message}"
+        );
         // A container the template does not target may set the name.
         let except = preload.replace("  appContainers:\n", "  appContainers:\n    excludeContainers: [web]\n");
         let engine = engine_with(&except);
