@@ -229,6 +229,15 @@ const SHAPES: &[(&str, &str)] = &[
     ("a plain value that starts with : in a flow list", "a: [::1]\n"),
     ("a flow value that starts with :", "a: {k: :v}\n"),
     ("a colon before a flow collection", "a: [a:[b]]\n"),
+    ("an empty key in a flow list", "a: [a, :]\n"),
+    ("an empty key in a flow mapping", "a: {: v}\n"),
+    ("a ? in a flow list's plain value", "args: [--url=http://x/?a=b]\n"),
+    ("a ? in a flow mapping's plain value", "a: {k: a?b}\n"),
+    ("a lone ? in a flow list", "a: [a, ?]\n"),
+    (
+        "explicit keys in flow collections, ? in quotes and block values",
+        "a: [? a]\nb: {? c: d}\ne: [\"f?\", 'g?h']\ni: j?k\n",
+    ),
     (
         "colons before indicators in quotes, block text and comments",
         "a: [\"x:]\", 'y:,']\nb: |\n  [c:]\nc: d:,e # [f:]\n",

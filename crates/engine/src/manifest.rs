@@ -402,6 +402,14 @@ impl<'a> Reader<'a> {
                     );
                     return Err(self.error(span, message));
                 }
+                // go-yaml's scanner ends a plain scalar at `?` inside a flow collection (and reads
+                // one that starts with it as an explicit key): kubectl refuses all but the last.
+                if style == ScalarStyle::Plain && self.flow_depth > 0 && text.contains('?') {
+                    let message = format!(
+                        "did not find expected ',' or ']': inside [...] or {{...}} kubectl reads the `?` of {text:?} as an indicator; quote the value"
+                    );
+                    return Err(self.error(span, message));
+                }
                 let tag = tag.map(|t| format!("{}{}", t.handle(), t.suffix()));
                 let value = resolve(&text, style, tag.as_deref()).map_err(|m| self.error(span, m))?;
                 (value, anchor, 1)
@@ -1005,6 +1013,28 @@ mod tests {
             ("a: [a, :b]", Err("quote the value")),
             ("a: {k: :v}", Err("quote the value")),
             ("a: {:a: b}", Err("quote the value")),
+            // An empty key inside [...] or {...}.
+            ("a: [:]", Err("key is null")),
+            ("a: [a, :]", Err("key is null")),
+            ("a: [: a]", Err("key is null")),
+            ("a: {: v}", Err("key is null")),
+            ("a: {? }", Err("")),
+            ("a: [?:]", Err("")),
+            // go-yaml ends a plain scalar at `?` inside [...] and {...}: kubectl refuses these
+            // (and reads `[?a]` as the explicit key `a`, which is refused here too).
+            ("a: [http://x/?a=b]", Err("`?`")),
+            ("a: {k: a?b}", Err("`?`")),
+            ("a: {k?: b}", Err("`?`")),
+            ("a: [b, c?]", Err("`?`")),
+            ("a: [a ?]", Err("`?`")),
+            ("a: [?a, b]", Err("`?`")),
+            ("a: [a, ?]", Err("")),
+            ("a: {k: ?}", Err("")),
+            // Explicit keys, quoted values and block context are read alike.
+            ("a: [? a]", Ok(json!({"a": [{"a": null}]}))),
+            ("a: {? a: b}", Ok(json!({"a": {"a": "b"}}))),
+            ("a: [\"a?b\", 'c?']", Ok(json!({"a": ["a?b", "c?"]}))),
+            ("a: a?b\nb: ?x", Ok(json!({"a": "a?b", "b": "?x"}))),
         ];
         for (text, expected) in cases {
             match (read(text), expected) {

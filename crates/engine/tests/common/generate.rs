@@ -180,8 +180,9 @@ pub fn template() -> impl Strategy<Value = String> {
                     "sidecars": positioned(Value::Array(sidecars.iter().map(|n| json!({
                         "name": format!("c-{n}"),
                         "image": "{{ values.v }}",
-                        // The last, a flag ending in `:` that kubectl's reader and YAML 1.2 read apart in `[...]`.
-                        "args": ["{{ workload.name }}", "{{ pod.spec.containers | length }}", "{{ namespace.name }}", "--listen=::"],
+                        // The last two: a flag ending in `:` and one holding `?`, which kubectl's
+                        // reader and YAML 1.2 read apart in `[...]` (written, they must read back).
+                        "args": ["{{ workload.name }}", "{{ pod.spec.containers | length }}", "{{ namespace.name }}", "--listen=::", "--url=http://x/?a=b"],
                         "volumeMounts": match (sidecars_mount, volume.len() == 4) {
                             (false, _) => json!([]),
                             (true, false) => json!([{"name": volume, "mountPath": "/shared"}]),
