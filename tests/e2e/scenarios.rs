@@ -675,6 +675,8 @@ inject:
   appContainers:
     envFrom:
       - {configMapRef: {name: audit-env, optional: true}, keys: [AUDIT_PRELOAD]}
+    volumeMounts:
+      - {name: audit-spool, mountPath: /var/audit, readOnly: true}
 "#;
 
 pub(crate) async fn set_template(ctx: &Ctx, key: &str, text: Option<&str>) -> Result<()> {
@@ -841,6 +843,19 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
         message.contains("the env var \"AUDIT_PRELOAD\" of container \"app\" replaces the one the template's envFrom source configMap/audit-env provides"),
         "an env entry over an enforced envFrom key not refused: {message:?}"
     );
+    // A mount of the app's below the template's, which would hide part of it.
+    let mut hiding = pod("enforced-hiding", json!({"tier": "prod"}), json!({}));
+    hiding["spec"]["volumes"] = json!([{"name": "mine", "emptyDir": {}}]);
+    hiding["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "mine", "mountPath": "/var/audit/libaudit.so", "subPath": "fake.so"}]);
+    let refused = ctx.dry_run_pod("e2e-shop", hiding).await;
+    let message = refused.as_ref().err().map(api_message).unwrap_or_default();
+    ensure!(
+        message.contains(
+            "at \"/var/audit/libaudit.so\" in container \"app\" hides part of the template's mount at \"/var/audit\""
+        ),
+        "a mount below an enforced mount not refused: {message:?}"
+    );
 
     // The honest status: a pod whose own container takes the log shipper's place.
     let before = ctx.injector.as_ref().context("no injector")?.metrics();
@@ -926,6 +941,8 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
     late["spec"]["initContainers"] = json!([{"name": "warm-cache", "image": "busybox"}, audit_agent_copy()]);
     let mut replacing = exact.clone();
     replacing["spec"]["containers"][0]["env"] = json!([{"name": "AUDIT_PRELOAD", "value": ""}]);
+    let mut hiding = exact.clone();
+    hiding["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "audit-spool", "mountPath": "/var/audit/lib"}]);
     let cases: Vec<(&str, Value, Option<&str>)> = vec![
         (
             "missing",
@@ -950,6 +967,11 @@ pub async fn s16_enforced_templates(ctx: &mut Ctx) -> Result<()> {
             "an env entry over an envFrom key",
             replacing,
             Some("whose container app sets AUDIT_PRELOAD, which the template's envFrom"),
+        ),
+        (
+            "a mount below the template's",
+            hiding,
+            Some("whose container app at /var/audit/lib mounts something below the template's mount (/var/audit)"),
         ),
         ("exactly the template's", exact, None),
         (

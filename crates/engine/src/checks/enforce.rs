@@ -406,6 +406,9 @@ pub struct Requirements {
     /// The env vars its `envFrom` sources' `keys:` name (prefix included, those the same for every
     /// pod): no `env` entry of an app container it targets may set one.
     pub env_from_keys: Vec<String>,
+    /// The mount paths of its `appContainers.volumeMounts` (those the same for every pod, without a
+    /// trailing `/`): no other mount of an app container it targets may lie below one.
+    pub mount_paths: Vec<String>,
     /// The app containers it targets (`appContainers.containers` / `excludeContainers`).
     pub app_targets: AppTargets,
     /// Items the policy cannot check, with why (for `check-templates`).
@@ -451,6 +454,7 @@ impl Requirements {
             ..Requirements::default()
         };
         requirements.add_env_from_keys(template);
+        requirements.add_mount_paths(template);
         let spec = &template.inject;
         let lists: [(&[SeqItem], &str, bool); 3] = [
             (&spec.init_containers, "init container", false),
@@ -597,6 +601,28 @@ impl Requirements {
         }
     }
 
+    /// The paths of the template's app-container mounts that are the same for every pod; the rest
+    /// goes to `unchecked`.
+    fn add_mount_paths(&mut self, template: &Template) {
+        for (index, mount) in template.inject.app_lists[VOLUME_MOUNTS.index].iter().enumerate() {
+            let what = format!("app-container mount #{}", index + 1);
+            if template.pod_choices.app_containers {
+                self.unchecked.push(format!("{what}: the pod chooses the app containers that get it"));
+                continue;
+            }
+            match fixed_item(template, mount).map(|fields| fields.get("mountPath").cloned()) {
+                Ok(Some(Some(Value::String(path)))) if !path.contains(' ') => {
+                    let path = path.trim_end_matches('/').to_owned();
+                    if !path.is_empty() && !self.mount_paths.contains(&path) {
+                        self.mount_paths.push(path);
+                    }
+                }
+                Ok(_) => self.unchecked.push(format!("{what}: its mountPath is not the same for every pod")),
+                Err(why) => self.unchecked.push(format!("{what} {why}")),
+            }
+        }
+    }
+
     /// The params ConfigMap data the enforcement policy in `deploy/` reads. CEL cannot parse JSON,
     /// so every value is a flat string: names separated by spaces (DNS labels never hold one),
     /// list fields as each element preceded by [`LIST_SEPARATOR`] (a control character refused in
@@ -616,7 +642,8 @@ impl Requirements {
             ("ownProcessNamespace".to_owned(), self.own_process_namespace.to_string()),
             ("selectorLabels".to_owned(), self.selector_labels.join(" ")),
             ("envFromKeys".to_owned(), self.env_from_keys.join(" ")),
-            ("envFromExcept".to_owned(), self.app_targets.except.join(" ")),
+            ("mountPaths".to_owned(), self.mount_paths.join(" ")),
+            ("appContainersExcept".to_owned(), self.app_targets.except.join(" ")),
             (
                 "hostNames".to_owned(),
                 self.host_names.iter().map(|(name, ip)| format!("{name}={ip}")).collect::<Vec<_>>().join(" "),
@@ -632,7 +659,7 @@ impl Requirements {
             ),
         ]);
         if let Some(only) = &self.app_targets.only {
-            data.insert("envFromOnly".to_owned(), only.join(" "));
+            data.insert("appContainersOnly".to_owned(), only.join(" "));
         }
         let encode = |list: &[String]| list.iter().map(|e| format!("{LIST_SEPARATOR}{e}")).collect::<String>();
         for container in self.containers.iter().chain(&self.init_containers) {
@@ -1004,6 +1031,13 @@ inject:
         {
             assert!(matches!(evaluate(&engine, &with_mounts(mounts.clone())), Outcome::Inject(_)), "{mounts}");
         }
+        // The policy alone: the path, without its trailing `/`; one that reads the pod is not compared.
+        let data = Requirements::of(engine.templates.get("audit").unwrap(), true).params_data();
+        assert_eq!(data["mountPaths"], "/var/audit");
+        let read = engine_with(&audit.replace("mountPath: /var/audit/", "mountPath: \"/{{ namespace.name }}\""));
+        let requirements = Requirements::of(read.templates.get("t").unwrap(), true);
+        assert!(requirements.mount_paths.is_empty(), "{requirements:?}");
+        assert!(requirements.unchecked.iter().any(|u| u.contains("mountPath is not the same for every pod")));
     }
 
     #[test]
@@ -1050,7 +1084,7 @@ inject:
         // The policy alone: the env vars, the containers it targets.
         let data = Requirements::of(engine.templates.get("t").unwrap(), true).params_data();
         assert_eq!(data["envFromKeys"], "LD_PRELOAD AGENT_TOKEN AGENT_tls.crt");
-        assert_eq!((data["envFromExcept"].as_str(), data.get("envFromOnly")), ("web", None));
+        assert_eq!((data["appContainersExcept"].as_str(), data.get("appContainersOnly")), ("web", None));
         let chosen = engine_with(&format!("podChoices: [appContainers]\n{preload}"));
         let requirements = Requirements::of(chosen.templates.get("t").unwrap(), true);
         assert!(requirements.env_from_keys.is_empty(), "{requirements:?}");
