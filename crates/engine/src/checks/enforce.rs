@@ -170,13 +170,8 @@ pub fn shadowed_mounts(pod: &Value, status: &InjectionStatus, rendered: &Rendere
     }
     let path =
         |mount: &Value| mount.get("mountPath").and_then(Value::as_str).map(|p| p.trim_end_matches('/').to_owned());
-    let containers = pod.get("spec").and_then(|s| s.get("containers")).and_then(Value::as_array);
     let mut found = Vec::new();
-    for container in containers.into_iter().flatten() {
-        let Some(name) = container.get("name").and_then(Value::as_str) else { continue };
-        if status.containers.iter().any(|c| c == name) || !rendered.targets.includes(name) {
-            continue;
-        }
+    for (name, container) in targeted_app_containers(pod, status, rendered) {
         let own = container.get(VOLUME_MOUNTS.field).and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
         for top in mounts.iter().filter_map(path) {
             let below = own
@@ -194,6 +189,21 @@ pub fn shadowed_mounts(pod: &Value, status: &InjectionStatus, rendered: &Rendere
     found
 }
 
+/// The app containers of `pod` (as the injection leaves it) that `rendered` targets and no
+/// template added (`status`), with their names.
+fn targeted_app_containers<'a>(
+    pod: &'a Value,
+    status: &'a InjectionStatus,
+    rendered: &'a RenderedTemplate,
+) -> impl Iterator<Item = (&'a str, &'a Value)> {
+    let containers = pod.get("spec").and_then(|s| s.get("containers")).and_then(Value::as_array);
+    containers.into_iter().flatten().filter_map(move |container| {
+        let name = container.get("name").and_then(Value::as_str)?;
+        let app = !status.containers.iter().any(|c| c == name) && rendered.targets.includes(name);
+        app.then_some((name, container))
+    })
+}
+
 /// The env entries of an app container that replace a key an enforced template's `envFrom`
 /// source provides (its `keys:`), one sentence each: Kubernetes gives an `env` entry precedence
 /// over every `envFrom` source, so `LD_PRELOAD=""` would neutralise the template's. `pod` is the
@@ -204,13 +214,8 @@ pub fn replaced_env_from_keys(pod: &Value, status: &InjectionStatus, rendered: &
         return Vec::new();
     }
     let own: Vec<&str> = rendered.app_list(ENV).iter().filter_map(|e| e.get("name").and_then(Value::as_str)).collect();
-    let containers = pod.get("spec").and_then(|s| s.get("containers")).and_then(Value::as_array);
     let mut found = Vec::new();
-    for container in containers.into_iter().flatten() {
-        let Some(name) = container.get("name").and_then(Value::as_str) else { continue };
-        if status.containers.iter().any(|c| c == name) || !rendered.targets.includes(name) {
-            continue;
-        }
+    for (name, container) in targeted_app_containers(pod, status, rendered) {
         let env = container.get(ENV.field).and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
         let mut named: Vec<&str> = env.iter().filter_map(|e| e.get("name").and_then(Value::as_str)).collect();
         named.sort_unstable();
