@@ -7,9 +7,10 @@
 //! people. Here the property generator's pods and templates (`crates/engine/tests/common/generate.rs`,
 //! the same cases the properties run on) are injected by the engine, and every pod it would write
 //! is created with **server-side dry-run** on the e2e API server, through its whole admission chain,
-//! in a namespace with no Pod Security label and one at `enforce: privileged` (the levels themselves
-//! are checked where the engine learns them). The namespaces are not opted in, so our own webhook
-//! and policies stay out of the judgement.
+//! in a namespace with no Pod Security label and one at `enforce: privileged`. Each injected pod
+//! the API server accepts is then tried in namespaces at `enforce: baseline` and `restricted`:
+//! `checks::pod_security` must predict Pod Security Admission's verdict, and its refusal word for
+//! word. The namespaces are not opted in, so our own webhook and policies stay out of the judgement.
 //!
 //! A failure is a case where:
 //! - the engine injects and the API server refuses the injected pod (while it accepts the author's);
@@ -17,7 +18,8 @@
 //!   written) and the API server accepts the pod the injection would have made;
 //! - a quantity the engine computes (a padded pod-level value) is not stored as written (the
 //!   engine's canonical form differs from Kubernetes'), or any other quantity of the injected pod
-//!   (a template's own, in the containers it appends; the pod's own) is stored as another value.
+//!   (a template's own, in the containers it appends; the pod's own) is stored as another value;
+//! - Pod Security Admission's verdict on the injected pod differs from `checks::pod_security`'s.
 //!
 //! Cases whose author pod the API server refuses say nothing about the engine: they are counted
 //! and the first reason printed, so a generator that drifts from valid pods shows. The count of
@@ -33,6 +35,7 @@ use json_patch::PatchOperation;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::{Value, json};
+use sidecar_injector_engine::checks::pod_security::{self, Level, Policy};
 use sidecar_injector_engine::injection::image_volumes::ImageVolumeSupport;
 use sidecar_injector_engine::injection::plan::Injection;
 use sidecar_injector_engine::injection::select::OutOfScope;
@@ -61,6 +64,11 @@ pub fn time_budget() -> std::time::Duration {
 const NAMESPACES: [(&str, &[(&str, &str)]); 2] =
     [("oracle-plain", &[]), ("oracle-privileged", &[("pod-security.kubernetes.io/enforce", "privileged")])];
 
+/// The namespaces each injected pod the API server accepts is tried in again, to hold
+/// `checks::pod_security`'s verdict (and its words) against Pod Security Admission's.
+const POD_SECURITY_NAMESPACES: [(&str, Level); 2] =
+    [("oracle-baseline", Level::Baseline), ("oracle-restricted", Level::Restricted)];
+
 /// One drawn case: templates, a pod, and whether the cluster facts are a recent cluster's.
 #[derive(Debug)]
 struct Case {
@@ -79,6 +87,10 @@ struct Tally {
     first_author_refusal: Option<String>,
     not_injected: u64,
     predicted_invalid: u64,
+    /// Pod Security verdicts (accepted, or refused in the same words) that agree.
+    pod_security_agreed: u64,
+    /// Of those, refusals.
+    pod_security_refused: u64,
     failures: Vec<String>,
 }
 
@@ -97,6 +109,9 @@ pub async fn s37_api_server_oracle(ctx: &mut Ctx) -> Result<()> {
     for (name, labels) in NAMESPACES {
         ctx.namespace(name, labels).await?;
     }
+    for (name, level) in POD_SECURITY_NAMESPACES {
+        ctx.namespace(name, &[("pod-security.kubernetes.io/enforce", level.name())]).await?;
+    }
     let mut bytes = [0u8; 32];
     bytes[..8].copy_from_slice(&seed.to_le_bytes());
     let mut runner = TestRunner::new_with_rng(Config::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
@@ -112,7 +127,7 @@ pub async fn s37_api_server_oracle(ctx: &mut Ctx) -> Result<()> {
     }
     let seconds = started.elapsed().as_secs_f64();
     println!(
-        "  oracle: {} cases in {seconds:.1} s ({:.1}/s, seed {seed}): {} injected, {} accepted by the API server, {} disagreements; {} not injected by the engine, {} predicted invalid (each refused by the API server too); {} author pods refused{}",
+        "  oracle: {} cases in {seconds:.1} s ({:.1}/s, seed {seed}): {} injected, {} accepted by the API server, {} disagreements; {} not injected by the engine, {} predicted invalid (each refused by the API server too); {} Pod Security verdicts at baseline and restricted agree ({} refusals, in the same words); {} author pods refused{}",
         tally.cases,
         tally.cases as f64 / seconds.max(0.001),
         tally.injected,
@@ -120,6 +135,8 @@ pub async fn s37_api_server_oracle(ctx: &mut Ctx) -> Result<()> {
         tally.failures.len(),
         tally.not_injected,
         tally.predicted_invalid,
+        tally.pod_security_agreed,
+        tally.pod_security_refused,
         tally.author_refused,
         tally.first_author_refusal.as_deref().map(|r| format!(" (first: {r})")).unwrap_or_default(),
     );
@@ -227,6 +244,7 @@ the pod not injected: {refused}",
         }
         Ok(stored) => {
             tally.accepted += 1;
+            judge_pod_security(ctx, &injected, &stored, tally, &describe).await?;
             // What the engine computes (pod-level padding) must be what the API server stores,
             // text for text; every other quantity of the injected pod (a template's own, in the
             // sidecars the patch appends, the pod's own) passes through, equal in value. The API
@@ -250,6 +268,38 @@ the pod not injected: {refused}",
                     ));
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// The injected pod in a namespace at each Pod Security level: the API server accepts it exactly
+/// when `checks::pod_security` finds nothing (on the pod as stored: admission sees it defaulted),
+/// and refuses it in the words `Policy::message` gives.
+async fn judge_pod_security(
+    ctx: &Ctx,
+    injected: &Value,
+    stored: &Value,
+    tally: &mut Tally,
+    describe: &dyn Fn() -> String,
+) -> Result<()> {
+    for (namespace, level) in POD_SECURITY_NAMESPACES {
+        let mut pod = injected.clone();
+        pod["metadata"]["namespace"] = json!(namespace);
+        let violations = pod_security::violations(stored, level, pod_security::LATEST_MINOR);
+        let policy = Policy { level, minor: pod_security::LATEST_MINOR, version_label: "latest".into() };
+        let predicted = (!violations.is_empty()).then(|| policy.message(&violations));
+        match (dry_run(ctx, namespace, &pod).await?, predicted) {
+            (Ok(_), None) => tally.pod_security_agreed += 1,
+            (Err(refusal), Some(words)) if refusal.contains(&words) => {
+                tally.pod_security_agreed += 1;
+                tally.pod_security_refused += 1;
+            }
+            (verdict, predicted) => tally.failures.push(format!(
+                "Pod Security {}: the API server says {verdict:?}, checks::pod_security predicts {predicted:?}\n{}",
+                level.name(),
+                describe()
+            )),
         }
     }
     Ok(())
