@@ -5,6 +5,7 @@ use std::path::Path;
 
 use super::{CliError, template_sources_from};
 use crate::engine::TemplateSet;
+use crate::engine::checks::pod_security::{self, Level};
 use crate::engine::emit::policy;
 use crate::engine::templates::template::SidecarMode;
 
@@ -38,7 +39,17 @@ pub fn check_templates(path: &Path) -> Result<String, CliError> {
     let policy = set.iter().filter_map(|t| {
         policy::webhook_only_reason(t, true).map(|reason| format!("webhook-only: {}: {reason}\n", t.name))
     });
-    Ok(summary.chain(warnings).chain(auto).chain(image_volumes).chain(policy).collect())
+    // The Pod Security level what each template adds meets on its own (`engine::checks::pod_security`).
+    let pod_security = set.iter().filter(|t| t.has_containers()).filter_map(|t| {
+        let (level, next) = pod_security::of_additions(&t.sample_rendering()?);
+        let why = next.iter().map(|v| format!("{} ({})", v.reason, v.detail)).collect::<Vec<_>>().join(", ");
+        Some(match level {
+            Level::Restricted => format!("pod security: {}: restricted\n", t.name),
+            Level::Baseline => format!("pod security: {}: baseline (restricted refuses: {why})\n", t.name),
+            Level::Privileged => format!("pod security: {}: privileged (baseline refuses: {why})\n", t.name),
+        })
+    });
+    Ok(summary.chain(warnings).chain(auto).chain(image_volumes).chain(policy).chain(pod_security).collect())
 }
 
 #[cfg(test)]
@@ -109,5 +120,22 @@ mod tests {
         assert!(!shipped.contains("warning"), "{shipped}");
         // Every shipped template compiles into the policy mode.
         assert!(!shipped.contains("webhook-only"), "{shipped}");
+    }
+
+    #[test]
+    fn each_template_says_the_pod_security_level_of_what_it_adds() {
+        let shipped = check_templates(Path::new("templates")).unwrap();
+        // The proxy's traffic-redirect init container needs NET_ADMIN and NET_RAW.
+        assert!(
+            shipped.contains("pod security: proxy: privileged (baseline refuses: non-default capabilities (container \"proxy-init\" must not include \"NET_ADMIN\", \"NET_RAW\" in securityContext.capabilities.add))"),
+            "{shipped}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let hardened = "inject:\n  sidecars:\n    - name: agent\n      image: agent\n      resources: {requests: {cpu: 1m, memory: 1Mi}, limits: {cpu: 1m, memory: 1Mi}}\n      securityContext: {runAsNonRoot: true, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}, seccompProfile: {type: RuntimeDefault}}\n";
+        std::fs::write(dir.path().join("agent.yaml"), hardened).unwrap();
+        assert!(check_templates(dir.path()).unwrap().contains("pod security: agent: restricted\n"));
+        let labels = "labels: {team: a}\n";
+        std::fs::write(dir.path().join("agent.yaml"), format!("inject:\n  {labels}")).unwrap();
+        assert!(!check_templates(dir.path()).unwrap().contains("pod security"), "no containers, no level");
     }
 }

@@ -159,6 +159,18 @@ pub fn highest_level(pod: &Value, minor: u32) -> (Level, Vec<Violation>) {
     }
 }
 
+/// The highest level what a template adds meets on its own at the newest policy version: a pod of
+/// only its init containers, sidecars and volumes (rendered for a sample pod), with no pod-level
+/// security settings, so every container must carry its own. What keeps it from the next level.
+pub fn of_additions(rendered: &crate::injection::render::RenderedTemplate) -> (Level, Vec<Violation>) {
+    let pod = serde_json::json!({"spec": {
+        "initContainers": rendered.init_containers,
+        "containers": rendered.sidecars,
+        "volumes": rendered.pod_list(crate::kinds::VOLUMES),
+    }});
+    highest_level(&pod, LATEST_MINOR)
+}
+
 /// A check: `(reason, detail)` when the pod fails it.
 type CheckFn = fn(&PodView, u32) -> Option<(String, String)>;
 

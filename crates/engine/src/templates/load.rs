@@ -28,6 +28,18 @@ impl Template {
         !self.inject.sidecars.is_empty()
     }
 
+    /// Whether the template adds containers (init containers or sidecars).
+    pub fn has_containers(&self) -> bool {
+        !self.inject.init_containers.is_empty() || self.has_sidecars()
+    }
+
+    /// The template rendered for the first sample shape (a named pod), its image volumes as image
+    /// volumes: what `check-templates` describes a template by. `None` where it does not render
+    /// (a loaded template always does).
+    pub fn sample_rendering(&self) -> Option<RenderedTemplate> {
+        sample_rendering(self)
+    }
+
     /// Whether one of its image volumes declares a fallback (whose use the nodes decide).
     pub fn has_volume_fallbacks(&self) -> bool {
         self.inject.pod_lists[VOLUMES.index].iter().any(|item| item.fallback.is_some())
@@ -92,17 +104,7 @@ fn prerender(template: &mut Template) {
 /// share (`ports`), as rendered for the first sample.
 fn check(template: &Template) -> Result<Vec<String>, TemplateError> {
     let mut port_collisions = None;
-    let pod_labels = [("app".to_owned(), "example".to_owned())].into();
-    let pod_labels: BTreeMap<String, String> = match &template.pod_selector {
-        Some(selector) => selector.satisfying_labels(pod_labels),
-        None => pod_labels,
-    };
-    let namespace_labels = [(names::INJECT_LABEL.to_owned(), names::INJECT_ENABLED.to_owned())].into();
-    let namespace_labels = match &template.namespace_selector {
-        Some(selector) => selector.satisfying_labels(namespace_labels),
-        None => namespace_labels,
-    };
-    let namespace = NamespaceFacts::known("default", namespace_labels, BTreeMap::new());
+    let (pod_labels, namespace) = sample_labels(template);
     // Image volumes as image volumes, and (where a template declares fallbacks) as fallbacks.
     let has_fallbacks = template.has_volume_fallbacks();
     let forms = [VolumeForms::Nodes(ImageVolumeSupport::EVERYWHERE), VolumeForms::Recorded(&[])];
@@ -147,6 +149,31 @@ fn check(template: &Template) -> Result<Vec<String>, TemplateError> {
         }
     }
     Ok(port_collisions.unwrap_or_default())
+}
+
+/// Pod labels and a namespace that satisfy the template's own selectors, so that a template may
+/// rely on a label its podSelector requires.
+fn sample_labels(template: &Template) -> (BTreeMap<String, String>, NamespaceFacts) {
+    let pod_labels = [("app".to_owned(), "example".to_owned())].into();
+    let pod_labels: BTreeMap<String, String> = match &template.pod_selector {
+        Some(selector) => selector.satisfying_labels(pod_labels),
+        None => pod_labels,
+    };
+    let namespace_labels = [(names::INJECT_LABEL.to_owned(), names::INJECT_ENABLED.to_owned())].into();
+    let namespace_labels = match &template.namespace_selector {
+        Some(selector) => selector.satisfying_labels(namespace_labels),
+        None => namespace_labels,
+    };
+    (pod_labels, NamespaceFacts::known("default", namespace_labels, BTreeMap::new()))
+}
+
+/// See [`Template::sample_rendering`].
+fn sample_rendering(template: &Template) -> Option<RenderedTemplate> {
+    let (pod_labels, namespace) = sample_labels(template);
+    let (pod, workload) = SAMPLE_SHAPES[0].sample(&pod_labels);
+    let subject = Subject::new(Arc::new(pod), &workload);
+    let forms = VolumeForms::Nodes(ImageVolumeSupport::EVERYWHERE);
+    render(template, &subject, &BTreeMap::new(), &namespace, forms).ok()
 }
 
 /// Each fallback injected fills its emptyDir: its init container mounts the volume.
