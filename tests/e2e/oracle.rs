@@ -115,9 +115,12 @@ pub async fn s37_api_server_oracle(ctx: &mut Ctx) -> Result<()> {
     let mut bytes = [0u8; 32];
     bytes[..8].copy_from_slice(&seed.to_le_bytes());
     let mut runner = TestRunner::new_with_rng(Config::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
-    let strategy =
-        (proptest::collection::vec(generate::template(), 1..=3), generate::pod_near_limits(), proptest::bool::ANY)
-            .prop_map(|(templates, pod, recent)| Case { templates, pod, recent });
+    let strategy = (
+        proptest::collection::vec(generate::template(), 1..=3),
+        generate::pod_with_security_fields(),
+        proptest::bool::ANY,
+    )
+        .prop_map(|(templates, pod, recent)| Case { templates, pod, recent });
     let started = Instant::now();
     let mut tally = Tally::default();
     for index in 0..cases {

@@ -136,6 +136,60 @@ pub fn pod_near_limits() -> impl Strategy<Value = Value> {
     })
 }
 
+/// A [`pod_near_limits`] that, one time in two, sets Pod Security fields: a pod-level and a
+/// per-container choice among shapes each check of `checks::pod_security` reads (privilege,
+/// capabilities, users, seccomp, SELinux, AppArmor, host ports, probe hosts, sysctls, host IPC),
+/// allowed and forbidden, so the oracle holds every check against Pod Security Admission. Only
+/// combinations the API server accepts at any level (its validation refuses `privileged` beside
+/// `allowPrivilegeEscalation: false`, so they are never drawn together).
+#[allow(dead_code)] // drawn by the oracle (the binary crate's tests), not by the properties
+pub fn pod_with_security_fields() -> impl Strategy<Value = Value> {
+    let choices = (0..6usize, proptest::collection::vec(0..14usize, 3));
+    (pod_near_limits(), proptest::option::weighted(0.5, choices)).prop_map(|(mut pod, choices)| {
+        let Some((pod_level, per_container)) = choices else { return pod };
+        let pod_security = [
+            json!({}),
+            json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}}),
+            json!({"runAsUser": 0}),
+            json!({"sysctls": [{"name": "net.ipv4.tcp_keepalive_time", "value": "60"}, {"name": "kernel.msgmax", "value": "65536"}]}),
+            json!({"seLinuxOptions": {"type": "spc_t"}, "appArmorProfile": {"type": "Unconfined"}}),
+            json!({"runAsNonRoot": false, "seccompProfile": {"type": "Unconfined"}}),
+        ];
+        pod["spec"]["securityContext"] = pod_security[pod_level].clone();
+        if pod_level == 4 {
+            pod["spec"]["hostIPC"] = json!(true);
+        }
+        let restricted = json!({"allowPrivilegeEscalation": false, "runAsNonRoot": true,
+            "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}, "seccompProfile": {"type": "RuntimeDefault"}});
+        let containers = pod["spec"]["containers"].as_array_mut().unwrap();
+        for (index, (container, choice)) in containers.iter_mut().zip(per_container).enumerate() {
+            let security = match choice {
+                0 => restricted.clone(),
+                1 => json!({"privileged": true}),
+                2 => json!({"capabilities": {"add": ["NET_ADMIN", "CHOWN"]}}),
+                3 => json!({"capabilities": {"drop": ["ALL"]}, "allowPrivilegeEscalation": false}),
+                4 => json!({"runAsUser": 0, "runAsNonRoot": false}),
+                5 => json!({"seccompProfile": {"type": "Localhost", "localhostProfile": "agent.json"}}),
+                6 => json!({"seLinuxOptions": {"type": "container_t", "user": "system_u"}}),
+                7 => json!({"appArmorProfile": {"type": "RuntimeDefault"}, "allowPrivilegeEscalation": true}),
+                8 => json!({"windowsOptions": {"hostProcess": false}, "runAsUser": 1000}),
+                _ => json!(null),
+            };
+            if !security.is_null() {
+                container["securityContext"] = security;
+            }
+            match choice {
+                // A host port per container: the API server refuses one used twice.
+                9 => container["ports"] = json!([{"containerPort": 8080 + index, "hostPort": 8080 + index}]),
+                10 => container["readinessProbe"] = json!({"httpGet": {"host": "example.com", "port": 80}}),
+                11 => container["livenessProbe"] = json!({"tcpSocket": {"host": "10.0.0.1", "port": 80}}),
+                _ => {}
+            }
+        }
+        pod
+    })
+}
+
 /// A template using every section, with names drawn from the same pools as the pod's so that
 /// conflicts happen often.
 pub fn template() -> impl Strategy<Value = String> {
