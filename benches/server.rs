@@ -138,8 +138,8 @@ fn injected_by_the_engine(pod: &Value) -> Result<Value> {
     json_patch::patch(&mut injected, &injection.patch)?;
     // The row measures the full check, not an early refusal.
     let check = PodRequest { pod: std::sync::Arc::new(injected.clone()), ..request };
-    let verdict = sidecar_injector::engine::checks::validate::validate_pod(&engine, &check);
-    ensure!(matches!(verdict, sidecar_injector::engine::checks::validate::Verdict::Allowed(_)), "{verdict:?}");
+    let verdict = sidecar_injector::engine::review::validate::validate_pod(&engine, &check);
+    ensure!(matches!(verdict, sidecar_injector::engine::review::validate::Verdict::Allowed(_)), "{verdict:?}");
     Ok(injected)
 }
 

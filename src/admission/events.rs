@@ -20,7 +20,7 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 use serde_json::Value;
 
-use crate::engine::claims::status::InjectionStatus;
+use crate::engine::model::status::InjectionStatus;
 
 /// One Event to publish.
 #[derive(Debug, Clone, PartialEq)]
@@ -199,7 +199,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::engine::claims::status::{ItemKind, Skipped, TemplateRef};
+    use crate::engine::model::status::{ItemKind, Skipped, TemplateRef};
 
     #[test]
     fn pod_events_go_on_the_controller() {

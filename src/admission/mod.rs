@@ -17,7 +17,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::engine::checks::validate::{self, Verdict};
+use crate::engine::review::validate::{self, Verdict};
 use crate::engine::templates::template::PreCheck;
 use crate::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, WarningCode, names};
 

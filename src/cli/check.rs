@@ -29,7 +29,7 @@ pub fn check_templates(path: &Path) -> Result<String, CliError> {
     let auto = set
         .iter()
         .filter(|t| t.sidecar_mode == SidecarMode::Auto && t.has_sidecars())
-        .map(|t| format!("sidecar mode: {}: {}\n", t.name, crate::engine::injection::native::AUTO_RULE));
+        .map(|t| format!("sidecar mode: {}: {}\n", t.name, crate::engine::model::native::AUTO_RULE));
     // Which rule decides the form of image volumes with a fallback (`engine::injection::image_volumes`).
     let image_volumes = set
         .iter()

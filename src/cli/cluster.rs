@@ -22,9 +22,9 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::OutputFormat;
-use crate::engine::claims::status::InjectionStatus;
 use crate::engine::drift::{self, PodDrift, RestartAction, WorkloadRef};
 use crate::engine::emit::webhook_rules::{self, Check, Reachability};
+use crate::engine::model::status::InjectionStatus;
 use crate::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, names, workload};
 
 /// Where the injector lives.

@@ -27,9 +27,9 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
-use crate::engine::checks::validate::template_sources;
 use crate::engine::drift::pod_index::{PodIndex, WatchedPod, drift_counts};
 use crate::engine::injection::nodes::{KnownNodes, NodeFacts, NodeObject};
+use crate::engine::review::validate::template_sources;
 use crate::engine::{ClusterFacts, NamespaceFacts, TemplateSource, names};
 use crate::state::{AppState, Readiness};
 use crate::telemetry::Metrics;

@@ -142,9 +142,9 @@ impl ClusterFacts {
         let major: u32 = major.trim().parse().ok()?;
         let minor: u32 = minor.trim().trim_end_matches('+').parse().ok()?;
         Some(ClusterFacts {
-            sidecar_resize_policy: (major, minor) >= crate::injection::native::SIDECAR_RESIZE_POLICY_SINCE,
+            sidecar_resize_policy: (major, minor) >= crate::model::native::SIDECAR_RESIZE_POLICY_SINCE,
             image_volumes: ImageVolumeSupport::of_api_server(Some((major, minor))),
-            ..ClusterFacts::api_server(crate::injection::native::supported_by((major, minor)))
+            ..ClusterFacts::api_server(crate::model::native::supported_by((major, minor)))
         })
     }
 

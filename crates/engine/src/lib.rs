@@ -6,6 +6,10 @@
 //! Entry point: [`Engine::evaluate`] takes a pod and the facts about its namespace and cluster and
 //! returns a [`Decision`]: out of scope, already up to date, a patch to apply, or a denial.
 //!
+//! The modules are layers, each using only itself and those below: the shared words, `model`
+//! (the vocabulary), `templates`, `injection`, `claims`, `emit`, `checks`, this decision, and its
+//! callers `drift`, `review` and `offline` (`tests/layout.rs` holds the order and checks it).
+//!
 //! This crate depends on no async runtime, HTTP server or Kubernetes client, so its tests
 //! (`cargo test -p sidecar-injector-engine`: unit tests, the upgrade fixture and the properties)
 //! build without the server's dependencies.
@@ -20,13 +24,14 @@ pub mod emit;
 pub mod facts;
 pub mod findings;
 pub mod injection;
-pub mod kinds;
 pub mod lean;
 pub mod manifest;
+pub mod model;
 pub mod names;
 pub mod offline;
 pub mod pod;
 pub mod quantity;
+pub mod review;
 pub mod templates;
 pub mod workload;
 
@@ -41,13 +46,13 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-pub use claims::status::InjectionStatus;
 pub use facts::{ClusterFacts, NamespaceFacts};
 pub use findings::{Warning, WarningCode};
 use injection::image_volumes::VolumeForms;
 pub use injection::plan::{Injection, PlannedTemplate};
 pub use injection::render::{RenderError, RenderedTemplate};
 pub use injection::select::{Choice, ChoiceSource, OutOfScope, TemplateVerdict};
+pub use model::status::InjectionStatus;
 pub use pod::PodShapeError;
 pub use templates::template::{Template, TemplateError, TemplateSet, TemplateSource};
 
@@ -413,7 +418,7 @@ fn stand_in_for_gone_versions(
         .templates
         .iter()
         .zip(&as_read)
-        .map(|(claimed, hash)| claims::status::TemplateRef { name: claimed.name.clone(), hash: (*hash).to_owned() })
+        .map(|(claimed, hash)| model::status::TemplateRef { name: claimed.name.clone(), hash: (*hash).to_owned() })
         .collect();
     for (rendering, stand_in) in renderings.iter_mut().zip(stand_ins) {
         *rendering = rendering.take().or(stand_in);
@@ -496,17 +501,17 @@ fn sidecar_mode_warnings(
     if rendered.sidecars.is_empty() {
         return warnings;
     }
-    let (major, minor) = injection::native::NATIVE_SINCE;
-    for concern in injection::native::concerns(sidecar_mode(template, rendered), cluster.native_sidecars, &owner.kind) {
+    let (major, minor) = model::native::NATIVE_SINCE;
+    for concern in model::native::concerns(sidecar_mode(template, rendered), cluster.native_sidecars, &owner.kind) {
         warnings.push(match concern {
-            injection::native::Concern::NativeUnavailable => Warning::new(
+            model::native::Concern::NativeUnavailable => Warning::new(
                 WarningCode::NativeSidecarsUnavailable,
                 format!(
                     "template {} asks for native sidecars (sidecarMode: native), which need a kubelet {major}.{minor} or newer: they are added as classic containers (decided {})",
                     template.name, cluster.rule
                 ),
             ),
-            injection::native::Concern::ClassicInJob => Warning::new(
+            model::native::Concern::ClassicInJob => Warning::new(
                 WarningCode::ClassicSidecarsInJob,
                 format!(
                     "template {} adds classic sidecar containers to a pod of {} {}: the Job does not complete while they run (native sidecars, kubelet {major}.{minor}+ with sidecarMode native or auto, stop by themselves; decided {})",
@@ -665,9 +670,9 @@ impl Engine {
             .filter_map(|t| self.templates.version(&t.name, &t.hash).filter(|t| which(t)))
             .filter(|t| {
                 conflicted.contains(&&*t.name)
-                    || !t.inject.pod_lists[kinds::HOST_ALIASES.index].is_empty()
-                    || !t.inject.app_lists[kinds::VOLUME_MOUNTS.index].is_empty()
-                    || t.inject.app_lists[kinds::ENV_FROM.index].iter().any(|source| !source.keys.is_empty())
+                    || !t.inject.pod_lists[model::kinds::HOST_ALIASES.index].is_empty()
+                    || !t.inject.app_lists[model::kinds::VOLUME_MOUNTS.index].is_empty()
+                    || t.inject.app_lists[model::kinds::ENV_FROM.index].iter().any(|source| !source.keys.is_empty())
                     || t.own_process_namespace
             })
             .collect();
@@ -693,10 +698,8 @@ impl Engine {
             let conflicts = match (rendering, &after) {
                 (_, Err(e)) => vec![e.clone()],
                 (Ok(rendered), Ok(pod)) => {
-                    let native = injection::native::is_native(
-                        sidecar_mode(template, &rendered),
-                        request.cluster.native_sidecars,
-                    );
+                    let native =
+                        model::native::is_native(sidecar_mode(template, &rendered), request.cluster.native_sidecars);
                     let enforced = |name: &str| self.templates.get(name).is_some_and(|t| which(t));
                     let mut found = checks::enforce::conflicts(pod, status, &rendered, native, &enforced);
                     found.extend(checks::enforce::shadowed_host_names(pod, &rendered));
@@ -714,14 +717,17 @@ impl Engine {
         denials
     }
 
-    fn decide(&self, request: &PodRequest, mask_pod_reads: bool) -> Decision {
-        let mut warnings = Vec::new();
-        let decision = |choice, outcome, warnings| Decision { choice, outcome, warnings, audited: Vec::new() };
+    /// The first step of [`Engine::decide`]: the pod's annotations and the templates chosen for
+    /// it, or the decision when there is nothing to render (a malformed pod, out of scope, unknown
+    /// templates named, a namespace nobody could read).
+    fn choose(&self, request: &PodRequest) -> Result<(BTreeMap<String, String>, Choice), Box<Decision>> {
+        let decision =
+            |choice, outcome| Box::new(Decision { choice, outcome, warnings: Vec::new(), audited: Vec::new() });
         let pod = &*request.pod;
         let (labels, annotations) = match (pod::string_map(pod, "labels"), pod::string_map(pod, "annotations")) {
             (Ok(l), Ok(a)) => (l, a),
             (Err(e), _) | (_, Err(e)) => {
-                return decision(None, Outcome::Denied(Denial::Shape(e)), warnings);
+                return Err(decision(None, Outcome::Denied(Denial::Shape(e))));
             }
         };
         let choice = match injection::select::select(
@@ -732,7 +738,7 @@ impl Engine {
             &self.excluded_namespaces,
         ) {
             Ok(choice) => choice,
-            Err(reason) => return decision(None, Outcome::OutOfScope(reason), warnings),
+            Err(reason) => return Err(decision(None, Outcome::OutOfScope(reason))),
         };
         let missing: Vec<String> = choice.missing().map(str::to_owned).collect();
         if !missing.is_empty() {
@@ -741,7 +747,7 @@ impl Engine {
                 known: self.templates.names().map(str::to_owned).collect(),
                 source: choice.source.clone(),
             };
-            return decision(Some(choice), Outcome::Denied(denial), warnings);
+            return Err(decision(Some(choice), Outcome::Denied(denial)));
         }
         // A namespace nobody could read: its labels and its annotations (the templates it names,
         // its per-namespace values) are unknown, so nothing that would be injected is decided.
@@ -752,20 +758,21 @@ impl Engine {
                 reason: reason.clone(),
                 templates: undecided,
             };
-            return decision(Some(choice), Outcome::Denied(denial), warnings);
+            return Err(decision(Some(choice), Outcome::Denied(denial)));
         }
-        let selected: Vec<&Arc<Template>> = choice.selected().filter_map(|name| self.templates.get(name)).collect();
-        let claim = match annotations.get(names::STATUS_ANNOTATION).map(|s| InjectionStatus::parse(s)) {
-            None => None,
-            Some(Ok(status)) => Some(status),
-            Some(Err(e)) => {
-                warnings.push(Warning::new(
-                    WarningCode::StatusUnreadable,
-                    format!("the existing {} annotation is not valid ({e}); it is replaced", names::STATUS_ANNOTATION),
-                ));
-                None
-            }
+        Ok((annotations, choice))
+    }
+
+    fn decide(&self, request: &PodRequest, mask_pod_reads: bool) -> Decision {
+        let mut warnings = Vec::new();
+        let decision = |choice, outcome, warnings| Decision { choice, outcome, warnings, audited: Vec::new() };
+        let pod = &*request.pod;
+        let (annotations, choice) = match self.choose(request) {
+            Ok(chosen) => chosen,
+            Err(decided) => return *decided,
         };
+        let selected: Vec<&Arc<Template>> = choice.selected().filter_map(|name| self.templates.get(name)).collect();
+        let claim = read_claim(&annotations, &mut warnings);
         let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(pod));
         let render_one = |template: &Template,
                           pod: &Arc<Value>,
@@ -779,7 +786,7 @@ impl Engine {
             }
         };
         let to_plan = |template: &Template, rendered: RenderedTemplate| PlannedTemplate {
-            native_sidecars: injection::native::is_native(
+            native_sidecars: model::native::is_native(
                 sidecar_mode(template, &rendered),
                 request.cluster.native_sidecars,
             ),
@@ -847,6 +854,22 @@ impl Engine {
                 decision(Some(choice), Outcome::Inject(injection), warnings)
             }
             Err(e) => decision(Some(choice), Outcome::Denied(Denial::Shape(e)), warnings),
+        }
+    }
+}
+
+/// The pod's status annotation read as a claim (see `ownership`); an unreadable one is replaced,
+/// with a warning.
+fn read_claim(annotations: &BTreeMap<String, String>, warnings: &mut Vec<Warning>) -> Option<InjectionStatus> {
+    match annotations.get(names::STATUS_ANNOTATION).map(|s| InjectionStatus::parse(s)) {
+        None => None,
+        Some(Ok(status)) => Some(status),
+        Some(Err(e)) => {
+            warnings.push(Warning::new(
+                WarningCode::StatusUnreadable,
+                format!("the existing {} annotation is not valid ({e}); it is replaced", names::STATUS_ANNOTATION),
+            ));
+            None
         }
     }
 }

@@ -27,7 +27,7 @@
 //!   where YAML 1.2 ends the scalar and reads the `:` as a key's indicator; and a plain scalar
 //!   there cannot start with `:` (go-yaml refuses `[::1]`: it must be quoted).
 //!
-//! Templates are not read here: they keep YAML 1.2's stricter rules (`crate::templates::yaml`).
+//! Templates are not read here: they keep YAML 1.2's stricter rules (`crate::model::yaml`).
 //!
 //! The writer emits block YAML that both kubectl's reader and YAML 1.2 readers read back as the
 //! same JSON: a string is written plain only when no YAML version could read it as anything else,
@@ -43,7 +43,7 @@ use std::fmt::Write as _;
 use granit_parser::{Event, Parser, ScalarStyle, ScanError, Span, StructureStyle};
 use serde_json::{Map, Number, Value};
 
-use crate::templates::yaml::YamlError;
+use crate::model::yaml::YamlError;
 
 /// How much one manifest stream may hold.
 #[derive(Debug, Clone, Copy)]

@@ -3,9 +3,9 @@
 use json_patch::PatchOperation;
 use serde_json::{Value, json};
 
-use crate::checks::validate;
-use crate::claims::status;
 use crate::emit::policy;
+use crate::model::status;
+use crate::review::validate;
 use crate::templates::template;
 use crate::test_support::{self, apply, engine, opted_in, request};
 use crate::*;
@@ -199,7 +199,7 @@ fn the_pods_own_items_win_and_every_skip_is_recorded() {
         .iter()
         .map(|s| (s.kind, s.name.as_str(), s.container.as_deref(), s.owner.as_str()))
         .collect();
-    use claims::status::ItemKind::*;
+    use model::status::ItemKind::*;
     assert_eq!(
         skipped,
         vec![
@@ -828,7 +828,7 @@ fn registry_engine() -> Engine {
 }
 
 fn env_from_keys(container: &Value) -> Vec<String> {
-    container["envFrom"].as_array().into_iter().flatten().filter_map(crate::injection::compare::env_from_key).collect()
+    container["envFrom"].as_array().into_iter().flatten().filter_map(crate::model::compare::env_from_key).collect()
 }
 
 #[test]
@@ -1149,7 +1149,7 @@ fn a_sidecar_resized_in_place_stays_injected_and_keeps_its_resources() {
     let injection = inject(&engine, &pod);
     let injected = apply(&pod, &injection.patch);
     let sidecar = |pod: &Value| pod["spec"]["initContainers"][0].clone();
-    assert_eq!(sidecar(&injected)["resizePolicy"], injection::native::default_resize_policy());
+    assert_eq!(sidecar(&injected)["resizePolicy"], model::native::default_resize_policy());
 
     // An API server older than 1.33 refuses a resizePolicy on a native sidecar: none is written,
     // and the pod is up to date for a newer one (no policy is what the default says).

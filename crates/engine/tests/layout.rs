@@ -1,6 +1,8 @@
-//! The engine's layout rules, checked over its own sources: no import circles between its modules
-//! (a module uses only modules below it, so each can be read and tested with what it names), and
-//! no engine function longer than `MAX_FUNCTION_LINES` (tests excepted: a table is long by nature).
+//! The engine's layout rules, checked over its own sources (`lib.rs` included, as the module
+//! `crate`): its folders are layers ([`LAYERS`]) and a module uses only modules of its own layer or
+//! of layers below it, with no import circle even inside a layer (so each can be read and tested
+//! with what it names); and no engine function is longer than `MAX_FUNCTION_LINES` (tests excepted:
+//! a table is long by nature).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -9,6 +11,35 @@ use std::path::Path;
 const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
 /// The longest an engine function may be; longer ones are split along the steps they comment.
 const MAX_FUNCTION_LINES: usize = 120;
+/// The module `lib.rs` is: the decision (`Engine`), its types and the crate's re-exports.
+const ROOT: &str = "crate";
+
+/// The engine's layers, bottom first: a folder (or a file at the crate root) per name, each layer
+/// using only itself and the layers below. A module in no layer fails the test, so a new folder is
+/// placed on purpose.
+const LAYERS: &[&[&str]] = &[
+    // Words every step shares: resource names and labels, quantities, the pod's JSON, warnings,
+    // workload kinds, the lean pod of the cluster caches.
+    &["names", "quantity", "pod", "findings", "workload", "lean"],
+    // The vocabulary: item kinds, the status annotation, Kubernetes' rules, env values, YAML.
+    &["model"],
+    // What operators write: templates, and the manifests the CLI reads them from.
+    &["templates", "manifest"],
+    // The injection: selection, rendering, the plan and its patch, and the facts they read.
+    &["injection", "facts"],
+    // A pod's claims: which the pod proves, and the pod without them.
+    &["claims"],
+    // What the injector writes besides patches: policies and webhook rules.
+    &["emit"],
+    // Checks of one rendering, and of a template before it serves.
+    &["checks"],
+    // The decision (`lib.rs`).
+    &[ROOT],
+    // Callers of the decision: drift, the reviews that recompute it, the CLI's offline commands.
+    &["drift"],
+    &["review"],
+    &["offline"],
+];
 
 /// Each module's source without its tests and comments, by its path below the crate
 /// (`claims::ownership`; a folder's `mod.rs` is the folder's module).
@@ -26,16 +57,18 @@ fn collect(dir: &Path, prefix: &str, modules: &mut BTreeMap<String, String>) {
             collect(&path, &format!("{prefix}{stem}::"), modules);
             continue;
         }
-        if path.extension().is_none_or(|e| e != "rs")
-            || stem == "lib"
-            || stem.ends_with("tests")
-            || stem == "test_support"
-        {
+        if path.extension().is_none_or(|e| e != "rs") || stem.ends_with("tests") || stem == "test_support" {
             continue;
         }
-        let name = if stem == "mod" { prefix.trim_end_matches("::").to_owned() } else { format!("{prefix}{stem}") };
+        let name = match stem.as_str() {
+            "lib" if prefix.is_empty() => ROOT.to_owned(),
+            "mod" => prefix.trim_end_matches("::").to_owned(),
+            _ => format!("{prefix}{stem}"),
+        };
         let text = fs::read_to_string(&path).unwrap();
-        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        // The inline test module is last; `lib.rs` also declares test-only modules, on one line each.
+        let code = text.split("#[cfg(test)]\nmod tests {").next().unwrap_or_default();
+        let code = code.replace("#[cfg(test)]\nmod", "// test-only");
         let code: Vec<&str> = code.lines().filter(|l| !l.trim_start().starts_with("//")).collect();
         modules.insert(name, code.join("\n"));
     }
@@ -43,33 +76,59 @@ fn collect(dir: &Path, prefix: &str, modules: &mut BTreeMap<String, String>) {
 
 /// The file a module is in, for messages (`claims/ownership.rs`).
 fn file_of(module: &str, modules: &BTreeMap<String, String>) -> String {
+    if module == ROOT {
+        return "lib.rs".to_owned();
+    }
     let is_folder = modules.keys().any(|m| m.starts_with(&format!("{module}::")));
     let path = module.replace("::", "/");
     if is_folder { format!("{path}/mod.rs") } else { format!("{path}.rs") }
 }
 
-/// The engine modules a module's code names (`crate::claims::status`, `super::render` from a
-/// sibling, `use crate::{names, injection::{plan, render}}`): for each path named, the longest
-/// module path it starts with. A folder's module declaring its children (`pub mod plan;`) is not a
-/// use.
+/// The engine modules a module's code names (`crate::model::status`, `super::render` from a
+/// sibling, `use crate::{names, injection::{plan, render}}`, and in `lib.rs` a top module's path
+/// as it stands, `injection::plan`): for each path named, the longest module path it starts with,
+/// or the crate root for an item of `lib.rs` (`crate::Engine`). A module declaring its children
+/// (`pub mod plan;`) is not a use.
 fn uses(module: &str, code: &str, modules: &BTreeMap<String, String>) -> BTreeSet<String> {
-    let parent = module.rsplit_once("::").map_or("", |(parent, _)| parent);
-    let mut named = BTreeSet::new();
+    let parent = if module == ROOT { "" } else { module.rsplit_once("::").map_or("", |(parent, _)| parent) };
+    let mut starts: Vec<(usize, String)> = Vec::new();
     for (prefix, base) in [("crate::", String::new()), ("super::", parent.to_owned())] {
-        for (at, _) in code.match_indices(prefix) {
-            let mut paths = Vec::new();
-            use_tree(&code[at + prefix.len()..], &base, &mut paths);
-            for path in paths {
-                let segments: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
-                if let Some(module) =
-                    (1..=segments.len()).rev().map(|n| segments[..n].join("::")).find(|m| modules.contains_key(m))
-                {
-                    named.insert(module);
+        starts.extend(code.match_indices(prefix).map(|(at, _)| (at + prefix.len(), base.clone())));
+    }
+    if module == ROOT {
+        // `lib.rs` names its own modules without a prefix.
+        let top: BTreeSet<&str> = modules.keys().map(|m| m.split("::").next().unwrap()).collect();
+        for name in top {
+            for (at, _) in code.match_indices(&format!("{name}::")) {
+                let before = code[..at].chars().next_back();
+                if before.is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':')) {
+                    starts.push((at, String::new()));
                 }
             }
         }
     }
+    let mut named = BTreeSet::new();
+    for (at, base) in starts {
+        let mut paths = Vec::new();
+        use_tree(&code[at..], &base, &mut paths);
+        for path in paths {
+            let segments: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
+            let module = (1..=segments.len()).rev().map(|n| segments[..n].join("::")).find(|m| modules.contains_key(m));
+            match module {
+                Some(module) => named.insert(module),
+                None if segments.is_empty() => named.insert(ROOT.to_owned()),
+                None => false,
+            };
+        }
+    }
+    named.remove(module);
     named
+}
+
+/// The layer of a module: the index in [`LAYERS`] of its folder (its first segment).
+fn layer_of(module: &str) -> Option<usize> {
+    let top = module.split("::").next().unwrap();
+    LAYERS.iter().position(|layer| layer.contains(&top))
 }
 
 /// The module paths of a use tree (`a::{b, c::{d}}` gives `a::b`, `a::c::d`), each under `base`;
@@ -111,7 +170,7 @@ fn no_module_of_the_engine_uses_one_that_uses_it_back() {
     let graph: BTreeMap<&str, BTreeSet<String>> =
         modules.iter().map(|(name, code)| (name.as_str(), uses(name, code, &modules))).collect();
     // The reader sees uses through folders (else no circle could be found).
-    assert!(graph["injection::plan"].contains("claims::status"), "{:?}", graph["injection::plan"]);
+    assert!(graph["injection::plan"].contains("model::status"), "{:?}", graph["injection::plan"]);
     // A depth-first walk from every module; a path that comes back to a module on it is a circle.
     fn walk<'g>(at: &'g str, graph: &'g BTreeMap<&str, BTreeSet<String>>, path: &mut Vec<&'g str>) -> Option<String> {
         if let Some(start) = path.iter().position(|m| *m == at) {
@@ -127,6 +186,25 @@ fn no_module_of_the_engine_uses_one_that_uses_it_back() {
             panic!("import circle: {circle}");
         }
     }
+}
+
+#[test]
+fn no_module_of_the_engine_uses_a_layer_above_its_own() {
+    let modules = modules();
+    assert!(modules.contains_key(ROOT), "lib.rs was not read");
+    let unplaced: Vec<&String> = modules.keys().filter(|m| layer_of(m).is_none()).collect();
+    assert!(unplaced.is_empty(), "modules in no layer of LAYERS: {unplaced:?}");
+    let mut upward = Vec::new();
+    for (module, code) in &modules {
+        let uses = uses(module, code, &modules);
+        for used in uses.iter().filter(|used| layer_of(used) > layer_of(module)) {
+            upward.push(format!("{} uses {used}, a layer above it", file_of(module, &modules)));
+        }
+    }
+    // The reader sees the root's own paths and `crate::Engine` (else no upward use could be found).
+    assert!(uses(ROOT, &modules[ROOT], &modules).contains("injection::plan"));
+    assert!(uses("review::validate", &modules["review::validate"], &modules).contains(ROOT));
+    assert!(upward.is_empty(), "{}", upward.join("\n"));
 }
 
 #[test]
@@ -158,6 +236,6 @@ fn no_engine_function_is_longer_than_the_limit() {
 #[test]
 fn a_use_tree_names_every_module_in_it() {
     let mut paths = Vec::new();
-    use_tree("{names, injection::{plan, render::Rendered}, claims::status::X};", "", &mut paths);
-    assert_eq!(paths, ["names", "injection::plan", "injection::render", "claims::status"]);
+    use_tree("{names, injection::{plan, render::Rendered}, model::status::X};", "", &mut paths);
+    assert_eq!(paths, ["names", "injection::plan", "injection::render", "model::status"]);
 }

@@ -21,15 +21,15 @@ use json_patch::PatchOperation;
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use serde_json::{Map, Value, json};
-use sidecar_injector_engine::checks::validate::{Verdict, validate_pod_update};
-use sidecar_injector_engine::claims::status::InjectionStatus;
 use sidecar_injector_engine::drift::in_place::in_place_update;
-use sidecar_injector_engine::injection::compare::first_difference;
 use sidecar_injector_engine::injection::image_volumes::ImageVolumeSupport;
 use sidecar_injector_engine::injection::pod_resources;
-use sidecar_injector_engine::kinds::{
+use sidecar_injector_engine::model::compare::first_difference;
+use sidecar_injector_engine::model::kinds::{
     APP_LIST_COUNT, APP_LISTS, CONTAINER_LISTS, MAPS, POD_LIST_COUNT, POD_LISTS, Placement, VOLUMES,
 };
+use sidecar_injector_engine::model::status::InjectionStatus;
+use sidecar_injector_engine::review::validate::{Verdict, validate_pod_update};
 use sidecar_injector_engine::templates::template::InProcess;
 use sidecar_injector_engine::{
     ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, WarningCode, manifest,
@@ -258,7 +258,7 @@ proptest! {
         // Pod-level resources: the patched pod is one the API server accepts, and taking the
         // injection back gives the author's values exactly.
         let text = out["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap();
-        let status = sidecar_injector_engine::claims::status::InjectionStatus::parse(text).unwrap();
+        let status = sidecar_injector_engine::model::status::InjectionStatus::parse(text).unwrap();
         if let Some(level) = pod_resources::PodLevel::of(&out) {
             let list = |field: &str| out["spec"][field].as_array().map(|l| l.iter().collect::<Vec<_>>()).unwrap_or_default();
             prop_assert_eq!(pod_resources::violations(&level, &(list("initContainers"), list("containers"))), Vec::<String>::new());
@@ -695,7 +695,7 @@ proptest! {
         prop_assert!(matches!(evaluate(&v1, &injected, true), Outcome::UpToDate(_)), "injecting again adds nothing");
 
         let text = injected["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap();
-        let status = sidecar_injector_engine::claims::status::InjectionStatus::parse(text).unwrap();
+        let status = sidecar_injector_engine::model::status::InjectionStatus::parse(text).unwrap();
         let stripped = sidecar_injector_engine::claims::strip::strip_injection(&injected, &status);
         prop_assert_eq!(env_of(&stripped), author_env.clone(), "strip(inject(v)) == v");
 
@@ -974,7 +974,7 @@ proptest! {
             prop_assert_eq!(env_of(&current), env_of(&fresh), "re-injection after editing the fragment to {:?}", fragment);
             prop_assert!(matches!(evaluate(&engine, &current, true), Outcome::UpToDate(_)), "injecting again adds nothing");
             let text = current["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap();
-            let status = sidecar_injector_engine::claims::status::InjectionStatus::parse(text).unwrap();
+            let status = sidecar_injector_engine::model::status::InjectionStatus::parse(text).unwrap();
             let stripped = sidecar_injector_engine::claims::strip::strip_injection(&current, &status);
             prop_assert_eq!(env_of(&stripped), author_env.clone(), "strip gives back the author's env");
         }

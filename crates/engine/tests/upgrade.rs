@@ -17,10 +17,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::Value;
-use sidecar_injector_engine::checks::validate::{Verdict, validate_pod};
-use sidecar_injector_engine::claims::status::InjectionStatus;
 use sidecar_injector_engine::claims::strip::strip_injection;
-use sidecar_injector_engine::injection::native;
+use sidecar_injector_engine::model::native;
+use sidecar_injector_engine::model::status::InjectionStatus;
+use sidecar_injector_engine::review::validate::{Verdict, validate_pod};
 use sidecar_injector_engine::{Engine, Outcome, PodRequest, TemplateSet, manifest, names, workload};
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/upgrade");

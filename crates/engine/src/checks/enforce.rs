@@ -15,15 +15,17 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::checks::resize::{self, Breach};
-use crate::claims::status::{InjectionStatus, ItemKind};
+use crate::checks::resize;
 use crate::emit::scope;
-use crate::injection::compare::first_difference;
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{APP_LISTS, ENV, ENV_FROM, HOST_ALIASES, MAPS, POD_LISTS, Place, Placement, VOLUME_MOUNTS, VOLUMES};
+use crate::model::compare::first_difference;
+use crate::model::kinds::{
+    APP_LISTS, ENV, ENV_FROM, HOST_ALIASES, MAPS, POD_LISTS, Place, Placement, VOLUME_MOUNTS, VOLUMES,
+};
+use crate::model::status::{InjectionStatus, ItemKind};
 use crate::templates::template::{AppTargets, Piece, SeqItem, Template};
-use crate::{Engine, PodRequest, claims::ownership, names};
+use crate::{claims::ownership, names};
 
 /// The conflicts of one enforced template with what the pod already has, one sentence each.
 /// `pod` is the pod as the injection leaves it (so an item the patch removes never stands for
@@ -241,59 +243,6 @@ pub fn shared_process_namespace(pod: &Value, template: &Template) -> Option<Stri
     })
 }
 
-/// The ephemeral containers an update adds (`pods/ephemeralcontainers`: `kubectl debug
-/// --target`) that target a container an enforced (or audit) template `status` names injected,
-/// or the pod's exact copy that stood in for one: an ephemeral container with a target joins that
-/// container's process namespace, where it can read the agent's memory, signal or stop it (a
-/// stopped container of a running pod is restarted only by its restart policy, and a debugger can
-/// keep it stopped). One breach per such ephemeral container. Ephemeral containers already in
-/// the pod were checked when they were added (they can be neither changed nor removed).
-pub fn ephemeral_targets(request: &PodRequest, old: &Value, status: &InjectionStatus, engine: &Engine) -> Vec<Breach> {
-    let ephemeral = |pod: &Value| -> Vec<(String, Option<String>)> {
-        let list = pod.pointer("/spec/ephemeralContainers").and_then(Value::as_array);
-        list.into_iter()
-            .flatten()
-            .map(|c| {
-                let text = |field: &str| c.get(field).and_then(Value::as_str).map(str::to_owned);
-                (text("name").unwrap_or_default(), text("targetContainerName"))
-            })
-            .collect()
-    };
-    let before: Vec<String> = ephemeral(old).into_iter().map(|(name, _)| name).collect();
-    let enforced = resize::enforced_templates(engine, status);
-    let guarded: Vec<&String> = resize::guarded_names(status, &enforced).collect();
-    let added: Vec<(String, String)> = ephemeral(&request.pod)
-        .into_iter()
-        .filter(|(name, _)| !before.contains(name))
-        .filter_map(|(name, target)| Some((name, target.filter(|t| guarded.contains(&t))?)))
-        .collect();
-    if added.is_empty() {
-        return Vec::new();
-    }
-    let mut found = Vec::new();
-    for (template, rendered) in resize::render_as_authored(request, status, &enforced) {
-        // A template that no longer renders for the pod keeps every guarded container.
-        let owns = |target: &str| match &rendered {
-            Ok(rendered) => rendered
-                .init_containers
-                .iter()
-                .chain(&rendered.sidecars)
-                .any(|c| c.get("name").and_then(Value::as_str) == Some(target)),
-            Err(_) => true,
-        };
-        for (name, target) in added.iter().filter(|(_, target)| owns(target)) {
-            found.push(Breach {
-                template: template.name.to_string(),
-                audit: !template.enforced,
-                message: format!(
-                    "ephemeral container {name:?} targets {target:?}, the template's container (it would share its processes, and could stop it): target the app's container, or debug a copy of the pod"
-                ),
-            });
-        }
-    }
-    found
-}
-
 /// Where a pod's exact copy of an enforced template's init container or native sidecar (`skip`)
 /// stands: the template's runs before the pod's own init containers (a traffic-redirect init
 /// container, an agent an app's init container may need), and a copy the pod put after one of its
@@ -304,13 +253,15 @@ pub fn ephemeral_targets(request: &PodRequest, old: &Value, status: &InjectionSt
 fn runs_late(
     pod: &Value,
     status: &InjectionStatus,
-    skip: &crate::claims::status::Skipped,
+    skip: &crate::model::status::Skipped,
     rendered: &RenderedTemplate,
     native: bool,
     enforced: &dyn Fn(&str) -> bool,
 ) -> Option<String> {
     let runs_first = match skip.kind.place() {
-        Place::InitContainer => rendered.positions.get(&skip.name) != Some(&crate::kinds::ContainerPosition::Last),
+        Place::InitContainer => {
+            rendered.positions.get(&skip.name) != Some(&crate::model::kinds::ContainerPosition::Last)
+        }
         Place::Sidecar => native,
         _ => false,
     };
@@ -449,7 +400,7 @@ impl Requirements {
     /// native sidecars or not (`native_sidecars`; the template's sidecar mode decides, as for an
     /// injection).
     pub fn of(template: &Template, native_sidecars: bool) -> Requirements {
-        let native = crate::injection::native::is_native(template.sidecar_mode, native_sidecars);
+        let native = crate::model::native::is_native(template.sidecar_mode, native_sidecars);
         let mut requirements = Requirements {
             template: template.name.to_string(),
             hash: template.hash.clone(),
@@ -527,7 +478,8 @@ impl Requirements {
                     resource_floor,
                     native: native_sidecar,
                     runs_first: native_sidecar
-                        || (kind == "init container" && item.position != Some(crate::kinds::ContainerPosition::Last)),
+                        || (kind == "init container"
+                            && item.position != Some(crate::model::kinds::ContainerPosition::Last)),
                     name,
                 };
                 for (field, fixed) in [
@@ -836,7 +788,7 @@ mod tests {
 
     use super::*;
     use crate::WarningCode;
-    use crate::checks::validate::{Verdict, validate_pod, validate_pod_update};
+    use crate::review::validate::{Verdict, validate_pod, validate_pod_update};
     use crate::test_support::{apply, engine, opted_in, request};
     use crate::{Denial, Engine, Outcome, names};
 

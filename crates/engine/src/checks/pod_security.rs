@@ -166,7 +166,7 @@ pub fn of_additions(rendered: &crate::injection::render::RenderedTemplate) -> (L
     let pod = serde_json::json!({"spec": {
         "initContainers": rendered.init_containers,
         "containers": rendered.sidecars,
-        "volumes": rendered.pod_list(crate::kinds::VOLUMES),
+        "volumes": rendered.pod_list(crate::model::kinds::VOLUMES),
     }});
     highest_level(&pod, LATEST_MINOR)
 }

@@ -4,6 +4,5 @@
 //! `ownership` proves. The versions a claim names are found by `versions`.
 
 pub mod ownership;
-pub mod status;
 pub mod strip;
 pub mod versions;

@@ -26,11 +26,11 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind};
-use crate::injection::compare::{first_difference, is_implied, without_resources};
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{APP_LISTS, AppListKind, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement, VOLUMES};
+use crate::model::compare::{first_difference, is_implied, without_resources};
+use crate::model::kinds::{APP_LISTS, AppListKind, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement, VOLUMES};
+use crate::model::status::{AppContainerAdditions, InjectionStatus, ItemKind};
 use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
 
 /// What the claim says, checked against the pod.

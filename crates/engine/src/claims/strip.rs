@@ -6,9 +6,9 @@
 
 use serde_json::Value;
 
-use crate::claims::status::InjectionStatus;
 use crate::injection::env_merge;
-use crate::kinds::{APP_LISTS, CONTAINER_LISTS, ENV, POD_LISTS};
+use crate::model::kinds::{APP_LISTS, CONTAINER_LISTS, ENV, POD_LISTS};
+use crate::model::status::InjectionStatus;
 use crate::names;
 
 /// The pod as it was before the injection the status describes.

@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::claims::status::{InjectionStatus, ItemKind, TemplateRef};
 use crate::injection::render::RenderedTemplate;
-use crate::kinds::{CONTAINER_LISTS, VOLUMES};
+use crate::model::kinds::{CONTAINER_LISTS, VOLUMES};
+use crate::model::status::{InjectionStatus, ItemKind, TemplateRef};
+use crate::model::yaml::{SourceNode, SourceValue};
 use crate::pod;
 use crate::templates::template::{Template, TemplateSet, content_hash};
-use crate::templates::yaml::{SourceNode, SourceValue};
 
 /// How many (new image, old image) pairs a rebuild tries subsets of (2^n - 1 subsets, 6 texts each).
 const MOST_IMAGE_PAIRS: usize = 3;
@@ -252,7 +252,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::claims::status::TemplateRef;
+    use crate::model::status::TemplateRef;
     use crate::test_support::{engine, template};
 
     #[test]

@@ -23,12 +23,13 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use crate::claims::versions::{self, image_of};
-use crate::claims::{ownership, status::InjectionStatus, strip::strip_injection};
+use crate::claims::{ownership, strip::strip_injection};
 use crate::drift::{PodDrift, classify};
-use crate::injection::compare::first_difference;
 use crate::injection::image_volumes::VolumeForms;
 use crate::injection::render::{self, RenderedTemplate, Subject};
-use crate::kinds::CONTAINER_LISTS;
+use crate::model::compare::first_difference;
+use crate::model::kinds::CONTAINER_LISTS;
+use crate::model::status::InjectionStatus;
 use crate::templates::template::Template;
 use crate::{Engine, PodRequest, names, pod, workload::Workload};
 
@@ -307,8 +308,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::checks::validate::{Verdict, validate_pod, validate_pod_update};
     use crate::injection::image_volumes::ImageVolumeSupport;
+    use crate::review::validate::{Verdict, validate_pod, validate_pod_update};
     use crate::test_support::{apply, engine, opted_in, request};
     use crate::{Outcome, TemplateSet, TemplateSource};
 

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde::Serialize;
 
-use crate::claims::status::InjectionStatus;
+use crate::model::status::InjectionStatus;
 use crate::{Engine, NamespaceFacts, injection::select, names};
 
 /// A template whose injected version differs from the one in service.
@@ -191,7 +191,7 @@ pub fn restart_action(workload: &WorkloadRef) -> RestartAction {
 mod tests {
     use super::*;
     use crate::test_support::{engine, opted_in};
-    use crate::{InjectionStatus, claims::status::TemplateRef};
+    use crate::{InjectionStatus, model::status::TemplateRef};
 
     const A: &str = "default: true\ninject:\n  labels: {a: \"1\"}\n";
     const B: &str = "default: true\npodSelector: {matchLabels: {app: web}}\ninject:\n  labels: {b: \"1\"}\n";
@@ -223,9 +223,9 @@ mod tests {
                 TemplateRef { name: "a".into(), hash: a.clone() },
                 TemplateRef { name: "b".into(), hash: b.clone() },
             ],
-            skipped: vec![crate::claims::status::Skipped {
+            skipped: vec![crate::model::status::Skipped {
                 template: "b".into(),
-                kind: crate::claims::status::ItemKind::Label,
+                kind: crate::model::status::ItemKind::Label,
                 name: "b".into(),
                 container: None,
                 owner: "pod".into(),

@@ -30,11 +30,11 @@ use minijinja::machinery::ast::{self, Expr, Stmt};
 use serde_json::{Value, json};
 
 use super::scope::{self, Pods};
-use crate::claims::status::ItemKind;
-use crate::kinds::{
+use crate::model::kinds::{
     APP_LISTS, CONTAINER_LISTS, CONTAINERS, ENV, INIT_CONTAINERS, Identity, MAPS, POD_LISTS, PerAppList, PerMap,
     PerPodList, Place, Placement, PodListKind, VOLUME_MOUNTS, VOLUMES, WhenHeld,
 };
+use crate::model::status::ItemKind;
 use crate::names;
 use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
 use crate::templates::expression::CompiledText;
@@ -788,7 +788,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         }
         Ok(out)
     };
-    let native = crate::injection::native::is_native(template.sidecar_mode, native_sidecars);
+    let native = crate::model::native::is_native(template.sidecar_mode, native_sidecars);
     // The webhook-only reasons are found in this order: spec lists, maps, containers, app lists.
     let mut pod_lists = PerPodList::<Vec<Item>>::default();
     for (kind, out) in POD_LISTS.iter().zip(&mut pod_lists) {
@@ -890,9 +890,9 @@ fn container_fields(cx: &Cx<'_>, piece: &Piece, native: bool) -> Result<String, 
         fields.push((k, v));
     }
     if native {
-        fields.push(("restartPolicy".to_owned(), Val::Const(json!(crate::injection::native::RESTART_ALWAYS))));
+        fields.push(("restartPolicy".to_owned(), Val::Const(json!(crate::model::native::RESTART_ALWAYS))));
         if !fields.iter().any(|(k, _)| k == "resizePolicy") {
-            fields.push(("resizePolicy".to_owned(), Val::Const(crate::injection::native::default_resize_policy())));
+            fields.push(("resizePolicy".to_owned(), Val::Const(crate::model::native::default_resize_policy())));
         }
     }
     let mounts = match (mounts, mounts_token_path) {
@@ -1320,7 +1320,7 @@ impl<'p> ProgramBuilder<'p> {
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                let json = serde_json::to_string(&crate::claims::status::TemplateRef {
+                let json = serde_json::to_string(&crate::model::status::TemplateRef {
                     name: p.name.clone(),
                     hash: p.hash.clone(),
                 })

@@ -29,46 +29,8 @@
 //! so re-injection removes that entry and no other, and a copy of it already in the pod (a pod
 //! re-created from `kubectl get -o yaml` without its status) is never added twice.
 
+use crate::model::env::{EnvMerge, Piece, Pieces, extends_earlier, refers_to_itself};
 use serde_json::Value;
-
-/// Where the template's fragment goes relative to the app's value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Position {
-    /// `<app value><separator><fragment>`.
-    Append,
-    /// `<fragment><separator><app value>`.
-    Prepend,
-}
-
-/// How a template's env var merges with a same-name variable of the app container.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EnvMerge {
-    /// Where the fragment goes.
-    pub position: Position,
-    /// Between the app's value and the fragment (`" "` for option lists, `":"` for paths).
-    pub separator: String,
-}
-
-impl EnvMerge {
-    /// The env entry that adds `fragment` to the app's variable `name`.
-    pub fn entry(&self, name: &str, fragment: &str) -> Value {
-        let reference = format!("$({name})");
-        let value = match self.position {
-            Position::Append => format!("{reference}{}{fragment}", self.separator),
-            Position::Prepend => format!("{fragment}{}{reference}", self.separator),
-        };
-        serde_json::json!({"name": name, "value": value})
-    }
-
-    /// How it reads in messages: `append " "`.
-    pub fn describe(&self) -> String {
-        let position = match self.position {
-            Position::Append => "append",
-            Position::Prepend => "prepend",
-        };
-        format!("{position} with separator {:?}", self.separator)
-    }
-}
 
 /// The status key of a merged entry: `NAME=VALUE` (an env var name cannot contain `=`).
 pub fn key(entry: &Value) -> Option<String> {
@@ -89,69 +51,6 @@ pub fn pod_entry_key(entry: &Value) -> Option<String> {
     let name = entry.get("name")?.as_str()?;
     let value = entry.get("value")?.as_str()?;
     (value.len() > name.len() + 3 && refers_to_itself(name, value)).then(|| format!("{name}={value}"))
-}
-
-fn refers_to_itself(name: &str, value: &str) -> bool {
-    Pieces(value).any(|piece| piece == Piece::Reference(name))
-}
-
-/// A piece of an env value as Kubernetes' `$(VAR)` expansion reads it (the kubelet's
-/// `expansion.Expand`): `$$` is a literal `$` (so `$$(J)` is text, no reference), an unclosed `$(`
-/// and a `$` before anything else are text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Piece<'v> {
-    /// Text as it stands.
-    Text(&'v str),
-    /// `$(NAME)`: the name.
-    Reference(&'v str),
-}
-
-/// The pieces of a value, in order, without allocating.
-struct Pieces<'v>(&'v str);
-
-impl<'v> Iterator for Pieces<'v> {
-    type Item = Piece<'v>;
-
-    fn next(&mut self) -> Option<Piece<'v>> {
-        let rest = self.0;
-        match rest.find('$') {
-            _ if rest.is_empty() => None,
-            None => {
-                self.0 = "";
-                Some(Piece::Text(rest))
-            }
-            Some(at) if at > 0 => {
-                self.0 = &rest[at..];
-                Some(Piece::Text(&rest[..at]))
-            }
-            Some(_) => {
-                let after = &rest[1..];
-                if let Some(escaped) = after.strip_prefix('$') {
-                    self.0 = escaped;
-                    return Some(Piece::Text("$"));
-                }
-                match after.strip_prefix('(').and_then(|r| r.find(')').map(|close| (r, close))) {
-                    Some((reference, close)) => {
-                        self.0 = &reference[close + 1..];
-                        Some(Piece::Reference(&reference[..close]))
-                    }
-                    None => {
-                        self.0 = after;
-                        Some(Piece::Text("$"))
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Whether an env entry builds on the value its name had before it (`$(NAME)` in its own value, as
-/// every merged entry does) rather than replacing it.
-pub fn extends_earlier(entry: &Value) -> bool {
-    match (entry.get("name").and_then(Value::as_str), entry.get("value").and_then(Value::as_str)) {
-        (Some(name), Some(value)) => refers_to_itself(name, value),
-        _ => false,
-    }
 }
 
 /// The author's own entry of `name` in `container`: of the `env` entries of that name that an
@@ -213,7 +112,7 @@ pub fn effective_value(container: &Value, name: &str, injected: &[usize]) -> Opt
     let sources = container.get("envFrom").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
     let prefixes: Vec<&str> = sources
         .iter()
-        .filter(|source| crate::injection::compare::env_from_key(source).is_some())
+        .filter(|source| crate::model::compare::env_from_key(source).is_some())
         .map(|source| source.get("prefix").and_then(Value::as_str).unwrap_or_default())
         .collect();
     for (index, entry) in env.iter().enumerate() {
@@ -299,7 +198,7 @@ pub fn possible_sources(container: &Value, name: &str) -> Vec<String> {
     sources
         .iter()
         .filter(|source| source.get("prefix").and_then(Value::as_str).is_none_or(|prefix| name.starts_with(prefix)))
-        .filter_map(crate::injection::compare::env_from_key)
+        .filter_map(crate::model::compare::env_from_key)
         .collect()
 }
 
@@ -356,6 +255,7 @@ impl AppValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::env::Position;
     use serde_json::json;
 
     #[test]

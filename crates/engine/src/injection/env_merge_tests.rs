@@ -4,12 +4,12 @@
 
 use serde_json::{Value, json};
 
-use crate::checks::validate::{Verdict, validate_pod};
 use crate::claims::strip::strip_injection;
+use crate::review::validate::{Verdict, validate_pod};
 use crate::test_support::{apply, engine, opted_in, request};
 use crate::*;
 
-use crate::claims::status;
+use crate::model::status;
 
 use crate::templates::template;
 

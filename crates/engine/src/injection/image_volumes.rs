@@ -25,7 +25,7 @@
 
 use serde_json::Value;
 
-use crate::kinds::{VOLUME_MOUNTS, VOLUMES};
+use crate::model::kinds::{VOLUME_MOUNTS, VOLUMES};
 
 /// The first Kubernetes version whose kubelet (and API server, by default) mounts image volumes.
 pub const IMAGE_VOLUMES_SINCE: (u32, u32) = (1, 35);

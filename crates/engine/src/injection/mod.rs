@@ -7,11 +7,8 @@
 //! rules the additions could break (`api_limits`) and ports the added containers share with
 //! others (`ports`).
 
-pub mod api_limits;
-pub mod compare;
 pub mod env_merge;
 pub mod image_volumes;
-pub mod native;
 pub mod node_index;
 pub mod nodes;
 pub mod plan;

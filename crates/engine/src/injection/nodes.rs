@@ -290,7 +290,7 @@ impl NodePool {
         };
         let spec = pod.get("spec");
         let facts = |version: (u32, u32), image_volumes: ImageVolumeSupport, rule: NativeRule| ClusterFacts {
-            native_sidecars: crate::injection::native::supported_by(version),
+            native_sidecars: crate::model::native::supported_by(version),
             rule,
             sidecar_resize_policy: api_server.sidecar_resize_policy,
             image_volumes,

@@ -26,16 +26,17 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, RemoveOperation};
 use serde_json::Value;
 
-use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind, Skipped, TemplateRef};
 use crate::findings::{Warning, WarningCode};
-use crate::injection::compare::env_from_key;
 use crate::injection::ports::{self, Running};
 use crate::injection::render::RenderedTemplate;
-use crate::injection::{api_limits, env_merge, image_volumes, native, pod_resources};
-use crate::kinds::{
+use crate::injection::{env_merge, image_volumes, pod_resources};
+use crate::model::compare::env_from_key;
+use crate::model::kinds::{
     APP_LISTS, AppListKind, CONTAINER_LISTS, ContainerPosition, ENV, ENV_FROM, Identity, MAPS, POD_LISTS, PerAppList,
     PerMap, PerPodList, Placement, PodListKind, VOLUME_MOUNTS, VOLUMES, WhenHeld,
 };
+use crate::model::status::{AppContainerAdditions, InjectionStatus, ItemKind, Skipped, TemplateRef};
+use crate::model::{api_limits, native};
 use crate::pod::{self, PodShapeError, shape_error};
 
 /// A rendered template and whether its sidecars become native sidecars.
@@ -992,7 +993,7 @@ fn staying<'p>(
 struct Resized {
     now: pod_resources::PodLevel,
     padded: pod_resources::PodLevel,
-    padding: pod_resources::Padding,
+    padding: crate::model::status::Padding,
 }
 
 impl Resized {
@@ -1011,7 +1012,7 @@ impl Resized {
 /// `author`: the pod's containers without any injected one; `after`: with the injection's.
 fn resize_pod_level(
     now: pod_resources::PodLevel,
-    earlier: Option<&pod_resources::Padding>,
+    earlier: Option<&crate::model::status::Padding>,
     author: &pod_resources::Containers<'_>,
     after: &pod_resources::Containers<'_>,
 ) -> Option<Result<Resized, Vec<String>>> {

@@ -21,68 +21,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::model::status::{Authored, Padding};
 use crate::quantity::{self, format, parse};
-
-/// What an injection added to the pod's `spec.resources`: per resource name, the quantity added.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Padding {
-    /// Added to `spec.resources.requests`.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub requests: BTreeMap<String, String>,
-    /// Added to `spec.resources.limits`.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub limits: BTreeMap<String, String>,
-    /// The author's own values of the padded resources as they wrote them, where Kubernetes would
-    /// write them otherwise (`0.5`, `1.5Gi`, `1000M`), which taking the padding back writes
-    /// again, so strip and removal give back the author's text and not only an equal value
-    /// (`500m`, `1536Mi`, `1G`). A claim like the rest: written back only where it is the value
-    /// the pod's less the padding comes to.
-    #[serde(default, skip_serializing_if = "Authored::is_empty")]
-    pub authored: Authored,
-}
-
-/// The author's values of padded resources, as written (a string or a number): per field,
-/// resource name → value.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Authored {
-    /// In `spec.resources.requests`.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub requests: BTreeMap<String, Value>,
-    /// In `spec.resources.limits`.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub limits: BTreeMap<String, Value>,
-}
-
-impl Authored {
-    /// Whether nothing is recorded.
-    pub fn is_empty(&self) -> bool {
-        self.requests.is_empty() && self.limits.is_empty()
-    }
-}
-
-impl Padding {
-    /// Whether nothing was added.
-    pub fn is_empty(&self) -> bool {
-        self.requests.is_empty() && self.limits.is_empty()
-    }
-
-    /// In words, for `explain`: `requests cpu +10m, memory +32Mi; limits memory +64Mi`.
-    pub fn describe(&self) -> String {
-        let part = |field: &str, map: &BTreeMap<String, String>| {
-            (!map.is_empty()).then(|| {
-                format!("{field} {}", map.iter().map(|(k, v)| format!("{k} +{v}")).collect::<Vec<_>>().join(", "))
-            })
-        };
-        [part("requests", &self.requests), part("limits", &self.limits)]
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>()
-            .join("; ")
-    }
-}
 
 /// Which list of `spec.resources`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,7 +73,7 @@ pub fn aggregate(init_containers: &[&Value], containers: &[&Value], resource: &s
     let (mut sidecars, mut init_peak) = (0i128, 0i128);
     for init in init_containers {
         let own = container_quantity(init, resource, field);
-        let at_start = if crate::injection::native::is_native_sidecar(init) {
+        let at_start = if crate::model::native::is_native_sidecar(init) {
             sum = sum.saturating_add(own);
             sidecars = sidecars.saturating_add(own);
             sidecars

@@ -24,10 +24,10 @@ use serde_json::Value;
 
 use crate::facts::NamespaceFacts;
 use crate::findings::{Warning, WarningCode};
-use crate::injection::compare::{POD_DERIVED, env_from_key};
-use crate::injection::env_merge::EnvMerge;
 use crate::injection::image_volumes::{self, ImageVolumeChoice, RenderedFallback, VolumeForms};
-use crate::kinds::{
+use crate::model::compare::{POD_DERIVED, env_from_key};
+use crate::model::env::EnvMerge;
+use crate::model::kinds::{
     ANNOTATIONS, APP_LISTS, AppListKind, ContainerPosition, ENV, ENV_FROM, MAPS, MapKind, PerAppList, PerMap,
     PerPodList, Placement, PodListKind, VOLUME_MOUNTS, VOLUMES,
 };
@@ -439,7 +439,7 @@ fn pod_choices(
             continue;
         }
         let chosen: Vec<String> = text.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect();
-        if let Some(bad) = chosen.iter().find(|n| !super::api_limits::is_dns_label(n)) {
+        if let Some(bad) = chosen.iter().find(|n| !crate::model::api_limits::is_dns_label(n)) {
             return Err(invalid(format!("{bad:?} is not a container name")));
         }
         if let Some(excluded) = chosen.iter().find(|n| targets.except.contains(n)) {
@@ -838,7 +838,7 @@ impl Object for JsonView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kinds::{ANNOTATIONS, LABELS};
+    use crate::model::kinds::{ANNOTATIONS, LABELS};
     use crate::test_support::template;
     use serde_json::json;
 

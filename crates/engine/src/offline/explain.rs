@@ -5,8 +5,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::{Manifests, OfflineFacts, PodDecision, decide_all};
-use crate::claims::status::InjectionStatus;
-use crate::kinds::{APP_LISTS, CONTAINER_LISTS, MAPS, POD_LISTS, Placement};
+use crate::model::kinds::{APP_LISTS, CONTAINER_LISTS, MAPS, POD_LISTS, Placement};
+use crate::model::status::InjectionStatus;
 use crate::{Choice, Injection, Outcome, TemplateSet, emit::policy, names};
 
 /// How `explain` prints.

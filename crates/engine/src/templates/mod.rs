@@ -3,8 +3,5 @@
 //! use (`yaml`), and the checks a template passes before it serves (`load`: test renders;
 //! `conformance`: every rendered item is its Kubernetes type, strictly).
 
-pub mod conformance;
 pub mod expression;
-pub(crate) mod load;
 pub mod template;
-pub mod yaml;

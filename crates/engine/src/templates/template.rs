@@ -20,12 +20,12 @@ use kube_core::Selector;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::injection::env_merge::{EnvMerge, Position};
-use crate::kinds::{
+use crate::model::env::{EnvMerge, Position};
+use crate::model::kinds::{
     APP_LISTS, ContainerPosition, ENV, ENV_FROM, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList, VOLUMES,
 };
+use crate::model::yaml::{MapEntry, SourceNode, SourceValue};
 use crate::templates::expression::{self, CompiledText};
-use crate::templates::yaml::{MapEntry, SourceNode, SourceValue};
 
 /// The longest template name: `<template>.<value>` must fit the 63 characters of an annotation name.
 const MAX_TEMPLATE_NAME: usize = 40;
@@ -69,7 +69,7 @@ pub enum PodResources {
     Share,
 }
 
-pub use crate::injection::native::SidecarMode;
+pub use crate::model::native::SidecarMode;
 
 /// A label selector as written in the template, with the matcher built from it.
 #[derive(Debug, Clone)]
@@ -874,7 +874,7 @@ impl<'a> Compiler<'a> {
         items
             .iter()
             .map(|item| match &item.value {
-                SourceValue::String(name) if crate::injection::api_limits::is_dns_label(name) => Ok(name.clone()),
+                SourceValue::String(name) if crate::model::api_limits::is_dns_label(name) => Ok(name.clone()),
                 SourceValue::String(name) => Err(self
                     .err(item.line, format!("{what}: {name:?} is not a container name (a DNS label, no expressions)"))),
                 _ => Err(self.err(item.line, format!("{what} must list container names, not {}", item.type_name()))),
@@ -908,7 +908,7 @@ impl<'a> Compiler<'a> {
     fn string_map(&mut self, node: &SourceNode, what: &str) -> Result<Vec<(String, Piece)>, TemplateError> {
         let mut out = Vec::new();
         for MapEntry { key, key_line, value } in self.mapping(node, what)? {
-            if let Some(problem) = crate::injection::api_limits::qualified_name_problem(key) {
+            if let Some(problem) = crate::model::api_limits::qualified_name_problem(key) {
                 return Err(self.err(*key_line, format!("{what}.{key} is not a valid key: {problem}")));
             }
             if matches!(value.value, SourceValue::Seq(_) | SourceValue::Map(_)) {

@@ -8,10 +8,10 @@
 
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
-use sidecar_injector_engine::kinds::{
+use sidecar_injector_engine::manifest;
+use sidecar_injector_engine::model::kinds::{
     APP_LIST_COUNT, APP_LISTS, ENV, MAP_COUNT, MAPS, POD_LIST_COUNT, POD_LISTS, VOLUME_MOUNTS, VOLUMES,
 };
-use sidecar_injector_engine::manifest;
 
 pub const NAMES: [&str; 5] = ["a", "b", "app", "logs", "proxy"];
 pub const KEYS: [&str; 4] = ["team", "tier", "example.com/x", "sidecar-injector.io/extra"];

@@ -88,7 +88,7 @@ pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<
 /// `resizePolicy` that restarts for nothing, as a container without one behaves (a native sidecar
 /// injected before the default one was written holds it).
 pub fn is_implied(key: &str, value: &Value) -> bool {
-    key == "resizePolicy" && crate::injection::native::restarts_nothing(value)
+    key == "resizePolicy" && crate::model::native::restarts_nothing(value)
 }
 
 /// A container without its `resources`, for comparing an injected container with its template:

@@ -19,13 +19,13 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::checks::{enforce, resize};
-use crate::claims::status::{InjectionStatus, ItemKind, TemplateRef};
 use crate::claims::strip::strip_injection;
 use crate::drift::in_place;
-use crate::injection::compare::{first_difference, without_resources};
 use crate::injection::env_merge;
-use crate::kinds::{APP_LISTS, CONTAINER_LISTS, INIT_CONTAINERS, POD_LISTS};
+use crate::model::compare::{first_difference, without_resources};
+use crate::model::kinds::{APP_LISTS, CONTAINER_LISTS, INIT_CONTAINERS, POD_LISTS};
+use crate::model::status::{InjectionStatus, ItemKind, TemplateRef};
+use crate::review::updates;
 use crate::templates::template::{PreCheck, TemplateError, TemplateSet, TemplateSource};
 use crate::{Engine, Outcome, PodRequest, injection::select, names, pod};
 
@@ -143,10 +143,10 @@ pub fn validate_pod_update(engine: &Engine, old: &Value, request: &PodRequest) -
     }
     let checks = [
         (
-            resize::shortfalls(engine, request, old, &status),
+            updates::shortfalls(engine, request, old, &status),
             "; resize within what the template sets (the operator changes the template to lower it)",
         ),
-        (enforce::ephemeral_targets(request, old, &status, engine), ""),
+        (updates::ephemeral_targets(request, old, &status, engine), ""),
     ];
     let (mut warnings, mut audited) = (Vec::new(), Vec::new());
     for (breaches, advice) in checks {
@@ -266,7 +266,7 @@ fn check_named_items(pod: &Value, status: &InjectionStatus) -> Result<(), String
     let init = pod::list(pod, INIT_CONTAINERS.field).map_err(|e| e.to_string())?;
     for name in &status.native_sidecars {
         let sidecar = find_by(init, "name", name);
-        if !sidecar.is_some_and(crate::injection::native::is_native_sidecar) {
+        if !sidecar.is_some_and(crate::model::native::is_native_sidecar) {
             let policy = sidecar.and_then(|c| c.get("restartPolicy")).and_then(Value::as_str);
             return Err(format!(
                 "native sidecar {name:?} lost restartPolicy: Always after injection (it is {}), so it would block the pod's start",

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::names;
 
@@ -53,7 +54,7 @@ pub struct InjectionStatus {
     /// What the injection added to the pod-level `spec.resources` the pod sets, so that its
     /// containers fit (see `pod_resources`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod_resources: Option<crate::injection::pod_resources::Padding>,
+    pub pod_resources: Option<Padding>,
     /// Items a template wanted to add but the pod (or an earlier template) already had.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<Skipped>,
@@ -223,6 +224,64 @@ impl InjectionStatus {
         let mut current = templates.into_iter();
         self.templates.iter().all(|t| current.next() == Some((t.name.as_str(), t.hash.as_str())))
             && current.next().is_none()
+    }
+}
+
+/// What an injection added to the pod's `spec.resources`: per resource name, the quantity added.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Padding {
+    /// Added to `spec.resources.requests`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, String>,
+    /// Added to `spec.resources.limits`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, String>,
+    /// The author's own values of the padded resources as they wrote them, where Kubernetes would
+    /// write them otherwise (`0.5`, `1.5Gi`, `1000M`), which taking the padding back writes
+    /// again, so strip and removal give back the author's text and not only an equal value
+    /// (`500m`, `1536Mi`, `1G`). A claim like the rest: written back only where it is the value
+    /// the pod's less the padding comes to.
+    #[serde(default, skip_serializing_if = "Authored::is_empty")]
+    pub authored: Authored,
+}
+
+/// The author's values of padded resources, as written (a string or a number): per field,
+/// resource name → value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Authored {
+    /// In `spec.resources.requests`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, Value>,
+    /// In `spec.resources.limits`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, Value>,
+}
+
+impl Authored {
+    /// Whether nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty() && self.limits.is_empty()
+    }
+}
+
+impl Padding {
+    /// Whether nothing was added.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty() && self.limits.is_empty()
+    }
+
+    /// In words, for `explain`: `requests cpu +10m, memory +32Mi; limits memory +64Mi`.
+    pub fn describe(&self) -> String {
+        let part = |field: &str, map: &BTreeMap<String, String>| {
+            (!map.is_empty()).then(|| {
+                format!("{field} {}", map.iter().map(|(k, v)| format!("{k} +{v}")).collect::<Vec<_>>().join(", "))
+            })
+        };
+        [part("requests", &self.requests), part("limits", &self.limits)]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
 

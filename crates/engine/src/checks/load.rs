@@ -11,14 +11,14 @@ use minijinja::Value as JinjaValue;
 use serde_json::Value;
 
 use crate::facts::NamespaceFacts;
-use crate::injection::api_limits;
-use crate::injection::compare::POD_DERIVED;
 use crate::injection::image_volumes::{ImageVolumeSupport, VolumeForms};
 use crate::injection::ports::{self, Running};
 use crate::injection::render::{RenderError, RenderedTemplate, Subject, render, render_every_item};
-use crate::kinds::{APP_LISTS, AppListKind, CONTAINERS, MAPS, POD_LISTS, VOLUMES};
+use crate::model::api_limits;
+use crate::model::compare::POD_DERIVED;
+use crate::model::conformance::{CHECKED_KUBERNETES_VERSION, conforms};
+use crate::model::kinds::{APP_LISTS, AppListKind, CONTAINERS, MAPS, POD_LISTS, VOLUMES};
 use crate::names;
-use crate::templates::conformance::{CHECKED_KUBERNETES_VERSION, conforms};
 use crate::templates::template::{self, Template, TemplateError};
 use crate::workload::Workload;
 
@@ -256,7 +256,7 @@ impl SampleShape {
 struct Section<'r> {
     name: String,
     items: &'r [Value],
-    conforms: fn(&Value) -> crate::templates::conformance::Checked,
+    conforms: fn(&Value) -> crate::model::conformance::Checked,
     identified: Identified,
 }
 

@@ -28,8 +28,8 @@ use std::borrow::Cow;
 
 use serde_json::{Value, json};
 
-use crate::claims::status::{AppContainerAdditions, InjectionStatus, ItemKind};
-use crate::injection::api_limits;
+use crate::model::api_limits;
+use crate::model::status::{AppContainerAdditions, InjectionStatus, ItemKind};
 
 /// A kind of item kept in a list of the pod's spec and identified by one string field.
 #[derive(Debug)]
@@ -59,7 +59,7 @@ pub struct PodListKind {
     pub claimed_mut: fn(&mut InjectionStatus) -> &mut Vec<String>,
     /// Reads a rendered item as its Kubernetes type (see `conformance::conforms`): a wrong type is an
     /// error, `Some(path)` a field the type does not have.
-    pub conforms: fn(&Value) -> crate::templates::conformance::Checked,
+    pub conforms: fn(&Value) -> crate::model::conformance::Checked,
     /// Whether the policy mode (`compile-policies`) adds this kind; otherwise a template with such
     /// items is left to the webhook, saying why.
     pub in_policy: bool,
@@ -110,7 +110,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         when_held: WhenHeld::Skip,
         claimed: |s| &s.volumes,
         claimed_mut: |s| &mut s.volumes,
-        conforms: crate::templates::conformance::volume,
+        conforms: crate::model::conformance::volume,
         in_policy: true,
         sample: |name| json!({"name": name, "emptyDir": {}}),
         authored: |name| json!({"name": name, "hostPath": {"path": "/"}}),
@@ -126,7 +126,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         when_held: WhenHeld::AlreadyThere,
         claimed: |s| &s.image_pull_secrets,
         claimed_mut: |s| &mut s.image_pull_secrets,
-        conforms: crate::templates::conformance::local_object_reference,
+        conforms: crate::model::conformance::local_object_reference,
         in_policy: true,
         sample: |name| json!({"name": name}),
         authored: |name| json!({"name": name}),
@@ -142,7 +142,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         when_held: WhenHeld::Skip,
         claimed: |s| &s.host_aliases,
         claimed_mut: |s| &mut s.host_aliases,
-        conforms: crate::templates::conformance::host_alias,
+        conforms: crate::model::conformance::host_alias,
         // A MutatingAdmissionPolicy could append them, but the pod's own entry for an IP must
         // win, which needs the webhook's claim bookkeeping.
         in_policy: false,
@@ -183,7 +183,7 @@ pub struct AppListKind {
     /// The same list, to fill.
     pub claimed_mut: fn(&mut AppContainerAdditions) -> &mut Vec<String>,
     /// Reads a rendered item as its Kubernetes type (see `conformance::conforms`).
-    pub conforms: fn(&Value) -> crate::templates::conformance::Checked,
+    pub conforms: fn(&Value) -> crate::model::conformance::Checked,
     /// What the load check says of a rendered item without an identity, for a kind whose
     /// identity is not a required field.
     pub unidentified: &'static str,
@@ -223,22 +223,22 @@ pub const APP_LISTS: PerAppList<AppListKind> = [
         identity: Identity::Field("name"),
         claimed: |a| &a.env,
         claimed_mut: |a| &mut a.env,
-        conforms: crate::templates::conformance::env_var,
+        conforms: crate::model::conformance::env_var,
         unidentified: ".name must render to a non-empty string",
         plural: "env",
         sample: |name| json!({"name": name, "value": "injected"}),
         authored: |name| json!({"name": name, "value": "the author's"}),
-        extends_earlier: crate::injection::env_merge::extends_earlier,
+        extends_earlier: crate::model::env::extends_earlier,
     },
     AppListKind {
         kind: ItemKind::EnvFrom,
         index: 1,
         field: "envFrom",
         required: &[],
-        identity: Identity::Derived(crate::injection::compare::env_from_key),
+        identity: Identity::Derived(crate::model::compare::env_from_key),
         claimed: |a| &a.env_from,
         claimed_mut: |a| &mut a.env_from,
-        conforms: crate::templates::conformance::env_from_source,
+        conforms: crate::model::conformance::env_from_source,
         unidentified: " needs exactly one of configMapRef or secretRef, with a non-empty name",
         plural: "envFrom",
         sample: |name| json!({"configMapRef": {"name": name}}),
@@ -253,7 +253,7 @@ pub const APP_LISTS: PerAppList<AppListKind> = [
         identity: Identity::Field("mountPath"),
         claimed: |a| &a.volume_mounts,
         claimed_mut: |a| &mut a.volume_mounts,
-        conforms: crate::templates::conformance::volume_mount,
+        conforms: crate::model::conformance::volume_mount,
         unidentified: ".name must render to a non-empty string",
         plural: "mounts",
         sample: |path| json!({"name": "injected", "mountPath": format!("/{path}")}),
@@ -498,7 +498,7 @@ impl Placement {
     /// others go as rendered.
     pub fn shape(self, container: &mut Value) {
         if self == Placement::NativeSidecar {
-            crate::injection::native::make_native(container);
+            crate::model::native::make_native(container);
         }
     }
 
