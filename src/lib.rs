@@ -11,6 +11,8 @@
 //!   making and the rotation plan (pure).
 //! - [`config`], [`telemetry`]: settings, logs, traces and metrics.
 
+#![deny(missing_docs)]
+
 pub mod admission;
 pub mod certs;
 pub mod cli;

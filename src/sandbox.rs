@@ -59,6 +59,7 @@ impl Sandbox {
         let mut command = Command::new(&self.program);
         command.arg("sandbox-check").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null());
         // SAFETY: setrlimit is async-signal-safe and touches no parent memory.
+        #[allow(unsafe_code)]
         unsafe {
             command.pre_exec(|| {
                 let limit = |resource, value: u64| {

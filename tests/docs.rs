@@ -164,3 +164,33 @@ fn every_metric_is_documented_and_nothing_else() {
         "undocumented: {missing:?}; documented but not exported: {unknown:?}"
     );
 }
+
+/// The serialized names of a struct's fields in `crates/engine/src/model/status.rs` (its
+/// `rename_all = "camelCase"`), read from the source so that a field added tomorrow is counted.
+fn status_fields(source: &str, name: &str) -> Vec<String> {
+    let body = source.split(&format!("pub struct {name} {{")).nth(1).expect("the struct").split("\n}").next().unwrap();
+    body.lines()
+        .filter_map(|line| line.trim().strip_prefix("pub ")?.split_once(':').map(|(field, _)| field.to_owned()))
+        .map(|field| {
+            let mut parts = field.split('_');
+            let first = parts.next().unwrap().to_owned();
+            parts.fold(first, |out, part| out + &part[..1].to_uppercase() + &part[1..])
+        })
+        .collect()
+}
+
+#[test]
+fn every_field_of_the_status_annotation_is_in_how_it_works() {
+    let source = std::fs::read_to_string("crates/engine/src/model/status.rs").unwrap();
+    let page = std::fs::read_to_string("docs/how-it-works.md").unwrap();
+    let section = page.split("## The status annotation").nth(1).expect("the status section");
+    let section = section.split("\n## ").next().unwrap();
+    let mut missing = Vec::new();
+    for name in ["InjectionStatus", "AppContainerAdditions", "Padding"] {
+        let fields = status_fields(&source, name);
+        assert!(fields.len() >= 3, "{name}: fields not found: {fields:?}");
+        missing
+            .extend(fields.into_iter().filter(|f| !section.contains(&format!("`{f}`"))).map(|f| format!("{name}.{f}")));
+    }
+    assert!(missing.is_empty(), "docs/how-it-works.md's status annotation section misses {missing:?}");
+}

@@ -109,6 +109,7 @@ pub fn write_file_safely(path: &std::path::Path, contents: &[u8]) -> std::io::Re
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     if let Ok(existing) = std::fs::symlink_metadata(path) {
         // SAFETY: geteuid has no preconditions.
+        #[allow(unsafe_code)]
         let me = unsafe { libc::geteuid() };
         if !existing.file_type().is_file() || existing.uid() != me {
             return Err(std::io::Error::other(format!(

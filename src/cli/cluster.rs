@@ -327,6 +327,7 @@ pub struct DriftArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+    /// Where the injector runs (its namespace and webhook).
     #[command(flatten)]
     pub injector: InjectorRef,
 }

@@ -50,6 +50,7 @@ pub enum Command {
     /// Say for each pod whether it would be injected, with which templates, and why. With
     /// --cluster, for a live namespace, pod or workload (TARGET: pod/NAME, deployment/NAME, ...).
     Explain {
+        /// The manifests to read, and the cluster facts to assume.
         #[command(flatten)]
         args: OfflineArgs,
         /// Output format.
@@ -63,6 +64,7 @@ pub enum Command {
         /// replicaset/NAME, job/NAME or cronjob/NAME (default: a new pod in the namespace).
         #[arg(requires = "cluster")]
         target: Option<String>,
+        /// With --cluster: where the injector runs (its namespace and webhook).
         #[command(flatten)]
         injector: cluster::InjectorRef,
     },

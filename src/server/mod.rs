@@ -282,6 +282,7 @@ fn https_listener(settings: &ServerSettings) -> std::io::Result<std::net::TcpLis
     socket.bind(&address.into())?;
     let defer_seconds: libc::c_int = 5;
     // SAFETY: a valid socket and a c_int option value of the right size.
+    #[allow(unsafe_code)]
     let set = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),

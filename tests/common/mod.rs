@@ -1,3 +1,5 @@
+// The harness calls libc (signals, rlimits, mounts, an allocator) where `unsafe` is the only way.
+#![allow(unsafe_code)]
 #![allow(dead_code)]
 pub mod attacks;
 pub mod fixtures;

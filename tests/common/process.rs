@@ -1,5 +1,8 @@
 //! The real `sidecar-injector serve` binary as a child process, without a cluster, on its
 //! self-signed certificate: for what only a whole process shows (signals, exporters at exit).
+
+// The harness calls libc (signals, rlimits, mounts, an allocator) where `unsafe` is the only way.
+#![allow(unsafe_code)]
 #![allow(dead_code)]
 
 use std::path::PathBuf;

@@ -7,6 +7,9 @@
 //! Every child process is killed when its guard drops (the harness's teardown, also on panic) and,
 //! through `PR_SET_PDEATHSIG`, when the harness itself dies, so nothing is left running.
 
+// The harness calls libc (signals, rlimits, mounts, an allocator) where `unsafe` is the only way.
+#![allow(unsafe_code)]
+
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

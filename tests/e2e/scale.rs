@@ -10,6 +10,9 @@
 //! injector and half through a null webhook with the same configuration, with the injector's CPU
 //! and RSS sampled through it.
 
+// The harness calls libc (signals, rlimits, mounts, an allocator) where `unsafe` is the only way.
+#![allow(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

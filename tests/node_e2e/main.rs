@@ -12,6 +12,9 @@
 //! it was. The parent owns the run's scratch directory: removed after a clean run, kept (with every
 //! component's log) after a failed one, and removed by the next run after a crashed one.
 
+// The harness calls libc (signals, rlimits, mounts, an allocator) where `unsafe` is the only way.
+#![allow(unsafe_code)]
+
 mod availability;
 #[path = "../common/mod.rs"]
 mod common;

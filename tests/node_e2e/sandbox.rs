@@ -13,6 +13,9 @@
 //! The parent snapshots the host before and compares after ([`HostState`]), and removes what a
 //! crashed earlier run left ([`remove_leftovers`]) before it starts.
 
+// The harness calls libc (signals, rlimits, mounts, an allocator) where `unsafe` is the only way.
+#![allow(unsafe_code)]
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;

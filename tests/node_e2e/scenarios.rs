@@ -1,6 +1,9 @@
 //! The real-node scenarios. Each asserts on what really ran: container processes and their cgroups,
 //! logs, `kubectl exec`, exit codes, endpoints answering on pod IPs.
 
+// The harness calls libc (signals, rlimits, mounts, an allocator) where `unsafe` is the only way.
+#![allow(unsafe_code)]
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
