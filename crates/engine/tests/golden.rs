@@ -118,3 +118,67 @@ fn explain_json_is_machine_readable() {
     assert_eq!(verdicts[1]["result"], "namespaceSelectorMismatch");
     assert_eq!(pods[1]["status"]["templates"][0]["name"], "logs");
 }
+
+/// Every directory of templates the repository keeps: the shipped ones (`templates/`, embedded),
+/// the golden sets and cases', and the upgrade fixture's.
+fn template_sets() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let mut entries: Vec<PathBuf> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        entries.sort();
+        for path in entries.into_iter().filter(|p| p.is_dir()) {
+            let name = path.file_name().unwrap().to_string_lossy();
+            let has_yaml =
+                fs::read_dir(&path).unwrap().any(|e| e.unwrap().path().extension().is_some_and(|x| x == "yaml"));
+            if (name == "templates"
+                || name.ends_with("-templates")
+                || path.parent().is_some_and(|p| p.ends_with("upgrade/templates")))
+                && has_yaml
+            {
+                out.push(path.clone());
+            }
+            walk(&path, out);
+        }
+    }
+    let mut sets = vec![PathBuf::from("../../templates")];
+    walk(Path::new("tests"), &mut sets);
+    sets
+}
+
+/// The policy mode's output (`emit::policy::compile`: the MutatingAdmissionPolicy, its binding and
+/// the templates left to the webhook) for every template set in the repository, on clusters that
+/// run native sidecars and on those that do not, against `tests/golden/policies/`: a change to the
+/// engine that was meant to keep behaviour keeps the policies byte for byte.
+#[test]
+fn golden_policies() {
+    use sidecar_injector_engine::emit::policy;
+    let sets = template_sets();
+    assert!(sets.len() >= 10, "template sets are missing: {sets:?}");
+    let dir = Path::new("tests/golden/policies");
+    fs::create_dir_all(dir).unwrap();
+    let mut failures = Vec::new();
+    let mut written = Vec::new();
+    for set in &sets {
+        let templates = common::load_templates(set);
+        let mut out = String::new();
+        for native in [true, false] {
+            let compiled = policy::compile(&templates, native, &["sidecar-injector".to_owned()]);
+            out.push_str(&format!("# native sidecars: {native}; injects {:?}\n", compiled.compiled));
+            for (template, reason) in &compiled.webhook_only {
+                out.push_str(&format!("# webhook-only: {template}: {reason}\n"));
+            }
+            for document in [&compiled.policy, &compiled.binding] {
+                out.push_str(&serde_json::to_string_pretty(document).unwrap());
+                out.push('\n');
+            }
+        }
+        let name =
+            set.display().to_string().trim_start_matches("../../").trim_start_matches("tests/").replace('/', "_");
+        let file = dir.join(format!("{name}.txt"));
+        failures.extend(check(&file, &out));
+        written.push(file);
+    }
+    let stale: Vec<PathBuf> =
+        fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| !written.contains(p)).collect();
+    assert!(stale.is_empty(), "golden policies of no template set: {stale:?}");
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

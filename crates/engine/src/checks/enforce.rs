@@ -21,7 +21,7 @@ use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
 use crate::model::compare::first_difference;
 use crate::model::kinds::{
-    APP_LISTS, ENV, ENV_FROM, HOST_ALIASES, MAPS, POD_LISTS, Place, Placement, VOLUME_MOUNTS, VOLUMES,
+    APP_LISTS, ENV, ENV_FROM, HOST_ALIASES, MAPS, POD_LISTS, Place, Placement, VOLUME_MOUNTS, VOLUMES, displaced_by,
 };
 use crate::model::status::{InjectionStatus, ItemKind};
 use crate::templates::template::{AppTargets, Piece, SeqItem, Template};
@@ -61,9 +61,10 @@ pub fn conflicts(
             found.push(format!("{what} is also added by template {other}, which comes first"));
             continue;
         }
-        if let Some(volume) = skip.owner.strip_prefix("volume:") {
+        if let Some((kind, identity)) = displaced_by(&skip.owner) {
+            let (verb, noun) = (kind.referred_verb, kind.kind.describe());
             found.push(format!(
-                "{what} mounts volume {volume:?}, and the pod's volume of that name is not the template's"
+                "{what} {verb} {noun} {identity:?}, and the pod's {noun} of that name is not the template's"
             ));
             continue;
         }
@@ -705,7 +706,7 @@ pub fn may_precede(templates: &crate::templates::template::TemplateSet) -> Optio
     let mut names = Vec::new();
     for template in templates.iter() {
         let spec = &template.inject;
-        let fallbacks = spec.pod_lists[VOLUMES.index].iter().filter_map(|v| v.fallback.as_ref());
+        let fallbacks = spec.pod_lists.iter().flatten().filter_map(|v| v.fallback.as_ref());
         let pieces = spec.init_containers.iter().chain(&spec.sidecars).map(|item| &item.piece);
         for piece in pieces.chain(fallbacks.map(|f| &f.init_container)) {
             let name = match piece {

@@ -17,7 +17,7 @@ use crate::injection::render::{RenderError, RenderedTemplate, Subject, render, r
 use crate::model::api_limits;
 use crate::model::compare::POD_DERIVED;
 use crate::model::conformance::{CHECKED_KUBERNETES_VERSION, conforms};
-use crate::model::kinds::{APP_LISTS, AppListKind, CONTAINERS, MAPS, POD_LISTS, VOLUMES};
+use crate::model::kinds::{APP_LISTS, AppListKind, CONTAINERS, MAPS, POD_LISTS};
 use crate::names;
 use crate::templates::template::{self, Template, TemplateError};
 use crate::workload::Workload;
@@ -42,7 +42,7 @@ impl Template {
 
     /// Whether one of its image volumes declares a fallback (whose use the nodes decide).
     pub fn has_volume_fallbacks(&self) -> bool {
-        self.inject.pod_lists[VOLUMES.index].iter().any(|item| item.fallback.is_some())
+        self.inject.pod_lists.iter().flatten().any(|item| item.fallback.is_some())
     }
 
     /// Parses, compiles and test-renders a template. The error names the template, the line and the

@@ -29,7 +29,7 @@ use serde_json::Value;
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
 use crate::model::compare::{first_difference, is_implied, without_resources};
-use crate::model::kinds::{APP_LISTS, AppListKind, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement, VOLUMES};
+use crate::model::kinds::{APP_LISTS, AppListKind, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement};
 use crate::model::status::{AppContainerAdditions, InjectionStatus, ItemKind};
 use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
 
@@ -107,8 +107,7 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
             let found = judged.judge(kind.kind, identity, None, expected.map(Fixed), actual);
             found.record(identity, (kind.claimed_mut)(&mut present), (kind.claimed_mut)(&mut owned));
             // Its form too, where the claimed version renders it as the image volume claimed.
-            if kind.index == VOLUMES.index
-                && renderings.iter().flatten().any(|r| r.image_volumes.iter().any(|v| v == identity))
+            if kind.may_fall_back && renderings.iter().flatten().any(|r| r.image_volumes.iter().any(|v| v == identity))
             {
                 found.record(identity, &mut present.image_volumes, &mut owned.image_volumes);
             }

@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use super::scope::{self, Pods};
 use crate::model::kinds::{
     APP_LISTS, CONTAINER_LISTS, CONTAINERS, ENV, INIT_CONTAINERS, Identity, MAPS, POD_LISTS, PerAppList, PerMap,
-    PerPodList, Place, Placement, PodListKind, VOLUME_MOUNTS, VOLUMES, WhenHeld,
+    PerPodList, Place, Placement, PodListKind, VOLUMES, WhenHeld,
 };
 use crate::model::status::ItemKind;
 use crate::names;
@@ -56,24 +56,32 @@ pub struct CompiledPolicy {
     pub compiled: Vec<String>,
 }
 
-/// The volume names a template's containers and app-container mounts refer to; `None` when one is
-/// an expression (then any of its volumes may be).
-fn mounted_volume_names(spec: &crate::templates::template::InjectSpec) -> Option<Vec<String>> {
-    /// The `name`s of a list of mounts.
-    fn names_in(list: &Piece, out: &mut Vec<String>) -> Option<()> {
-        match list {
-            Piece::Literal(Value::Array(items)) => {
-                out.extend(items.iter().filter_map(|m| m.get("name").and_then(Value::as_str).map(str::to_owned)));
+/// The identities of `kind` that a template's containers and app-container items refer to
+/// (`PodListKind::referenced_by`: the volumes they mount); `None` when one is an expression (then
+/// any of its items may be).
+fn referenced_identities(kind: &PodListKind, spec: &crate::templates::template::InjectSpec) -> Option<Vec<String>> {
+    /// The `key`s of the references in the list at `path` of `piece` (a container, or the list).
+    fn keys_at(piece: &Piece, path: &[&str], key: &str, out: &mut Vec<String>) -> Option<()> {
+        match (piece, path.split_first()) {
+            (Piece::Literal(value), _) => {
+                let list = path.iter().try_fold(value, |at, field| at.get(field));
+                let entries = list.and_then(Value::as_array).into_iter().flatten();
+                out.extend(entries.filter_map(|e| e.get(key).and_then(Value::as_str).map(str::to_owned)));
                 Some(())
             }
-            Piece::Seq(items) => items.iter().try_for_each(|item| name_of(&item.piece, out)),
+            (Piece::Map(entries), Some((first, rest))) => match entries.iter().find(|(k, _)| k == first) {
+                Some((_, inner)) => keys_at(inner, rest, key, out),
+                None => Some(()),
+            },
+            (Piece::Seq(items), None) => items.iter().try_for_each(|item| key_of(&item.piece, key, out)),
             _ => None,
         }
     }
-    fn name_of(mount: &Piece, out: &mut Vec<String>) -> Option<()> {
-        match mount {
-            Piece::Literal(m) => out.extend(m.get("name").and_then(Value::as_str).map(str::to_owned)),
-            Piece::Map(entries) => match entries.iter().find(|(k, _)| k == "name").map(|(_, p)| p) {
+    /// The `key` of one reference.
+    fn key_of(entry: &Piece, key: &str, out: &mut Vec<String>) -> Option<()> {
+        match entry {
+            Piece::Literal(m) => out.extend(m.get(key).and_then(Value::as_str).map(str::to_owned)),
+            Piece::Map(entries) => match entries.iter().find(|(k, _)| k == key).map(|(_, p)| p) {
                 Some(Piece::Literal(Value::String(name))) => out.push(name.clone()),
                 Some(_) => return None,
                 None => {}
@@ -84,22 +92,15 @@ fn mounted_volume_names(spec: &crate::templates::template::InjectSpec) -> Option
     }
     let mut names = Vec::new();
     for container in spec.sidecars.iter().chain(&spec.init_containers) {
-        match &container.piece {
-            Piece::Literal(c) => {
-                for field in ["volumeMounts", "volumeDevices"] {
-                    names_in(&Piece::Literal(c.get(field).cloned().unwrap_or(Value::Array(Vec::new()))), &mut names)?;
-                }
-            }
-            Piece::Map(entries) => {
-                for (_, list) in entries.iter().filter(|(k, _)| k == "volumeMounts" || k == "volumeDevices") {
-                    names_in(list, &mut names)?;
-                }
-            }
-            _ => return None,
+        for reference in kind.referenced_by {
+            keys_at(&container.piece, reference.list, reference.key, &mut names)?;
         }
     }
-    for mount in &spec.app_lists[VOLUME_MOUNTS.index] {
-        name_of(&mount.piece, &mut names)?;
+    for app_kind in &APP_LISTS {
+        let Some(reference) = kind.referenced_by.iter().find(|r| r.list == [app_kind.field]) else { continue };
+        for item in &spec.app_lists[app_kind.index] {
+            key_of(&item.piece, reference.key, &mut names)?;
+        }
     }
     Some(names)
 }
@@ -684,9 +685,9 @@ struct Item {
 
 #[derive(Debug, Clone)]
 struct Plan {
-    /// The template's volumes that something of the template mounts (all of them when a mount's
-    /// volume name is an expression).
-    mounted: Vec<String>,
+    /// Per kind of spec list, the template's items that something of the template refers to (the
+    /// volumes it mounts; all of them when a reference is an expression).
+    referenced: PerPodList<Vec<String>>,
     name: String,
     hash: String,
     selected: String,
@@ -730,7 +731,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         return Err("an appContainers.env item merges into the app's own variable (merge:)".to_owned());
     }
     // The form of such a volume is chosen per pod from the nodes it can run on: the webhook's.
-    if spec.pod_lists[VOLUMES.index].iter().any(|item| item.fallback.is_some()) {
+    if spec.pod_lists.iter().flatten().any(|item| item.fallback.is_some()) {
         return Err("an image volume declares a fallback (fallback:), and which of the two a pod gets is decided from the nodes it can run on".to_owned());
     }
     let overrides = template
@@ -794,11 +795,16 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
     for (kind, out) in POD_LISTS.iter().zip(&mut pod_lists) {
         *out = items(&spec.pod_lists[kind.index], kind.kind, None)?;
     }
-    let volume_names = pod_lists[VOLUMES.index].iter().map(|v| v.key.clone());
-    let mounted = match mounted_volume_names(spec) {
-        Some(names) => volume_names.filter(|v| names.contains(v)).collect(),
-        None => volume_names.collect(),
-    };
+    let referenced = POD_LISTS.each_ref().map(|kind| {
+        let identities = pod_lists[kind.index].iter().map(|item| item.key.clone());
+        match kind.referenced_by.is_empty() {
+            true => Vec::new(),
+            false => match referenced_identities(kind, spec) {
+                Some(names) => identities.filter(|identity| names.contains(identity)).collect(),
+                None => identities.collect(),
+            },
+        }
+    });
     let mut maps = PerMap::<Vec<(String, Val)>>::default();
     for (entries, compiled) in spec.maps.iter().zip(&mut maps) {
         *compiled = string_map(entries)?;
@@ -815,7 +821,7 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
         *out = items(&spec.app_lists[kind.index], kind.kind, None)?;
     }
     Ok(Plan {
-        mounted,
+        referenced,
         name: name.to_owned(),
         hash: template.hash.clone(),
         selected: format!("({selected})"),
@@ -1108,8 +1114,9 @@ struct ProgramBuilder<'p> {
     skips: Vec<String>,
     /// Per plan, the conditions under which one of its items is skipped.
     skip_any_by_plan: Vec<Vec<String>>,
-    /// The conditions under which a mounted volume is displaced (see `add_volumes`).
-    volume_skips: Vec<String>,
+    /// The conditions under which a referenced item (a mounted volume) is displaced (see
+    /// `add_displacement`).
+    displacements: Vec<String>,
     /// Per app-container list (`kinds::APP_LISTS`): the operations, and (added(c) CEL, key JSON).
     app_ops: [Vec<String>; 3],
     app_added: [Vec<(String, String)>; 3],
@@ -1199,7 +1206,7 @@ impl<'p> ProgramBuilder<'p> {
     }
 
     /// Plan `i`'s items of each kind of spec list: their operations and status entries, and when
-    /// a mounted volume is displaced (`volume_skips`).
+    /// a referenced item (a mounted volume) is displaced (`displacements`).
     fn add_pod_lists(&mut self, i: usize) {
         let plans = self.plans;
         for kind in &POD_LISTS {
@@ -1210,8 +1217,8 @@ impl<'p> ProgramBuilder<'p> {
                 let static_item =
                     StaticItem { space: kind.field, kind: kind.kind, key, when, pod_has: pod_has.clone(), report_skip };
                 let added = self.static_item(i, static_item);
-                if kind.index == VOLUMES.index && plans[i].mounted.contains(&item.key) {
-                    self.add_volume_displacement(i, item, pod_has);
+                if plans[i].referenced[kind.index].contains(&item.key) {
+                    self.add_displacement(kind, i, item, pod_has);
                 }
                 self.pod_list_ops[kind.index].push((added.clone(), item.value.clone()));
                 self.pod_list_status[kind.index].push((added, json_text_lit(&item.key)));
@@ -1219,19 +1226,19 @@ impl<'p> ProgramBuilder<'p> {
         }
     }
 
-    /// When plan `i`'s mounted volume `item` is displaced: a volume skipped for another of its
-    /// name displaces what mounts it (`inject`), the webhook's to decide, when the pod has one
-    /// (`pod_has`), or an earlier template one that is not the same.
-    fn add_volume_displacement(&mut self, i: usize, item: &Item, pod_has: String) {
+    /// When plan `i`'s referenced `item` of `kind` (a mounted volume) is displaced: an item skipped
+    /// for another of its identity displaces what refers to it (`inject`), the webhook's to
+    /// decide, when the pod has one (`pod_has`), or an earlier template one that is not the same.
+    fn add_displacement(&mut self, kind: &PodListKind, i: usize, item: &Item, pod_has: String) {
         let selected = &self.selected;
         let differing_earlier = self.plans[..i].iter().enumerate().flat_map(|(j, earlier)| {
-            earlier.pod_lists[VOLUMES.index]
+            earlier.pod_lists[kind.index]
                 .iter()
                 .filter(|v| v.key == item.key && v.value != item.value)
                 .map(move |v| format!("({}{})", selected[j], when_and(&v.when)))
         });
         let displaced = any(std::iter::once(pod_has).chain(differing_earlier));
-        self.volume_skips.push(format!("({}{} && {displaced})", self.selected[i], when_and(&item.when)));
+        self.displacements.push(format!("({}{} && {displaced})", self.selected[i], when_and(&item.when)));
     }
 
     /// Plan `i`'s app-container items: the operations on each targeted app container's lists, what
@@ -1309,7 +1316,7 @@ impl<'p> ProgramBuilder<'p> {
             any(leave_to_webhook.iter().map(|c| format!("({c})"))),
             any(enforced_conflicts),
             any(inadmissible),
-            any(self.volume_skips.iter().cloned()),
+            any(self.displacements.iter().cloned()),
         )
     }
 

@@ -144,7 +144,8 @@ pub fn plan(
     // Decide what each template adds.
     let mut claims = Claims::new(&found, previous, kept, &container_keys, status)?;
     for (template_index, keys) in template_keys.iter().enumerate() {
-        claims.claim_template(template_index, &templates, &whole_items, keys, found.lists[VOLUMES.index].items);
+        let pod_items = found.lists.each_ref().map(|list| list.items);
+        claims.claim_template(template_index, &templates, &whole_items, keys, pod_items);
     }
     let Decisions { mut status, picks, added_to_maps, app_containers, merges } = claims.decide();
 
@@ -453,7 +454,7 @@ impl<'p: 'w, 'w> Claims<'p, 'w> {
         templates: &'p [PlannedTemplate],
         whole_items: &'w [WholeItems],
         keys: &'p TemplateKeys,
-        pod_volumes: Option<&'w Vec<Value>>,
+        pod_items: PerPodList<Option<&'w Vec<Value>>>,
     ) {
         let planned = &templates[template_index];
         let t = &planned.rendered;
@@ -470,8 +471,16 @@ impl<'p: 'w, 'w> Claims<'p, 'w> {
                 }
             }
         }
-        let displaced =
-            displaced_volumes(template_index, templates, whole_items, &self.lists[VOLUMES.index], pod_volumes);
+        let displaced: Displaced = POD_LISTS.each_ref().map(|kind| {
+            displaced_items(
+                kind,
+                template_index,
+                templates,
+                whole_items,
+                &self.lists[kind.index],
+                pod_items[kind.index],
+            )
+        });
         self.claim_containers(template_index, planned, items, &displaced);
         for (kind, rendered) in POD_LISTS.iter().zip(&items.pod_lists) {
             for (index, item) in rendered.iter().enumerate() {
@@ -503,14 +512,14 @@ impl<'p: 'w, 'w> Claims<'p, 'w> {
     }
 
     /// Claims a template's init containers and sidecars (in one name space); the sidecars go
-    /// where the sidecar mode puts them. A container that mounts a `displaced` volume is skipped
-    /// naming it.
+    /// where the sidecar mode puts them. A container that refers to a `displaced` item (mounts a
+    /// volume) is skipped naming it.
     fn claim_containers(
         &mut self,
         template_index: usize,
         planned: &'p PlannedTemplate,
         items: &'w WholeItems,
-        displaced: &[&str],
+        displaced: &Displaced<'w>,
     ) {
         let t = &planned.rendered;
         let owner = Owner::Template(&t.name);
@@ -520,8 +529,10 @@ impl<'p: 'w, 'w> Claims<'p, 'w> {
         for (placement, index, container) in init.chain(sidecars) {
             let name = rendered_name(container);
             let item_kind = placement.item_kind();
-            if let Some(volume) = mounts_any(container, displaced).filter(|_| !held(&self.containers, name)) {
-                skip(&mut self.status, t, item_kind, name, None, Owner::Volume(volume));
+            if let Some((kind, identity)) =
+                refers_to_any(container, displaced).filter(|_| !held(&self.containers, name))
+            {
+                skip(&mut self.status, t, item_kind, name, None, Owner::Referenced(kind, identity));
                 // Still this template's name: a later template's item of it must not stand in.
                 self.containers.hold(name, owner);
                 continue;
@@ -587,34 +598,44 @@ fn held(taken: &Taken, name: &str) -> bool {
     !matches!(taken.holder(name), None | Some(Owner::Kept))
 }
 
-/// The template's volumes that the pod (or an earlier template) holds under the same name with
-/// another definition. A name is an identity only within its kind: whatever of this template
-/// mounts such a volume would bind to the holder's instead (the author's hostPath where the
-/// template meant an emptyDir), so those mounts and containers are skipped too, naming the volume.
-fn displaced_volumes<'w>(
+/// Per kind of spec list, the identities of a template's items that are displaced (see
+/// [`displaced_items`]).
+type Displaced<'w> = PerPodList<Vec<&'w str>>;
+
+/// The template's items of `kind` that the pod (or an earlier template) holds under the same
+/// identity with another definition, for a kind whose items are referred to
+/// (`PodListKind::referenced_by`). An identity is one only within its kind: whatever of this
+/// template refers to such an item would bind to the holder's instead (the author's hostPath
+/// where the template meant an emptyDir), so those references are skipped too, naming the item.
+fn displaced_items<'w>(
+    kind: &PodListKind,
     template_index: usize,
     templates: &[PlannedTemplate],
     whole_items: &'w [WholeItems],
     taken: &Taken,
-    pod_volumes: Option<&Vec<Value>>,
+    pod_items: Option<&Vec<Value>>,
 ) -> Vec<&'w str> {
-    whole_items[template_index].pod_lists[VOLUMES.index]
+    if kind.referenced_by.is_empty() {
+        return Vec::new();
+    }
+    let identity = |item: &'w Value| kind.identity(item).unwrap_or_default();
+    whole_items[template_index].pod_lists[kind.index]
         .iter()
-        .filter(|volume| {
-            let name = rendered_name(volume);
+        .filter(|item| {
+            let name = identity(item);
             let held: Vec<&Value> = match taken.holder(name) {
                 None | Some(Owner::Kept) => return false,
                 Some(Owner::Template(other)) => whole_items[..template_index]
                     .iter()
                     .zip(templates)
                     .filter(|(_, t)| t.rendered.name == other)
-                    .flat_map(|(items, _)| &items.pod_lists[VOLUMES.index])
+                    .flat_map(|(items, _)| &items.pod_lists[kind.index])
                     .collect(),
-                Some(Owner::Pod | Owner::Volume(_)) => pod_volumes.into_iter().flatten().collect(),
+                Some(Owner::Pod | Owner::Referenced(..)) => pod_items.into_iter().flatten().collect(),
             };
-            !held.iter().any(|held| rendered_name(held) == name && held == volume)
+            !held.iter().any(|held| kind.identity(held) == Some(name) && *held == *item)
         })
-        .map(rendered_name)
+        .map(identity)
         .collect()
 }
 
@@ -790,14 +811,15 @@ struct MergeNotes {
 }
 
 /// Claims a template's env vars, `envFrom` sources and mounts in every app container it targets,
-/// recording the skipped ones: a mount of a `displaced` volume is skipped naming it, and a merging
+/// recording the skipped ones: an item that refers to a `displaced` one (a mount of a displaced
+/// volume) is skipped naming it, and a merging
 /// env var adds the entry that merges into the container's own variable where it has one.
 /// `keys`: the template's `envFrom` keys, and each env var's merged entry with its status key.
 fn claim_app_items<'a>(
     t: &'a RenderedTemplate,
     (derived_keys, merged_env): (&'a PerAppList<Vec<String>>, &'a [Option<MergedEnvEntry>]),
     app_containers: &mut [AppContainer<'a>],
-    displaced: &[&str],
+    displaced: &Displaced<'_>,
     skipped: &mut Vec<Skipped>,
     merge_out: &mut MergeNotes,
 ) {
@@ -827,15 +849,21 @@ fn claim_app_items<'a>(
         };
         (kind.kind, items)
     });
+    let any_displaced = displaced.iter().any(|identities| !identities.is_empty());
     for app in app_containers.iter_mut().filter(|app| t.targets.includes(app.name)) {
-        for ((kind, items), list) in kinds.iter().zip(&mut app.lists) {
+        for ((app_kind, (kind, items)), list) in APP_LISTS.iter().zip(&kinds).zip(&mut app.lists) {
             for (item, key, merged) in items {
-                if *kind == ItemKind::VolumeMount
+                let displaced_by = || {
+                    POD_LISTS.iter().find_map(|pod_kind| {
+                        let used = pod_kind.referred_to_by_item(app_kind, item)?;
+                        displaced[pod_kind.index].contains(&used).then(|| pod_kind.skip_owner(used))
+                    })
+                };
+                if any_displaced
                     && !held(&list.taken, key)
-                    && let Some(volume) =
-                        displaced.iter().find(|v| item.get("name").and_then(Value::as_str) == Some(**v))
+                    && let Some(by) = displaced_by()
                 {
-                    skip(*kind, key, app.name, Owner::Volume(volume).to_string());
+                    skip(*kind, key, app.name, by);
                     list.taken.hold(key, owner);
                     continue;
                 }
@@ -1216,17 +1244,14 @@ fn mount_unless_path_taken(container: &mut Value, mount: &Value) {
     }
 }
 
-/// The first of `volumes` that `container` mounts (`volumeMounts`) or attaches (`volumeDevices`).
-fn mounts_any<'v>(container: &Value, volumes: &[&'v str]) -> Option<&'v str> {
-    if volumes.is_empty() {
-        return None;
-    }
-    let uses = ["volumeMounts", "volumeDevices"]
-        .into_iter()
-        .filter_map(|field| container.get(field).and_then(Value::as_array))
-        .flatten()
-        .filter_map(|m| m.get("name").and_then(Value::as_str));
-    uses.into_iter().find_map(|used| volumes.iter().find(|v| **v == used).copied())
+/// The first `displaced` item that `container` refers to (a volume it mounts or attaches), with
+/// its kind.
+fn refers_to_any<'w>(container: &Value, displaced: &Displaced<'w>) -> Option<(&'static PodListKind, &'w str)> {
+    POD_LISTS.iter().filter(|kind| !displaced[kind.index].is_empty()).find_map(|kind| {
+        let displaced = &displaced[kind.index];
+        let used = kind.referred_to_by(container).find_map(|used| displaced.iter().find(|d| **d == used))?;
+        Some((kind, *used))
+    })
 }
 
 struct AppContainer<'p> {
@@ -1339,9 +1364,9 @@ enum Owner<'a> {
     Pod,
     Template(&'a str),
     Kept,
-    /// Not a holder of the name: the item mounts this volume of its template, which was skipped
-    /// for another volume of that name (only ever the cause of a skip).
-    Volume(&'a str),
+    /// Not a holder of the name: the item refers to this item of its template (mounts a volume),
+    /// which was skipped for another of that identity (only ever the cause of a skip).
+    Referenced(&'static PodListKind, &'a str),
 }
 
 /// How a template got a name.
@@ -1358,7 +1383,7 @@ impl std::fmt::Display for Owner<'_> {
         match self {
             Owner::Pod | Owner::Kept => f.write_str("pod"),
             Owner::Template(name) => write!(f, "template:{name}"),
-            Owner::Volume(name) => write!(f, "volume:{name}"),
+            Owner::Referenced(kind, identity) => f.write_str(&kind.skip_owner(identity)),
         }
     }
 }

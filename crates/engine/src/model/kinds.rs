@@ -29,7 +29,7 @@ use std::borrow::Cow;
 use serde_json::{Value, json};
 
 use crate::model::api_limits;
-use crate::model::status::{AppContainerAdditions, InjectionStatus, ItemKind};
+use crate::model::status::{AppContainerAdditions, InjectionStatus, ItemKind, Skipped};
 
 /// A kind of item kept in a list of the pod's spec and identified by one string field.
 #[derive(Debug)]
@@ -72,6 +72,27 @@ pub struct PodListKind {
     /// [`PodListKind::sample`]'s where the kind has more than its identity (so that the pod's item
     /// and the template's conflict in the properties).
     pub authored: fn(&str) -> Value,
+    /// The fields of containers whose entries refer to an item of this kind by its identity (a
+    /// volume is named by `volumeMounts[].name` and `volumeDevices[].name`). Whatever of a
+    /// template refers to one of its items that the pod (or an earlier template) holds with
+    /// another definition would bind to the holder's, so it is skipped with it, naming the item
+    /// ([`PodListKind::skip_owner`]). The planner, ownership, enforcement and the policy compiler
+    /// read this instead of naming a kind.
+    pub referenced_by: &'static [Reference],
+    /// How a skip says what a container does with an item of this kind (`mounts` a volume).
+    pub referred_verb: &'static str,
+    /// Whether an item may declare `fallback:` (an image volume: the form it takes where the
+    /// nodes cannot mount one, recorded in the status's `imageVolumes`).
+    pub may_fall_back: bool,
+}
+
+/// A list of a container's whose entries refer to items of a pod list by their identity.
+#[derive(Debug)]
+pub struct Reference {
+    /// The list's path in a container (`volumeMounts`; `resources`, `claims`).
+    pub list: &'static [&'static str],
+    /// The field of an entry that holds the identity it refers to.
+    pub key: &'static str,
 }
 
 /// What happens to a template's item whose identity is already held.
@@ -114,6 +135,12 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         in_policy: true,
         sample: |name| json!({"name": name, "emptyDir": {}}),
         authored: |name| json!({"name": name, "hostPath": {"path": "/"}}),
+        referenced_by: &[
+            Reference { list: &["volumeMounts"], key: "name" },
+            Reference { list: &["volumeDevices"], key: "name" },
+        ],
+        referred_verb: "mounts",
+        may_fall_back: true,
     },
     PodListKind {
         kind: ItemKind::ImagePullSecret,
@@ -130,6 +157,9 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         in_policy: true,
         sample: |name| json!({"name": name}),
         authored: |name| json!({"name": name}),
+        referenced_by: &[],
+        referred_verb: "",
+        may_fall_back: false,
     },
     PodListKind {
         kind: ItemKind::HostAlias,
@@ -148,6 +178,9 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         in_policy: false,
         sample: |name| json!({"ip": sample_ip(name), "hostnames": ["collector.observability.internal"]}),
         authored: |name| json!({"ip": sample_ip(name), "hostnames": ["db.example.internal", "db"]}),
+        referenced_by: &[],
+        referred_verb: "",
+        may_fall_back: false,
     },
 ];
 
@@ -591,11 +624,94 @@ impl PodListKind {
     pub fn section(&self) -> String {
         format!("inject.{}", self.field)
     }
+
+    /// The identities of this kind that `container` refers to ([`PodListKind::referenced_by`]).
+    pub fn referred_to_by<'c>(&self, container: &'c Value) -> impl Iterator<Item = &'c str> + use<'c> {
+        let references: &'static [Reference] = self.referenced_by;
+        references.iter().flat_map(move |reference| {
+            let list = reference.list.iter().try_fold(container, |at, field| at.get(field)).and_then(Value::as_array);
+            list.into_iter().flatten().filter_map(|entry| entry.get(reference.key).and_then(Value::as_str))
+        })
+    }
+
+    /// The identity of this kind an item of an app container's list refers to, when that list's
+    /// entries are references (a `volumeMounts` entry names a volume).
+    pub fn referred_to_by_item<'v>(&self, list: &AppListKind, item: &'v Value) -> Option<&'v str> {
+        let reference = self.referenced_by.iter().find(|r| r.list == [list.field])?;
+        item.get(reference.key).and_then(Value::as_str)
+    }
+
+    /// The owner a skip records for an item that refers to this kind's item `identity`, skipped
+    /// for another of its identity: `volume:<name>` (the kind as the status names it).
+    pub fn skip_owner(&self, identity: &str) -> String {
+        format!("{}:{identity}", self.kind.key())
+    }
+}
+
+/// The kind and identity a skip's owner names when the item was skipped because it refers to an
+/// item of its template that was skipped (see [`PodListKind::skip_owner`]).
+pub fn displaced_by(owner: &str) -> Option<(&'static PodListKind, &str)> {
+    POD_LISTS.iter().filter(|kind| !kind.referenced_by.is_empty()).find_map(|kind| {
+        let identity = owner.strip_prefix(kind.kind.key())?.strip_prefix(':')?;
+        Some((kind, identity))
+    })
+}
+
+// Here rather than beside `Skipped`: a skip for a displaced item is worded by its kind.
+impl Skipped {
+    /// The skip in words, as `explain` and the Events say it: `skipped sidecar "logs" in
+    /// container web from template logs: the pod already has one`.
+    pub fn describe(&self) -> String {
+        let container = self.container.as_ref().map(|c| format!(" in container {c}")).unwrap_or_default();
+        let owner = match (self.owner.as_str(), displaced_by(&self.owner)) {
+            ("pod", _) => "the pod already has one".to_owned(),
+            (_, Some((kind, identity))) => {
+                let (verb, noun) = (kind.referred_verb, kind.kind.describe());
+                format!(
+                    "it {verb} the template's {noun} {identity:?}, which was skipped: that name is another {noun} in this pod"
+                )
+            }
+            (other, None) => format!("{other} already added one"),
+        };
+        format!("skipped {} {:?}{container} from template {}: {owner}", self.kind.describe(), self.name, self.template)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kind_is_keyed_as_the_status_writes_it_and_a_displacement_reads_back() {
+        let every = [
+            ItemKind::Label,
+            ItemKind::Annotation,
+            ItemKind::InitContainer,
+            ItemKind::Sidecar,
+            ItemKind::Volume,
+            ItemKind::Env,
+            ItemKind::VolumeMount,
+            ItemKind::EnvFrom,
+            ItemKind::ImagePullSecret,
+            ItemKind::EnvMerge,
+            ItemKind::HostAlias,
+        ];
+        for kind in every {
+            assert_eq!(serde_json::to_value(kind).unwrap(), Value::String(kind.key().to_owned()));
+        }
+        for kind in POD_LISTS.iter().filter(|k| !k.referenced_by.is_empty()) {
+            let owner = kind.skip_owner("data");
+            assert_eq!(displaced_by(&owner).map(|(k, id)| (k.index, id)), Some((kind.index, "data")), "{owner}");
+            assert!(!kind.referred_verb.is_empty(), "{}", kind.field);
+        }
+        assert!(displaced_by("pod").is_none());
+        assert_eq!(displaced_by("template:volume:x").map(|(k, _)| k.index), None);
+        // What a container refers to, through every reference of the description.
+        let container = json!({"volumeMounts": [{"name": "a", "mountPath": "/a"}], "volumeDevices": [{"name": "b", "devicePath": "/dev/b"}]});
+        assert_eq!(VOLUMES.referred_to_by(&container).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(VOLUMES.referred_to_by_item(VOLUME_MOUNTS, &json!({"name": "a", "mountPath": "/a"})), Some("a"));
+        assert_eq!(VOLUMES.referred_to_by_item(ENV, &json!({"name": "a", "value": "x"})), None);
+    }
 
     #[test]
     fn each_placement_records_in_its_list_and_is_found_there_again() {

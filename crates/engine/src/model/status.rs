@@ -121,6 +121,23 @@ pub enum ItemKind {
 }
 
 impl ItemKind {
+    /// The kind as the status annotation writes it (`volume`, `hostAlias`).
+    pub fn key(self) -> &'static str {
+        match self {
+            ItemKind::Label => "label",
+            ItemKind::Annotation => "annotation",
+            ItemKind::InitContainer => "initContainer",
+            ItemKind::Sidecar => "sidecar",
+            ItemKind::Volume => "volume",
+            ItemKind::Env => "env",
+            ItemKind::VolumeMount => "volumeMount",
+            ItemKind::EnvFrom => "envFrom",
+            ItemKind::ImagePullSecret => "imagePullSecret",
+            ItemKind::EnvMerge => "envMerge",
+            ItemKind::HostAlias => "hostAlias",
+        }
+    }
+
     /// Human name for messages.
     pub fn describe(self) -> &'static str {
         match self {
@@ -154,24 +171,6 @@ pub struct Skipped {
     /// Who had it first: `pod` or `template:<name>`; or `volume:<name>` for an item that mounts
     /// a volume of its template that was skipped (the name means another volume in the pod).
     pub owner: String,
-}
-
-impl Skipped {
-    /// The skip in words, as `explain` and the Events say it: `skipped sidecar "logs" in
-    /// container web from template logs: the pod already has one`.
-    pub fn describe(&self) -> String {
-        let container = self.container.as_ref().map(|c| format!(" in container {c}")).unwrap_or_default();
-        let owner = match self.owner.as_str() {
-            "pod" => "the pod already has one".to_owned(),
-            other => match other.strip_prefix("volume:") {
-                Some(volume) => format!(
-                    "it mounts the template's volume {volume:?}, which was skipped: that name is another volume in this pod"
-                ),
-                None => format!("{other} already added one"),
-            },
-        };
-        format!("skipped {} {:?}{container} from template {}: {owner}", self.kind.describe(), self.name, self.template)
-    }
 }
 
 impl AppContainerAdditions {

@@ -815,7 +815,7 @@ impl<'a> Compiler<'a> {
                 "sidecars" => spec.sidecars = self.items(child, "inject.sidecars", &["name"], ItemKeys::Container)?,
                 field if POD_LISTS.iter().any(|k| k.field == field) => {
                     let kind = POD_LISTS.iter().find(|k| k.field == field).expect("matched above");
-                    let keys = if kind.index == VOLUMES.index { ItemKeys::Volume } else { ItemKeys::Plain };
+                    let keys = if kind.may_fall_back { ItemKeys::Volume } else { ItemKeys::Plain };
                     spec.pod_lists[kind.index] = self.items(child, &kind.section(), &[kind.key], keys)?
                 }
                 "appContainers" => {
