@@ -247,7 +247,8 @@ impl Engine {
             .collect();
         let stood_in = stand_in_for_gone_versions(pod, claim, selected, &mut renderings, render);
         let assessed = stood_in.unwrap_or_else(|| {
-            claims::ownership::assess(pod, claim, &renderings.iter().map(Option::as_ref).collect::<Vec<_>>())
+            let renderings: Vec<Option<&RenderedTemplate>> = renderings.iter().map(Option::as_ref).collect();
+            claims::ownership::assess(pod, claim, &renderings, claims::ownership::Moment::Admission)
         });
         let current = assessed.present.is_current(selected.iter().map(|t| (&*t.name, t.hash.as_str())));
         if current && !assessed.altered.is_empty() {
@@ -410,7 +411,7 @@ fn stand_in_for_gone_versions(
         .collect();
     let with: Vec<Option<&RenderedTemplate>> =
         renderings.iter().zip(&stand_ins).map(|(claimed, now)| claimed.as_ref().or(now.as_ref())).collect();
-    let mut assessed = claims::ownership::assess(pod, claim, &with);
+    let mut assessed = claims::ownership::assess(pod, claim, &with, claims::ownership::Moment::Admission);
     if !assessed.altered.is_empty() {
         return None;
     }

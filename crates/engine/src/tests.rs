@@ -1799,3 +1799,95 @@ fn a_namespace_that_could_not_be_read_never_decides_a_namespace_selector() {
     let known = opted_in("shop", &[("team", "payments")]);
     assert!(matches!(engine.evaluate(&request(pod, known)).outcome, Outcome::Inject(_)));
 }
+
+/// A template with a scheduling gate: the gate is lifted by its controller after admission.
+const GATED: &str = r#"
+default: true
+sidecarMode: container
+inject:
+  schedulingGates:
+    - name: devices.example.com/prepared
+  sidecars:
+    - {name: agent, image: "agent:1"}
+"#;
+
+fn app_pod() -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app"},
+           "spec": {"containers": [{"name": "app", "image": "app:1"}]}})
+}
+
+#[test]
+fn a_lifted_scheduling_gate_is_neither_doubted_nor_put_back_on_a_running_pod() {
+    let engine = engine(&[("gated", GATED)]);
+    let Outcome::Inject(injection) = engine.evaluate(&request(app_pod(), opted_in("shop", &[]))).outcome else {
+        panic!("not injected")
+    };
+    let injected = apply(&app_pod(), &injection.patch);
+    assert_eq!(injection.status.scheduling_gates, ["devices.example.com/prepared"]);
+    assert_eq!(injected["spec"]["schedulingGates"], json!([{"name": "devices.example.com/prepared"}]));
+    // Its controller lifts the gate: the running pod is still the injection's.
+    let mut lifted = injected.clone();
+    lifted["spec"].as_object_mut().unwrap().remove("schedulingGates");
+
+    // An edit of the agent's image: `drift --in-place` updates the image and never adds the gate
+    // back (the API server refuses a gate added by an update), and no claim is doubted.
+    let edited = test_support::engine(&[("gated", &GATED.replace("agent:1", "agent:2"))]);
+    let update = drift::in_place::in_place_update(&edited, &request(lifted.clone(), opted_in("shop", &[])))
+        .expect("a lifted gate is no doubt");
+    assert_eq!(update.images.iter().map(|c| c.to.as_str()).collect::<Vec<_>>(), ["agent:2"]);
+    // The update of the image passes `/validate`, and so does the lifting itself.
+    let mut updated = lifted.clone();
+    updated["spec"]["containers"][1]["image"] = json!("agent:2");
+    updated["metadata"]["annotations"][names::STATUS_ANNOTATION] = json!(update.status);
+    let verdict = validate::validate_pod_update(&edited, &lifted, &request(updated, opted_in("shop", &[])));
+    assert!(matches!(verdict.verdict, validate::Verdict::Allowed(_)), "{verdict:?}");
+    let verdict = validate::validate_pod_update(&engine, &injected, &request(lifted.clone(), opted_in("shop", &[])));
+    assert!(matches!(verdict.verdict, validate::Verdict::Allowed(_)), "{verdict:?}");
+
+    // At admission nothing can have been lifted yet: a pod created with a copied (or forged)
+    // status that claims the gate, without it, gets the gate.
+    let Outcome::Inject(again) = engine.evaluate(&request(lifted, opted_in("shop", &[]))).outcome else {
+        panic!("a claimed gate the new pod lacks is added")
+    };
+    assert!(
+        again.patch.iter().any(
+            |op| matches!(op, PatchOperation::Add(add) if add.path.to_string().starts_with("/spec/schedulingGates"))
+        ),
+        "{:?}",
+        again.patch
+    );
+}
+
+#[test]
+fn a_sidecar_that_uses_a_claim_the_pod_holds_otherwise_is_skipped_with_it() {
+    let template = r#"
+default: true
+sidecarMode: container
+inject:
+  resourceClaims:
+    - {name: gpu, resourceClaimTemplateName: profiling-gpu}
+  sidecars:
+    - name: profiler
+      image: "profiler:1"
+      resources: {claims: [{name: gpu}]}
+"#;
+    let engine = engine(&[("gpu", template)]);
+    let mut pod = app_pod();
+    pod["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimName": "shared-a100"}]);
+    let Outcome::Inject(injection) = engine.evaluate(&request(pod.clone(), opted_in("shop", &[]))).outcome else {
+        panic!("not injected")
+    };
+    let skipped: Vec<(status::ItemKind, &str, &str)> =
+        injection.status.skipped.iter().map(|s| (s.kind, s.name.as_str(), s.owner.as_str())).collect();
+    assert_eq!(
+        skipped,
+        [(status::ItemKind::Sidecar, "profiler", "resourceClaim:gpu"), (status::ItemKind::ResourceClaim, "gpu", "pod")]
+    );
+    assert_eq!(apply(&pod, &injection.patch)["spec"]["containers"].as_array().unwrap().len(), 1);
+    // The same claim the pod already has is the template's: the sidecar uses it.
+    pod["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": "profiling-gpu"}]);
+    let Outcome::Inject(injection) = engine.evaluate(&request(pod.clone(), opted_in("shop", &[]))).outcome else {
+        panic!("not injected")
+    };
+    assert_eq!(injection.status.containers, ["profiler"]);
+}

@@ -312,6 +312,27 @@ proptest! {
             prop_assert!(bound.is_some_and(|v| v.get("emptyDir").is_some() || v.get("image").is_some()),
                 "container {} mounts {} onto {:?}, not its template's volume", container, mount, bound);
         }
+        // The same for every other kind containers refer to (a resource claim): what an added
+        // container refers to is its template's item, never the pod's of that identity.
+        for kind in POD_LISTS.iter().filter(|k| !k.referenced_by.is_empty() && k.index != VOLUMES.index) {
+            let template_items: Vec<Value> = templates.iter()
+                .flat_map(|t| manifest::read(t).unwrap_or_default())
+                .flat_map(|t| t["inject"][kind.field].as_array().cloned().unwrap_or_default())
+                .collect();
+            let before: BTreeSet<String> = CONTAINER_LISTS.iter()
+                .flat_map(|l| pod["spec"][l.field].as_array().cloned().unwrap_or_default())
+                .filter_map(|c| c["name"].as_str().map(str::to_owned)).collect();
+            let added = CONTAINER_LISTS.iter()
+                .flat_map(|l| out["spec"][l.field].as_array().cloned().unwrap_or_default())
+                .filter(|c| !before.contains(c["name"].as_str().unwrap_or_default()));
+            for container in added {
+                for identity in kind.referred_to_by(&container) {
+                    let bound = out["spec"][kind.field].as_array().and_then(|items| kind.find(items, identity));
+                    prop_assert!(bound.is_some_and(|item| template_items.contains(item)),
+                        "container {} refers to {} {:?}, bound to {:?}, not its template's", container["name"], kind.field, identity, bound);
+                }
+            }
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@ use serde_json::Value;
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
 use crate::model::compare::{first_difference, is_implied, without_resources};
-use crate::model::kinds::{APP_LISTS, AppListKind, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement};
+use crate::model::kinds::{APP_LISTS, AppListKind, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement, PodListKind};
 use crate::model::status::{AppContainerAdditions, InjectionStatus, ItemKind};
 use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
 
@@ -65,9 +65,27 @@ pub struct ResizedContainer {
     pub resources: Option<Value>,
 }
 
+/// When a claim is checked, which decides what the absence of an item that is removed after
+/// admission by design (`PodListKind::removed_after_admission`: a lifted scheduling gate) means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Moment {
+    /// At the pod's admission (its creation): nothing can have been removed yet, so an absent
+    /// item was never there (a copied or forged claim) and is a doubt like any other.
+    Admission,
+    /// On a running pod (`drift --in-place`, an update): an absent item of such a kind was removed
+    /// as designed; it stays the injection's, neither a doubt nor missing.
+    Running,
+}
+
 /// Checks every item `claim` names against the pod and the claimed templates' renderings (one per
-/// claimed template, `None` when its version is not known or does not render for this pod).
-pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<&RenderedTemplate>]) -> Ownership {
+/// claimed template, `None` when its version is not known or does not render for this pod), at
+/// `moment`.
+pub fn assess<'p>(
+    pod: &'p Value,
+    claim: &InjectionStatus,
+    renderings: &[Option<&RenderedTemplate>],
+    moment: Moment,
+) -> Ownership {
     let mut owned = InjectionStatus { templates: claim.templates.clone(), ..InjectionStatus::default() };
     let mut present = owned.clone();
     let mut judged = Judge { claim, doubts: Vec::new(), altered: Vec::new(), all_present: true };
@@ -101,17 +119,8 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
         }
     }
     for kind in &POD_LISTS {
-        for identity in (kind.claimed)(claim) {
-            let expected = renderings.iter().flatten().find_map(|r| kind.find(r.pod_list(kind), identity).cloned());
-            let actual = spec_list(kind.field).and_then(|items| kind.find(items, identity));
-            let found = judged.judge(kind.kind, identity, None, expected.map(Fixed), actual);
-            found.record(identity, (kind.claimed_mut)(&mut present), (kind.claimed_mut)(&mut owned));
-            // Its form too, where the claimed version renders it as the image volume claimed.
-            if kind.may_fall_back && renderings.iter().flatten().any(|r| r.image_volumes.iter().any(|v| v == identity))
-            {
-                found.record(identity, &mut present.image_volumes, &mut owned.image_volumes);
-            }
-        }
+        let pod_items = spec_list(kind.field);
+        assess_pod_list(kind, (claim, pod_items, renderings, moment), &mut judged, (&mut present, &mut owned));
     }
     let metadata = |section: &str| pod.get("metadata").and_then(|m| m.get(section)).and_then(Value::as_object);
     for kind in &MAPS {
@@ -197,6 +206,36 @@ pub fn assess<'p>(pod: &'p Value, claim: &InjectionStatus, renderings: &[Option<
     }
     let Judge { all_present, altered, doubts, .. } = judged;
     Ownership { owned, present, all_present, altered, doubts, resized }
+}
+
+/// Judges the claimed items of one kind of spec list against the pod's (`pod_items`).
+fn assess_pod_list(
+    kind: &PodListKind,
+    (claim, pod_items, renderings, moment): (
+        &InjectionStatus,
+        Option<&Vec<Value>>,
+        &[Option<&RenderedTemplate>],
+        Moment,
+    ),
+    judged: &mut Judge<'_>,
+    (present, owned): (&mut InjectionStatus, &mut InjectionStatus),
+) {
+    for identity in (kind.claimed)(claim) {
+        let expected = renderings.iter().flatten().find_map(|r| kind.find(r.pod_list(kind), identity).cloned());
+        let actual = pod_items.and_then(|items| kind.find(items, identity));
+        if actual.is_none() && kind.removed_after_admission && moment == Moment::Running {
+            // Removed as designed: still the injection's (and not added again).
+            (kind.claimed_mut)(present).push(identity.clone());
+            (kind.claimed_mut)(owned).push(identity.clone());
+            continue;
+        }
+        let found = judged.judge(kind.kind, identity, None, expected.map(Fixed), actual);
+        found.record(identity, (kind.claimed_mut)(present), (kind.claimed_mut)(owned));
+        // Its form too, where the claimed version renders it as the image volume claimed.
+        if kind.may_fall_back && renderings.iter().flatten().any(|r| r.image_volumes.iter().any(|v| v == identity)) {
+            found.record(identity, &mut present.image_volumes, &mut owned.image_volumes);
+        }
+    }
 }
 
 /// Judges claimed items one by one, collecting why any is not the injector's own.

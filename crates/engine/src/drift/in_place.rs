@@ -182,7 +182,8 @@ pub fn in_place_update(engine: &Engine, request: &PodRequest) -> Result<InPlaceU
         claimed.push(Some(rendered_then));
         new.push((reference.name.as_str(), rendered_now));
     }
-    let assessed = ownership::assess(pod, &claim, &claimed.iter().map(Option::as_ref).collect::<Vec<_>>());
+    let claimed_renderings: Vec<Option<&RenderedTemplate>> = claimed.iter().map(Option::as_ref).collect();
+    let assessed = ownership::assess(pod, &claim, &claimed_renderings, ownership::Moment::Running);
     if let Some(reason) = assessed.altered.first().or(assessed.doubts.first()) {
         return Err(reason.clone());
     }

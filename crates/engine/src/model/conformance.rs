@@ -33,6 +33,16 @@ pub fn host_alias(item: &Value) -> Checked {
     conforms::<k8s_openapi::api::core::v1::HostAlias>(item)
 }
 
+/// [`conforms`] for a pod `PodResourceClaim`; see [`volume`].
+pub fn pod_resource_claim(item: &Value) -> Checked {
+    conforms::<k8s_openapi::api::core::v1::PodResourceClaim>(item)
+}
+
+/// [`conforms`] for a pod `PodSchedulingGate`; see [`volume`].
+pub fn pod_scheduling_gate(item: &Value) -> Checked {
+    conforms::<k8s_openapi::api::core::v1::PodSchedulingGate>(item)
+}
+
 /// [`conforms`] for an `EnvVar`; see [`volume`].
 pub fn env_var(item: &Value) -> Checked {
     conforms::<k8s_openapi::api::core::v1::EnvVar>(item)

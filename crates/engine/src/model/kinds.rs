@@ -84,6 +84,11 @@ pub struct PodListKind {
     /// Whether an item may declare `fallback:` (an image volume: the form it takes where the
     /// nodes cannot mount one, recorded in the status's `imageVolumes`).
     pub may_fall_back: bool,
+    /// Whether someone else removes an item after admission by design (a scheduling gate, which
+    /// its controller lifts when the pod may be scheduled). On a running pod such an item's
+    /// absence is not a doubt and not drift, and nothing puts it back (the API server refuses a
+    /// gate added by an update); at admission an absent one was never there, and is added.
+    pub removed_after_admission: bool,
 }
 
 /// A list of a container's whose entries refer to items of a pod list by their identity.
@@ -106,7 +111,7 @@ pub enum WhenHeld {
 }
 
 /// How many kinds of spec lists there are.
-pub const POD_LIST_COUNT: usize = 3;
+pub const POD_LIST_COUNT: usize = 5;
 
 /// One value per kind of spec list, in the order of [`POD_LISTS`].
 pub type PerPodList<T> = [T; POD_LIST_COUNT];
@@ -117,6 +122,11 @@ pub const VOLUMES: &PodListKind = &POD_LISTS[0];
 pub const IMAGE_PULL_SECRETS: &PodListKind = &POD_LISTS[1];
 /// Host aliases (`spec.hostAliases`, lines of the pod's `/etc/hosts`), identified by IP.
 pub const HOST_ALIASES: &PodListKind = &POD_LISTS[2];
+/// Resource claims (`spec.resourceClaims`: Dynamic Resource Allocation), identified by name and
+/// referred to by containers' `resources.claims`.
+pub const RESOURCE_CLAIMS: &PodListKind = &POD_LISTS[3];
+/// Scheduling gates (`spec.schedulingGates`), identified by name and lifted by their controller.
+pub const SCHEDULING_GATES: &PodListKind = &POD_LISTS[4];
 
 /// Every kind of spec list, in patch order.
 pub const POD_LISTS: PerPodList<PodListKind> = [
@@ -141,6 +151,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         ],
         referred_verb: "mounts",
         may_fall_back: true,
+        removed_after_admission: false,
     },
     PodListKind {
         kind: ItemKind::ImagePullSecret,
@@ -160,6 +171,7 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         referenced_by: &[],
         referred_verb: "",
         may_fall_back: false,
+        removed_after_admission: false,
     },
     PodListKind {
         kind: ItemKind::HostAlias,
@@ -181,6 +193,49 @@ pub const POD_LISTS: PerPodList<PodListKind> = [
         referenced_by: &[],
         referred_verb: "",
         may_fall_back: false,
+        removed_after_admission: false,
+    },
+    PodListKind {
+        kind: ItemKind::ResourceClaim,
+        index: 3,
+        field: "resourceClaims",
+        plural: "resource claims",
+        key: "name",
+        identity_problem: api_limits::dns_label_problem,
+        key_required: true,
+        when_held: WhenHeld::Skip,
+        claimed: |s| &s.resource_claims,
+        claimed_mut: |s| &mut s.resource_claims,
+        conforms: crate::model::conformance::pod_resource_claim,
+        // Left to the webhook until the policy mode's comparison on the API server covers it.
+        in_policy: false,
+        sample: |name| json!({"name": name, "resourceClaimTemplateName": "device-template"}),
+        authored: |name| json!({"name": name, "resourceClaimName": "shared-device"}),
+        referenced_by: &[Reference { list: &["resources", "claims"], key: "name" }],
+        referred_verb: "uses",
+        may_fall_back: false,
+        removed_after_admission: false,
+    },
+    PodListKind {
+        kind: ItemKind::SchedulingGate,
+        index: 4,
+        field: "schedulingGates",
+        plural: "scheduling gates",
+        key: "name",
+        identity_problem: api_limits::qualified_name_problem,
+        key_required: true,
+        when_held: WhenHeld::AlreadyThere,
+        claimed: |s| &s.scheduling_gates,
+        claimed_mut: |s| &mut s.scheduling_gates,
+        conforms: crate::model::conformance::pod_scheduling_gate,
+        // A policy could add one, but its removal by design needs the webhook's claim checks.
+        in_policy: false,
+        sample: |name| json!({"name": name}),
+        authored: |name| json!({"name": name}),
+        referenced_by: &[],
+        referred_verb: "",
+        may_fall_back: false,
+        removed_after_admission: true,
     },
 ];
 
@@ -605,6 +660,8 @@ impl ItemKind {
             ItemKind::Volume => Place::PodList(VOLUMES),
             ItemKind::ImagePullSecret => Place::PodList(IMAGE_PULL_SECRETS),
             ItemKind::HostAlias => Place::PodList(HOST_ALIASES),
+            ItemKind::ResourceClaim => Place::PodList(RESOURCE_CLAIMS),
+            ItemKind::SchedulingGate => Place::PodList(SCHEDULING_GATES),
         }
     }
 }
@@ -695,6 +752,8 @@ mod tests {
             ItemKind::ImagePullSecret,
             ItemKind::EnvMerge,
             ItemKind::HostAlias,
+            ItemKind::ResourceClaim,
+            ItemKind::SchedulingGate,
         ];
         for kind in every {
             assert_eq!(serde_json::to_value(kind).unwrap(), Value::String(kind.key().to_owned()));

@@ -42,6 +42,12 @@ pub struct InjectionStatus {
     /// IPs of the pod `hostAliases` entries added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host_aliases: Vec<String>,
+    /// Names of the pod `resourceClaims` entries added (Dynamic Resource Allocation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resource_claims: Vec<String>,
+    /// Names of the pod `schedulingGates` added (each lifted later by its controller).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scheduling_gates: Vec<String>,
     /// Label keys added (besides `sidecar-injector.io/injected`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub labels: Vec<String>,
@@ -118,6 +124,10 @@ pub enum ItemKind {
     EnvMerge,
     /// A pod `hostAliases` entry (identified by IP).
     HostAlias,
+    /// A pod `resourceClaims` entry (a DRA claim its containers use by name).
+    ResourceClaim,
+    /// A pod `schedulingGates` entry.
+    SchedulingGate,
 }
 
 impl ItemKind {
@@ -135,6 +145,8 @@ impl ItemKind {
             ItemKind::ImagePullSecret => "imagePullSecret",
             ItemKind::EnvMerge => "envMerge",
             ItemKind::HostAlias => "hostAlias",
+            ItemKind::ResourceClaim => "resourceClaim",
+            ItemKind::SchedulingGate => "schedulingGate",
         }
     }
 
@@ -152,6 +164,8 @@ impl ItemKind {
             ItemKind::ImagePullSecret => "image pull secret",
             ItemKind::EnvMerge => "merged env entry",
             ItemKind::HostAlias => "host alias",
+            ItemKind::ResourceClaim => "resource claim",
+            ItemKind::SchedulingGate => "scheduling gate",
         }
     }
 }

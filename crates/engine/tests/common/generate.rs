@@ -282,6 +282,22 @@ pub fn template() -> impl Strategy<Value = String> {
                     })
                     .collect();
             }
+            // Every other kind that containers refer to: the sidecars refer to the template's
+            // first item through the description's first reference (a resource claim, under
+            // `resources.claims`), when the sidecars mount.
+            for (kind, identities) in POD_LISTS.iter().zip(&pod_lists) {
+                let (Some(reference), Some(first)) = (kind.referenced_by.first(), identities.first()) else { continue };
+                if kind.index == VOLUMES.index || !sidecars_mount {
+                    continue;
+                }
+                for sidecar in doc["inject"]["sidecars"].as_array_mut().unwrap() {
+                    let mut at = &mut *sidecar;
+                    for field in reference.list {
+                        at = at.as_object_mut().unwrap().entry(*field).or_insert_with(|| json!({}));
+                    }
+                    *at = json!([{ reference.key: first }]);
+                }
+            }
             manifest::write(&[doc])
         })
 }
