@@ -618,6 +618,165 @@ async fn host_aliases(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
+/// The namespace of scenario 39's pods (`drift --in-place` updates every stale pod of the one it
+/// is given).
+const GATED_NS: &str = "e2e-gates";
+
+/// A profiler on the pod's accelerator: a DRA claim its sidecar uses, and a scheduling gate a
+/// device operator lifts once the node is prepared.
+const GPU_AGENT: &str = r#"description: A profiler on the pod's accelerator, held until the device operator prepared the node
+default: true
+sidecarMode: container
+podSelector:
+  matchLabels: {tier: gated}
+values: {image: "registry.example/profiler:1"}
+inject:
+  schedulingGates:
+    - name: e2e.example/prepared
+  resourceClaims:
+    - {name: gpu, resourceClaimName: e2e-gpu}
+  sidecars:
+    - name: profiler
+      image: "{{ values.image }}"
+      resources: {claims: [{name: gpu}]}
+"#;
+
+/// Two ResourceClaims (resource.k8s.io/v1, stable since Kubernetes 1.34): the template's and a
+/// pod's own.
+const RESOURCE_CLAIMS: &str = r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: e2e-gpu}
+spec:
+  devices:
+    requests:
+      - {name: gpu, exactly: {deviceClassName: gpu.example.com}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: e2e-other}
+spec:
+  devices:
+    requests:
+      - {name: gpu, exactly: {deviceClassName: gpu.example.com}}
+"#;
+
+/// 39. `schedulingGates` and `resourceClaims` on the real API server. The pod is stored with the
+///     template's gate, claim and the sidecar that uses the claim, and the scheduler holds it
+///     `SchedulingGated`; the device operator (here, the test) lifts the gate with an update that
+///     `/validate` allows, and the scheduler takes the pod up; after an image edit `drift
+///     --in-place` updates the pod (same UID), the lifted gate neither a doubt nor put back. A pod
+///     with its own claim of that name keeps it, and the sidecar that would have used the pod's
+///     device instead is skipped with the template's claim (the API server accepts the result).
+pub async fn s39_claims_and_gates(ctx: &mut Ctx) -> Result<()> {
+    ctx.namespace(GATED_NS, &[("sidecar-injector.io/inject", "enabled")]).await?;
+    crate::scenarios::set_template(ctx, "gpu-agent.yaml", Some(GPU_AGENT)).await?;
+    let result = claims_and_gates(ctx).await;
+    crate::scenarios::set_template(ctx, "gpu-agent.yaml", None).await?;
+    for name in ["gated", "own-claim"] {
+        let _ = ctx.pods(GATED_NS).delete(name, &DeleteParams::default()).await;
+    }
+    result
+}
+
+async fn claims_and_gates(ctx: &mut Ctx) -> Result<()> {
+    use crate::scenarios::{all_containers, api_message, dry_run_until};
+    kubectl_apply(ctx, GATED_NS, RESOURCE_CLAIMS)?;
+    let gated_pod = |name: &str| crate::scenarios::pod(name, json!({"tier": "gated"}), json!({}));
+    let image = |pod: &Pod, name: &str| all_containers(pod).into_iter().find(|c| c.name == name).and_then(|c| c.image);
+    dry_run_until(ctx, &gated_pod("probe"), "the gpu-agent template", |p| image(p, "profiler").is_some()).await?;
+    let pods = ctx.pods(GATED_NS);
+    let created = ctx.create_pod(GATED_NS, gated_pod("gated")).await.map_err(|e| anyhow::anyhow!(api_message(&e)))?;
+    let spec = serde_json::to_value(created.spec.as_ref().context("no spec")?)?;
+    ensure!(
+        spec["schedulingGates"] == json!([{"name": "e2e.example/prepared"}]),
+        "stored gates {}",
+        spec["schedulingGates"]
+    );
+    ensure!(
+        spec["resourceClaims"] == json!([{"name": "gpu", "resourceClaimName": "e2e-gpu"}]),
+        "stored claims {}",
+        spec["resourceClaims"]
+    );
+    ensure!(
+        spec["containers"][1]["resources"]["claims"] == json!([{"name": "gpu"}]),
+        "stored sidecar {}",
+        spec["containers"][1]
+    );
+    let injected = status(&created).context("not injected")?;
+    ensure!(
+        injected.scheduling_gates == ["e2e.example/prepared"] && injected.resource_claims == ["gpu"],
+        "status {injected:?}"
+    );
+    let scheduled_reason = |pod: &Pod| {
+        let conditions = pod.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+        conditions.into_iter().find(|c| c.type_ == "PodScheduled").and_then(|c| c.reason)
+    };
+    let (_, took) = eventually("the pod SchedulingGated", Duration::from_secs(20), || async {
+        Ok((scheduled_reason(&pods.get("gated").await?).as_deref() == Some("SchedulingGated")).then_some(()))
+    })
+    .await?;
+    println!("      stored with the gate, the claim and the sidecar using it; SchedulingGated after {took:?}");
+
+    // The device operator lifts the gate: an update /validate allows.
+    let lift = kube::api::Patch::Json::<()>(serde_json::from_value(
+        json!([{"op": "remove", "path": "/spec/schedulingGates"}]),
+    )?);
+    pods.patch("gated", &kube::api::PatchParams::default(), &lift)
+        .await
+        .map_err(|e| anyhow::anyhow!(api_message(&e)))?;
+    let (reason, took) = eventually("the scheduler taking the pod up", Duration::from_secs(20), || async {
+        let reason = scheduled_reason(&pods.get("gated").await?);
+        Ok(reason.filter(|r| r != "SchedulingGated"))
+    })
+    .await?;
+    println!("      the gate lifted by an update (allowed); the scheduler took the pod up after {took:?} ({reason})");
+
+    // An image edit: the pod is updated in place, its lifted gate no doubt and not put back.
+    let edited = GPU_AGENT.replace("profiler:1", "profiler:2");
+    crate::scenarios::set_template(ctx, "gpu-agent.yaml", Some(&edited)).await?;
+    dry_run_until(ctx, &gated_pod("probe"), "the new image", |p| {
+        image(p, "profiler").as_deref() == Some("registry.example/profiler:2")
+    })
+    .await?;
+    let (done, _) = eventually("drift --in-place updating the pod", Duration::from_secs(20), || async {
+        let done = cli(ctx, &["drift", "--namespace", GATED_NS, "--in-place", "--rollout-timeout", "0"])?;
+        ensure!(!done.contains("pod/gated: left for --restart"), "drift --in-place left the pod:\n{done}");
+        let now = pods.get("gated").await?;
+        Ok((image(&now, "profiler").as_deref() == Some("registry.example/profiler:2")).then_some(now))
+    })
+    .await?;
+    ensure!(done.metadata.uid == created.metadata.uid, "the pod was replaced, not updated");
+    let gates = done.spec.as_ref().and_then(|s| s.scheduling_gates.clone()).unwrap_or_default();
+    ensure!(gates.is_empty(), "the gate was put back: {gates:?}");
+    ensure!(
+        status(&done).is_some_and(|s| s.scheduling_gates == ["e2e.example/prepared"]),
+        "status {:?}",
+        status(&done)
+    );
+    println!("      after an image edit drift --in-place updated the pod (same UID); the lifted gate stays lifted");
+
+    // A pod with its own claim named gpu keeps it; the sidecar is skipped with the template's claim.
+    let mut own = gated_pod("own-claim");
+    own["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimName": "e2e-other"}]);
+    own["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "gpu"}]});
+    let created = ctx.create_pod(GATED_NS, own).await.map_err(|e| anyhow::anyhow!(api_message(&e)))?;
+    let names: Vec<String> = all_containers(&created).into_iter().map(|c| c.name).collect();
+    ensure!(!names.iter().any(|n| n == "profiler"), "containers stored as {names:?}");
+    let claims = serde_json::to_value(created.spec.as_ref().and_then(|s| s.resource_claims.clone()))?;
+    ensure!(claims == json!([{"name": "gpu", "resourceClaimName": "e2e-other"}]), "stored claims {claims}");
+    let skipped: Vec<(String, String)> =
+        status(&created).context("no status")?.skipped.iter().map(|s| (s.name.clone(), s.owner.clone())).collect();
+    ensure!(
+        skipped.contains(&("profiler".into(), "resourceClaim:gpu".into()))
+            && skipped.contains(&("gpu".into(), "pod".into())),
+        "skipped {skipped:?}"
+    );
+    println!(
+        "      a pod with its own claim gpu keeps it; the sidecar that would use it is skipped (resourceClaim:gpu)"
+    );
+    Ok(())
+}
+
 const PORTS_TEMPLATE: &str = r#"
 description: A mesh proxy whose ports an app may declare too
 sidecarMode: container

@@ -141,6 +141,7 @@ async fn run(root: &Path) -> Result<bool> {
         s36_image_volumes_by_nodes,
         s37_api_server_oracle,
         s38_namespace_unreadable,
+        s39_claims_and_gates,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,

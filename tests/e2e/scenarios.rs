@@ -737,7 +737,7 @@ pub(crate) async fn wait_for_binding(ctx: &Ctx, template: &str, present: bool) -
     }
 }
 
-fn all_containers(pod: &Pod) -> Vec<k8s_openapi::api::core::v1::Container> {
+pub(crate) fn all_containers(pod: &Pod) -> Vec<k8s_openapi::api::core::v1::Container> {
     let spec = pod.spec.clone().unwrap_or_default();
     spec.init_containers.unwrap_or_default().into_iter().chain(spec.containers).collect()
 }
