@@ -14,13 +14,14 @@
 //! An owner reference is the pod's claim, and anyone who can create a pod can write any name and
 //! uid into it. So an Event goes on an owner only once the publisher has seen that an object of
 //! that kind, name and uid exists ([`VerifiedOwners`] remembers what it saw), and only for the
-//! kinds whose controllers make pods in Kubernetes itself ([`OWNER_KINDS`]), which the injector
+//! kinds whose controllers make pods in Kubernetes itself ([`owner_kinds`]), which the injector
 //! may read. Any other claim gets no Event; its creator still got the admission warning.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use serde_json::Value;
 
 use crate::engine::model::status::InjectionStatus;
+use crate::engine::workload::{WORKLOAD_KINDS, WorkloadKind};
 
 /// One Event to publish.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,21 +39,18 @@ pub struct EventIntent {
     pub note: String,
 }
 
-/// The owner kinds an Event may go on: `(apiVersion, kind, resource)`, the controllers of
-/// Kubernetes itself that make pods. The RBAC in `deploy/` lets the injector `get` exactly these.
-pub const OWNER_KINDS: [(&str, &str, &str); 5] = [
-    ("apps/v1", "ReplicaSet", "replicasets"),
-    ("apps/v1", "StatefulSet", "statefulsets"),
-    ("apps/v1", "DaemonSet", "daemonsets"),
-    ("batch/v1", "Job", "jobs"),
-    ("v1", "ReplicationController", "replicationcontrollers"),
-];
+/// The owner kinds an Event may go on: the controllers of Kubernetes itself that make pods
+/// (`WorkloadKind::makes_pods` in the engine's table of workload kinds). The RBAC in `deploy/` lets
+/// the injector `get` exactly these.
+pub fn owner_kinds() -> impl Iterator<Item = &'static WorkloadKind> {
+    WORKLOAD_KINDS.iter().filter(|w| w.makes_pods)
+}
 
 /// The Events API's limit on a note.
 pub const MAX_NOTE_BYTES: usize = 1024;
 
 /// The controller reference of a pod, in the pod's namespace, as the Event's subject: only of an
-/// [`OWNER_KINDS`] kind with a name and a uid (still a claim, which the publisher checks).
+/// [`owner_kinds`] kind with a name and a uid (still a claim, which the publisher checks).
 pub fn owner_of(pod: &Value, namespace: &str) -> Option<ObjectReference> {
     let owners = pod.get("metadata")?.get("ownerReferences")?.as_array()?;
     let owner = owners.iter().find(|o| o.get("controller") == Some(&Value::Bool(true)))?;
@@ -70,9 +68,9 @@ pub fn owner_of(pod: &Value, namespace: &str) -> Option<ObjectReference> {
     })
 }
 
-/// The resource of an [`OWNER_KINDS`] kind.
+/// The resource of an [`owner_kinds`] kind.
 pub fn resource_of(api_version: &str, kind: &str) -> Option<&'static str> {
-    OWNER_KINDS.iter().find(|(v, k, _)| *v == api_version && *k == kind).map(|(_, _, resource)| *resource)
+    owner_kinds().find(|w| w.api_version == api_version && w.kind == kind).map(|w| w.plural)
 }
 
 /// What the publisher saw of claimed owners: whether an object with the claimed kind, namespace,
@@ -200,6 +198,33 @@ mod tests {
 
     use super::*;
     use crate::engine::model::status::{ItemKind, Skipped, TemplateRef};
+
+    #[test]
+    fn the_injector_may_get_exactly_the_owner_kinds() {
+        // The rules of deploy/base/rbac.yaml with the verb `get` alone: (group, resources).
+        let rbac = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/base/rbac.yaml")).unwrap();
+        let mut granted = Vec::new();
+        let mut group = "";
+        for line in rbac.lines().map(str::trim) {
+            if let Some(g) = line.strip_prefix("- apiGroups: [").and_then(|g| g.strip_suffix(']')) {
+                group = if g == "\"\"" { "" } else { g };
+            } else if let Some(resources) = line.strip_prefix("resources: [").and_then(|r| r.strip_suffix(']')) {
+                granted.push((group, resources.split(", ").map(str::to_owned).collect::<Vec<_>>()));
+            } else if line == "verbs: [get]" {
+                continue;
+            } else if line.starts_with("verbs:") {
+                granted.pop();
+            }
+        }
+        let mut got: Vec<String> =
+            granted.into_iter().flat_map(|(g, r)| r.into_iter().map(move |r| format!("{g}/{r}"))).collect();
+        let mut owners: Vec<String> = owner_kinds()
+            .map(|w| format!("{}/{}", w.api_version.rsplit_once('/').map_or("", |(g, _)| g), w.plural))
+            .collect();
+        got.sort();
+        owners.sort();
+        assert_eq!(got, owners);
+    }
 
     #[test]
     fn pod_events_go_on_the_controller() {

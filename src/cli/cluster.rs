@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::OutputFormat;
-use crate::engine::drift::{self, PodDrift, RestartAction, WorkloadRef};
+use crate::engine::drift::{self, DriftedWorkload, PodDrift, RestartAction, WorkloadRef};
 use crate::engine::emit::webhook_rules::{self, Check, Reachability};
 use crate::engine::model::status::InjectionStatus;
 use crate::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, names, workload};
@@ -98,25 +98,14 @@ async fn target_pod(client: &Client, namespace: &str, target: Option<&str>) -> R
     };
     let (kind, name) =
         target.split_once('/').with_context(|| format!("{target:?}: write KIND/NAME, e.g. deployment/web"))?;
-    let (group, version, kind, plural) = match kind.to_lowercase().as_str() {
-        "pod" | "pods" | "po" => ("", "v1", "Pod", "pods"),
-        "deployment" | "deployments" | "deploy" => ("apps", "v1", "Deployment", "deployments"),
-        "statefulset" | "statefulsets" | "sts" => ("apps", "v1", "StatefulSet", "statefulsets"),
-        "daemonset" | "daemonsets" | "ds" => ("apps", "v1", "DaemonSet", "daemonsets"),
-        "replicaset" | "replicasets" | "rs" => ("apps", "v1", "ReplicaSet", "replicasets"),
-        "job" | "jobs" => ("batch", "v1", "Job", "jobs"),
-        "cronjob" | "cronjobs" | "cj" => ("batch", "v1", "CronJob", "cronjobs"),
-        other => {
-            bail!("{other:?} has no pods; use pod, deployment, statefulset, daemonset, replicaset, job or cronjob")
-        }
+    let asked = kind.to_lowercase();
+    let Some(row) = workload::WORKLOAD_KINDS.iter().find(|w| w.target_names.contains(&asked.as_str())) else {
+        let targets: Vec<&str> =
+            workload::WORKLOAD_KINDS.iter().filter_map(|w| w.target_names.first().copied()).collect();
+        let (last, rest) = targets.split_last().expect("targets");
+        bail!("{asked:?} has no pods; use {} or {last}", rest.join(", "))
     };
-    let resource = ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: if group.is_empty() { version.into() } else { format!("{group}/{version}") },
-        kind: kind.into(),
-        plural: plural.into(),
-    };
+    let (kind, resource) = (row.kind, api_resource(row));
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
     let object = api.get_opt(name).await?.with_context(|| format!("{kind} {namespace}/{name} not found"))?;
     let mut json = serde_json::to_value(&object)?;
@@ -332,25 +321,6 @@ pub struct DriftArgs {
     pub injector: InjectorRef,
 }
 
-/// One drifted workload.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DriftedWorkload {
-    namespace: String,
-    workload: WorkloadRef,
-    stale_pods: Vec<String>,
-    not_injected_pods: Vec<String>,
-    /// Pods whose templates applied with conflicts: listed, never restarted (a restart changes
-    /// nothing; the pod template has to).
-    conflicted_pods: Vec<String>,
-    /// Pods an `enforced: audit` template reports (refused or changed under `enforced: true`):
-    /// listed, never restarted.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    enforcement_audit_pods: Vec<String>,
-    templates: Vec<String>,
-    action: RestartAction,
-}
-
 /// What `drift` found, and what it judged with.
 struct Drifted {
     workloads: Vec<DriftedWorkload>,
@@ -389,88 +359,33 @@ async fn drifted(client: &Client, args: &DriftArgs) -> Result<Drifted> {
         ),
     };
     // ReplicaSet → its Deployment, Job → its CronJob, per namespace.
-    let mut owners: BTreeMap<(String, (String, String)), WorkloadRef> = BTreeMap::new();
-    for (kind, items) in [
-        (
-            "ReplicaSet",
-            replica_sets
-                .items
-                .iter()
-                .map(|o| (o.namespace(), o.name_any(), o.owner_references().to_vec()))
-                .collect::<Vec<_>>(),
-        ),
-        ("Job", jobs.items.iter().map(|o| (o.namespace(), o.name_any(), o.owner_references().to_vec())).collect()),
-    ] {
-        for (namespace, name, references) in items {
-            if let Some(owner) = references.iter().find(|o| o.controller == Some(true)) {
-                owners.insert(
-                    (namespace.unwrap_or_default(), (kind.to_owned(), name)),
-                    WorkloadRef { kind: owner.kind.clone(), name: owner.name.clone() },
-                );
-            }
-        }
-    }
-    let mut workloads: BTreeMap<(String, WorkloadRef), DriftedWorkload> = BTreeMap::new();
-    for pod in &pods.items {
-        let namespace = pod.namespace().unwrap_or_default();
-        let Some(facts) = namespaces.get(&namespace) else { continue };
-        let state = drift::classify(&engine, pod.labels(), pod.annotations(), facts);
-        let (kind, templates): (DriftKind, Vec<String>) = match state {
-            PodDrift::Stale { templates } => (DriftKind::Stale, templates.into_iter().map(|t| t.name).collect()),
-            PodDrift::NotInjected { templates } => (DriftKind::NotInjected, templates),
-            PodDrift::Conflicts { templates } => (DriftKind::Conflicts, templates),
-            PodDrift::EnforcementAudit { templates } => (DriftKind::EnforcementAudit, templates),
-            PodDrift::Current | PodDrift::OutOfScope => continue,
-        };
-        let in_namespace: BTreeMap<(String, String), WorkloadRef> = owners
-            .iter()
-            .filter(|((ns, _), _)| *ns == namespace)
-            .map(|((_, key), w)| (key.clone(), w.clone()))
-            .collect();
-        let workload = drift::workload_of(&pod.name_any(), pod.owner_references(), &in_namespace);
-        let entry = workloads.entry((namespace.clone(), workload.clone())).or_insert_with(|| DriftedWorkload {
+    let replica_set_rows =
+        replica_sets.items.iter().map(|o| (o.namespace(), "ReplicaSet", o.name_any(), o.owner_references()));
+    let job_rows = jobs.items.iter().map(|o| (o.namespace(), "Job", o.name_any(), o.owner_references()));
+    let owner_rows: Vec<(String, &str, String, &[_])> = replica_set_rows
+        .chain(job_rows)
+        .map(|(ns, kind, name, refs)| (ns.unwrap_or_default(), kind, name, refs))
+        .collect();
+    let owners: Vec<drift::OwnerMetadata> = owner_rows
+        .iter()
+        .map(|(namespace, kind, name, references)| drift::OwnerMetadata {
             namespace,
-            action: drift::restart_action(&workload),
-            workload,
-            stale_pods: Vec::new(),
-            not_injected_pods: Vec::new(),
-            conflicted_pods: Vec::new(),
-            enforcement_audit_pods: Vec::new(),
-            templates: Vec::new(),
-        });
-        match kind {
-            DriftKind::Stale => entry.stale_pods.push(pod.name_any()),
-            DriftKind::NotInjected => entry.not_injected_pods.push(pod.name_any()),
-            DriftKind::Conflicts => entry.conflicted_pods.push(pod.name_any()),
-            DriftKind::EnforcementAudit => entry.enforcement_audit_pods.push(pod.name_any()),
-        }
-        for template in templates {
-            if !entry.templates.contains(&template) {
-                entry.templates.push(template);
-            }
-        }
-    }
-    for workload in workloads.values_mut() {
-        if workload.stale_pods.is_empty() && workload.not_injected_pods.is_empty() {
-            let advice = match workload.conflicted_pods.is_empty() {
-                true => "none: a restart changes nothing; what enforced: true would do is in sidecar-injector why",
-                false => {
-                    "none: a restart changes nothing; remove the pod template's items that conflict (sidecar-injector why)"
-                }
-            };
-            workload.action = RestartAction::Manual { advice: advice.to_owned() };
-        }
-    }
-    Ok(Drifted { workloads: workloads.into_values().collect(), engine, cluster, namespaces })
-}
-
-/// Why a pod is listed by `drift`.
-enum DriftKind {
-    Stale,
-    NotInjected,
-    Conflicts,
-    /// Would be refused, or given a template against its annotations, by `enforced: true`.
-    EnforcementAudit,
+            kind,
+            name,
+            owner_references: references,
+        })
+        .collect();
+    let pod_rows: Vec<(String, String)> =
+        pods.items.iter().map(|p| (p.namespace().unwrap_or_default(), p.name_any())).collect();
+    let pod_metadata = pods.items.iter().zip(&pod_rows).map(|(pod, (namespace, name))| drift::PodMetadata {
+        namespace,
+        name,
+        labels: pod.labels(),
+        annotations: pod.annotations(),
+        owner_references: pod.owner_references(),
+    });
+    let workloads = drift::drifted_workloads(&engine, pod_metadata, &owners, &namespaces);
+    Ok(Drifted { workloads, engine, cluster, namespaces })
 }
 
 /// `drift [--restart | --in-place]`.
@@ -515,20 +430,22 @@ pub async fn drift(client: &Client, args: &DriftArgs) -> Result<String> {
     Ok(out)
 }
 
+/// The API resource of a kind of workload.
+fn api_resource(row: &workload::WorkloadKind) -> ApiResource {
+    let (group, version) = row.api_version.split_once('/').unwrap_or(("", row.api_version));
+    ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: row.api_version.into(),
+        kind: row.kind.into(),
+        plural: row.plural.into(),
+    }
+}
+
+/// The resource of a kind of workload `drift --restart` rolls out.
 fn resource_of(kind: &str) -> Option<ApiResource> {
-    let plural = match kind {
-        "Deployment" => "deployments",
-        "StatefulSet" => "statefulsets",
-        "DaemonSet" => "daemonsets",
-        _ => return None,
-    };
-    Some(ApiResource {
-        group: "apps".into(),
-        version: "v1".into(),
-        api_version: "apps/v1".into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    })
+    let row = workload::workload_kind(kind).filter(|w| w.restart == workload::Restart::Rollout)?;
+    Some(api_resource(row))
 }
 
 async fn restart(client: &Client, args: &DriftArgs, workloads: &[DriftedWorkload]) -> Result<String> {

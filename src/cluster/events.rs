@@ -100,7 +100,7 @@ pub fn publish(client: Client, metrics: Arc<Metrics>) -> EventSink {
 }
 
 /// Whether the subject of an Event exists as the Event names it. Subjects of the kinds a pod
-/// claims as its owner (`admission::events::OWNER_KINDS`) are looked up by name and compared by
+/// claims as its owner (`admission::events::owner_kinds`) are looked up by name and compared by
 /// uid (a failed lookup counts as not found, and is asked again next time); any other subject is
 /// the injector's own (a template ConfigMap from its watch).
 async fn owner_exists(client: &Client, seen: &mut VerifiedOwners, regarding: &ObjectReference) -> bool {

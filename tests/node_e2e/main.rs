@@ -204,6 +204,7 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
         ("n12_enforced_resize", n12_enforced_resize),
         ("n13_in_place_upgrade", n13_in_place_upgrade),
         ("n14_image_volumes", n14_image_volumes),
+        ("n16_scheduling_gate", n16_scheduling_gate),
         ("n4_drift_restart", n4_drift_restart),
         ("n5_injector_down", n5_injector_down),
         ("n6_attacks_on_the_pod", n6_attacks_on_the_pod),

@@ -1035,6 +1035,94 @@ spec:
     Ok(())
 }
 
+/// 16. A scheduling gate on the real node: a template's gate keeps the pod off the node
+///     (`SchedulingGated`, no node, no container started) until its controller (here, the test)
+///     lifts it with an update, which `/validate` allows; the pod then runs with the template's
+///     sidecar, and `drift` counts it current (the lifted gate is no doubt).
+pub fn n16_scheduling_gate(ctx: &mut Ctx) -> Result<()> {
+    ctx.apply(&format!(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: gate-templates
+  namespace: {INJECTOR_NS}
+  labels: {{sidecar-injector.io/templates: "true"}}
+data:
+  prepared.yaml: |
+    description: Holds tier=gated pods until their node is prepared, then runs a helper beside them
+    podSelector: {{matchLabels: {{tier: gated}}}}
+    inject:
+      schedulingGates:
+        - name: e2e.example/prepared
+      sidecars:
+        - name: helper
+          image: {BUSYBOX}
+          imagePullPolicy: Never
+          command: [/bin/sh, -c, 'trap "exit 0" TERM; while true; do sleep 1; done']
+"#
+    ))?;
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: gated, namespace: {SHOP}, labels: {{tier: gated}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: app
+      image: {BUSYBOX}
+      imagePullPolicy: Never
+      command: [/bin/sh, -c, 'trap "exit 0" TERM; while true; do sleep 1; done']
+"#
+    );
+    ctx.every_replica_serving("every replica serving the gated template", SHOP, &pod, |p| {
+        p["spec"]["schedulingGates"] == json!([{"name": "e2e.example/prepared"}])
+    })?;
+    ctx.apply(&pod)?;
+    let reason = |pod: &Value| -> Option<String> {
+        let conditions = pod["status"]["conditions"].as_array()?;
+        conditions.iter().find(|c| c["type"] == "PodScheduled").and_then(|c| c["reason"].as_str()).map(str::to_owned)
+    };
+    eventually("the pod SchedulingGated", Duration::from_secs(30), || {
+        let now = ctx.json(&["-n", SHOP, "get", "pod", "gated"])?;
+        Ok((reason(&now).as_deref() == Some("SchedulingGated")).then_some(()))
+    })?;
+    // Held: a few seconds later still no node and no container.
+    std::thread::sleep(Duration::from_secs(3));
+    let held = ctx.json(&["-n", SHOP, "get", "pod", "gated"])?;
+    ensure!(held["spec"]["nodeName"].is_null(), "a gated pod was bound to {}", held["spec"]["nodeName"]);
+    ensure!(held["status"]["containerStatuses"].is_null(), "a gated pod's containers: {}", held["status"]);
+    println!("      held SchedulingGated: no node, no container");
+    let started = Instant::now();
+    ctx.kubectl(&[
+        "-n",
+        SHOP,
+        "patch",
+        "pod",
+        "gated",
+        "--type=json",
+        "-p",
+        r#"[{"op": "remove", "path": "/spec/schedulingGates"}]"#,
+    ])?;
+    ctx.kubectl(&["-n", SHOP, "wait", "--for=condition=Ready", "pod/gated", "--timeout=90s"])?;
+    let running = ctx.json(&["-n", SHOP, "get", "pod", "gated"])?;
+    let statuses: Vec<Value> = ["initContainerStatuses", "containerStatuses"]
+        .iter()
+        .flat_map(|list| running["status"][list].as_array().cloned().unwrap_or_default())
+        .collect();
+    let helper = statuses.iter().find(|s| s["name"] == "helper").context("no helper status")?;
+    ensure!(helper["state"]["running"].is_object(), "the helper is not running: {helper}");
+    println!(
+        "      the gate lifted by an update; Ready with the helper {:.1} s later",
+        started.elapsed().as_secs_f64()
+    );
+    let report: Value = serde_json::from_str(&ctx.cli(&["drift", "--namespace", SHOP, "-o", "json"])?)?;
+    let listed = report.as_array().into_iter().flatten().any(|w| w["workload"]["name"] == "gated");
+    ensure!(!listed, "the pod whose gate was lifted is listed as drifted: {report}");
+    ctx.kubectl(&["-n", SHOP, "delete", "pod", "gated", "--wait=false"])?;
+    ctx.kubectl(&["-n", INJECTOR_NS, "delete", "configmap", "gate-templates"])?;
+    Ok(())
+}
+
 /// Every container of a pod as stored, init containers first.
 /// 14. Image volumes on the real kubelet (1.37, containerd 2.2): a pod pinned to the real node gets
 ///     the agent as an image volume, and its app reads the agent's files through it, whole and

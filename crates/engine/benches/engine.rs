@@ -75,6 +75,78 @@ fn measure_once(engine: &Engine, body: &[u8]) -> usize {
     }
 }
 
+/// One decision whatever its outcome (a claimed pod may be up to date): parse, evaluate, and
+/// serialize the patch if there is one.
+fn decide_once(engine: &Engine, body: &[u8]) -> usize {
+    let pod: Value = serde_json::from_slice(black_box(body)).unwrap();
+    let request = PodRequest {
+        pod: Arc::new(pod),
+        namespace: NamespaceFacts::unknown("shop"),
+        cluster: ClusterFacts::default(),
+        workload: None,
+    };
+    match engine.evaluate(&request).outcome {
+        Outcome::Inject(injection) => black_box(serde_json::to_vec(&injection.patch).unwrap().len()),
+        Outcome::UpToDate(status) => black_box(status.templates.len()),
+        other => panic!("expected an injection or up to date, got {other:?}"),
+    }
+}
+
+/// Re-admissions of a pod that carries an injection (a copy of an injected pod, a pod created
+/// from `kubectl get -o yaml`): up to date; after a template edit (its claim proved, then replaced);
+/// and with an injected container resized in place since (its resources carried over). Each with
+/// the time and allocations of one decision, beside a fresh pod's.
+fn claimed_pods(engine: &Engine, typical: &[u8], budget: Duration) {
+    let pod: Value = serde_json::from_slice(typical).unwrap();
+    let request = PodRequest {
+        pod: Arc::new(pod.clone()),
+        namespace: NamespaceFacts::unknown("shop"),
+        cluster: ClusterFacts::default(),
+        workload: None,
+    };
+    let Outcome::Inject(injection) = engine.evaluate(&request).outcome else { panic!("the typical pod is injected") };
+    let mut injected = pod;
+    json_patch::patch(&mut injected, &injection.patch).unwrap();
+    // Every template edited: another image tag for each of its containers.
+    let edited_sources = embedded_sources().into_iter().map(|mut source| {
+        source.text = source.text.replace("fluent-bit:3.2.10", "fluent-bit:3.2.11");
+        source.text =
+            source.text.replace("contrib:0.120.0", "contrib:0.121.0").replace("envoy:v1.33.2", "envoy:v1.33.3");
+        source
+    });
+    let (edited, errors) = TemplateSet::load(edited_sources);
+    assert!(errors.is_empty(), "{errors:?}");
+    let edited = Engine::new(edited, Vec::new());
+    // The first injected container resized in place.
+    let sidecar = injection.status.native_sidecars.first().or(injection.status.containers.first()).unwrap().clone();
+    let mut resized = injected.clone();
+    for list in ["initContainers", "containers"] {
+        for container in resized["spec"][list].as_array_mut().into_iter().flatten() {
+            if container["name"] == sidecar.as_str() {
+                container["resources"] =
+                    json!({"requests": {"cpu": "300m", "memory": "96Mi"}, "limits": {"memory": "192Mi"}});
+            }
+        }
+    }
+    let injected = serde_json::to_vec(&injected).unwrap();
+    let resized = serde_json::to_vec(&resized).unwrap();
+    println!();
+    println!("{:<56} {:>12} {:>12}", "re-admission", "µs/decision", "allocations");
+    let cases: [(&str, &Engine, &[u8]); 4] = [
+        ("a fresh typical pod", engine, typical),
+        ("its injected copy, templates unchanged (up to date)", engine, &injected),
+        ("its injected copy after a template edit", &edited, &injected),
+        ("its copy with a resized sidecar, after an edit", &edited, &resized),
+    ];
+    for (name, engine, body) in cases {
+        let time = median_time(budget, || decide_once(engine, body));
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        decide_once(engine, body);
+        let count = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        println!("{name:<56} {:>12.1} {count:>12}", time.as_secs_f64() * 1e6);
+    }
+}
+
 /// Median time of parsing (and dropping) the pod JSON alone: the floor under any decision.
 fn measure_parse(body: &[u8], budget: Duration) -> Duration {
     median_time(budget, || black_box(serde_json::from_slice::<Value>(black_box(body)).unwrap()).is_object() as usize)
@@ -294,5 +366,6 @@ fn main() {
         last.0,
         last.2.as_secs_f64() / first.2.as_secs_f64()
     );
+    claimed_pods(&engine, &typical, budget);
     node_pools(budget);
 }

@@ -69,27 +69,143 @@ impl Workload {
     }
 }
 
-/// The kinds that carry a pod (or a pod template), and the path to it.
-const POD_TEMPLATE_PATHS: [(&str, &[&str]); 9] = [
-    ("Pod", &[]),
-    ("PodTemplate", &["template"]),
-    ("ReplicationController", &["spec", "template"]),
-    ("Deployment", &["spec", "template"]),
-    ("StatefulSet", &["spec", "template"]),
-    ("DaemonSet", &["spec", "template"]),
-    ("ReplicaSet", &["spec", "template"]),
-    ("Job", &["spec", "template"]),
-    ("CronJob", &["spec", "jobTemplate", "spec", "template"]),
+/// A kind of object that carries a pod or a pod template: where the pod is, how the API names the
+/// kind, and what `drift --restart` does for it. The one table of workload kinds: manifests' pods
+/// (`inject`, `explain`), `explain --cluster`'s targets, the owners Events go on, and drift's
+/// restarts read it.
+#[derive(Debug)]
+pub struct WorkloadKind {
+    /// The kind (`Deployment`).
+    pub kind: &'static str,
+    /// Its API group and version (`apps/v1`; `v1` for the core group).
+    pub api_version: &'static str,
+    /// Its resource (`deployments`).
+    pub plural: &'static str,
+    /// The names `explain --cluster KIND/NAME` takes for it, kubectl's short ones included (none:
+    /// not a target).
+    pub target_names: &'static [&'static str],
+    /// The path of its pod (template) in the object.
+    pub pod_path: &'static [&'static str],
+    /// Whether Kubernetes' own controller of this kind makes pods (an Event about their injection
+    /// goes on it; the RBAC in `deploy/` lets the injector `get` exactly these).
+    pub makes_pods: bool,
+    /// How `drift --restart` brings one up to date.
+    pub restart: Restart,
+}
+
+/// How `drift --restart` brings a workload of a kind up to date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restart {
+    /// A rollout, as `kubectl rollout restart` starts one.
+    Rollout,
+    /// Nothing: its next run gets the current templates.
+    NextRun,
+    /// By hand, as the advice says.
+    Manual(&'static str),
+    /// Not at all (no advice of its own).
+    Never,
+}
+
+/// Every kind that carries a pod, in the order messages list them.
+pub const WORKLOAD_KINDS: [WorkloadKind; 9] = [
+    WorkloadKind {
+        kind: "Pod",
+        api_version: "v1",
+        plural: "pods",
+        target_names: &["pod", "pods", "po"],
+        pod_path: &[],
+        makes_pods: false,
+        restart: Restart::Manual("a bare pod is never deleted by sidecar-injector; re-create it"),
+    },
+    WorkloadKind {
+        kind: "PodTemplate",
+        api_version: "v1",
+        plural: "podtemplates",
+        target_names: &[],
+        pod_path: &["template"],
+        makes_pods: false,
+        restart: Restart::Never,
+    },
+    WorkloadKind {
+        kind: "ReplicationController",
+        api_version: "v1",
+        plural: "replicationcontrollers",
+        target_names: &[],
+        pod_path: &["spec", "template"],
+        makes_pods: true,
+        restart: Restart::Never,
+    },
+    WorkloadKind {
+        kind: "Deployment",
+        api_version: "apps/v1",
+        plural: "deployments",
+        target_names: &["deployment", "deployments", "deploy"],
+        pod_path: &["spec", "template"],
+        makes_pods: false,
+        restart: Restart::Rollout,
+    },
+    WorkloadKind {
+        kind: "StatefulSet",
+        api_version: "apps/v1",
+        plural: "statefulsets",
+        target_names: &["statefulset", "statefulsets", "sts"],
+        pod_path: &["spec", "template"],
+        makes_pods: true,
+        restart: Restart::Rollout,
+    },
+    WorkloadKind {
+        kind: "DaemonSet",
+        api_version: "apps/v1",
+        plural: "daemonsets",
+        target_names: &["daemonset", "daemonsets", "ds"],
+        pod_path: &["spec", "template"],
+        makes_pods: true,
+        restart: Restart::Rollout,
+    },
+    WorkloadKind {
+        kind: "ReplicaSet",
+        api_version: "apps/v1",
+        plural: "replicasets",
+        target_names: &["replicaset", "replicasets", "rs"],
+        pod_path: &["spec", "template"],
+        makes_pods: true,
+        restart: Restart::Manual(
+            "a ReplicaSet without a Deployment does not replace pods when its template changes; delete its pods to re-create them",
+        ),
+    },
+    WorkloadKind {
+        kind: "Job",
+        api_version: "batch/v1",
+        plural: "jobs",
+        target_names: &["job", "jobs"],
+        pod_path: &["spec", "template"],
+        makes_pods: true,
+        restart: Restart::Manual("a Job's pods are not restarted; re-run the Job to get the current templates"),
+    },
+    WorkloadKind {
+        kind: "CronJob",
+        api_version: "batch/v1",
+        plural: "cronjobs",
+        target_names: &["cronjob", "cronjobs", "cj"],
+        pod_path: &["spec", "jobTemplate", "spec", "template"],
+        makes_pods: false,
+        restart: Restart::NextRun,
+    },
 ];
+
+/// The row of `kind`, if it carries a pod.
+pub fn workload_kind(kind: &str) -> Option<&'static WorkloadKind> {
+    WORKLOAD_KINDS.iter().find(|w| w.kind == kind)
+}
 
 /// The kinds whose pods can be injected.
 pub fn supported_kinds() -> impl Iterator<Item = &'static str> {
-    POD_TEMPLATE_PATHS.iter().map(|(kind, _)| *kind)
+    WORKLOAD_KINDS.iter().map(|w| w.kind)
 }
 
 /// The path of the pod (template) inside a document of this kind, `None` for other kinds.
 pub fn pod_path(kind: &str) -> Option<&'static [&'static str]> {
-    POD_TEMPLATE_PATHS.iter().find(|(k, _)| *k == kind).map(|(_, path)| *path)
+    workload_kind(kind).map(|w| w.pod_path)
 }
 
 /// The dotted field prefix of the pod inside the document, for error messages (`spec.template.`).

@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde::Serialize;
 
 use crate::model::status::InjectionStatus;
+use crate::workload::{Restart, workload_kind};
 use crate::{Engine, NamespaceFacts, injection::select, names};
 
 /// A template whose injected version differs from the one in service.
@@ -173,18 +174,137 @@ pub enum RestartAction {
 /// The annotation `kubectl rollout restart` sets on a pod template.
 pub const RESTARTED_AT_ANNOTATION: &str = "kubectl.kubernetes.io/restartedAt";
 
-/// How a workload of this kind is brought up to date.
+/// How a workload of this kind is brought up to date (`workload::WORKLOAD_KINDS`).
 pub fn restart_action(workload: &WorkloadRef) -> RestartAction {
-    match workload.kind.as_str() {
-        "Deployment" | "StatefulSet" | "DaemonSet" => RestartAction::Restart,
-        "CronJob" => RestartAction::NextRun,
-        "Job" => RestartAction::Manual { advice: "a Job's pods are not restarted; re-run the Job to get the current templates".into() },
-        "ReplicaSet" => RestartAction::Manual {
-            advice: "a ReplicaSet without a Deployment does not replace pods when its template changes; delete its pods to re-create them".into(),
-        },
-        "Pod" => RestartAction::Manual { advice: "a bare pod is never deleted by sidecar-injector; re-create it".into() },
-        other => RestartAction::Manual { advice: format!("{other} is not restarted automatically") },
+    match workload_kind(&workload.kind).map(|w| w.restart) {
+        Some(Restart::Rollout) => RestartAction::Restart,
+        Some(Restart::NextRun) => RestartAction::NextRun,
+        Some(Restart::Manual(advice)) => RestartAction::Manual { advice: advice.to_owned() },
+        Some(Restart::Never) | None => {
+            RestartAction::Manual { advice: format!("{} is not restarted automatically", workload.kind) }
+        }
     }
+}
+
+/// A pod as `drift` reads it from the cluster: its metadata only.
+#[derive(Debug, Clone, Copy)]
+pub struct PodMetadata<'a> {
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// Its name.
+    pub name: &'a str,
+    /// Its labels.
+    pub labels: &'a BTreeMap<String, String>,
+    /// Its annotations.
+    pub annotations: &'a BTreeMap<String, String>,
+    /// Its owner references.
+    pub owner_references: &'a [OwnerReference],
+}
+
+/// A ReplicaSet or a Job and its controller, which lift a pod's workload to the Deployment or the
+/// CronJob a user restarts.
+#[derive(Debug, Clone, Copy)]
+pub struct OwnerMetadata<'a> {
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// `ReplicaSet` or `Job`.
+    pub kind: &'a str,
+    /// Its name.
+    pub name: &'a str,
+    /// Its owner references.
+    pub owner_references: &'a [OwnerReference],
+}
+
+/// A workload with drifted pods, as `drift` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DriftedWorkload {
+    /// Its namespace.
+    pub namespace: String,
+    /// The workload.
+    pub workload: WorkloadRef,
+    /// Pods injected with template versions that changed since.
+    pub stale_pods: Vec<String>,
+    /// Pods never injected although they should have been.
+    pub not_injected_pods: Vec<String>,
+    /// Pods whose templates applied with conflicts: listed, never restarted (a restart changes
+    /// nothing; the pod template has to).
+    pub conflicted_pods: Vec<String>,
+    /// Pods an `enforced: audit` template reports (refused or changed under `enforced: true`):
+    /// listed, never restarted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub enforcement_audit_pods: Vec<String>,
+    /// The templates concerned, in the order first met.
+    pub templates: Vec<String>,
+    /// What `drift --restart` does for it.
+    pub action: RestartAction,
+}
+
+/// Which list of a drifted workload a pod goes in.
+type PodList = fn(&mut DriftedWorkload) -> &mut Vec<String>;
+
+/// The drifted pods of `pods` grouped by workload (in namespace and workload order): each pod
+/// classified ([`classify`]) in its namespace (a pod whose namespace is not in `namespaces` is
+/// skipped), its workload lifted through `owners` ([`workload_of`]), and each workload's restart
+/// action ([`restart_action`]), none for one whose pods only conflict or are audited (a restart
+/// changes nothing for those).
+pub fn drifted_workloads<'a>(
+    engine: &Engine,
+    pods: impl IntoIterator<Item = PodMetadata<'a>>,
+    owners: &[OwnerMetadata<'_>],
+    namespaces: &BTreeMap<String, NamespaceFacts>,
+) -> Vec<DriftedWorkload> {
+    let mut lifted: BTreeMap<&str, BTreeMap<(String, String), WorkloadRef>> = BTreeMap::new();
+    for owner in owners {
+        if let Some(controller) = owner.owner_references.iter().find(|o| o.controller == Some(true)) {
+            lifted.entry(owner.namespace).or_default().insert(
+                (owner.kind.to_owned(), owner.name.to_owned()),
+                WorkloadRef { kind: controller.kind.clone(), name: controller.name.clone() },
+            );
+        }
+    }
+    let none = BTreeMap::new();
+    let mut workloads: BTreeMap<(String, WorkloadRef), DriftedWorkload> = BTreeMap::new();
+    for pod in pods {
+        let Some(facts) = namespaces.get(pod.namespace) else { continue };
+        let (list, templates): (PodList, Vec<String>) = match classify(engine, pod.labels, pod.annotations, facts) {
+            PodDrift::Stale { templates } => (|w| &mut w.stale_pods, templates.into_iter().map(|t| t.name).collect()),
+            PodDrift::NotInjected { templates } => (|w| &mut w.not_injected_pods, templates),
+            PodDrift::Conflicts { templates } => (|w| &mut w.conflicted_pods, templates),
+            PodDrift::EnforcementAudit { templates } => (|w| &mut w.enforcement_audit_pods, templates),
+            PodDrift::Current | PodDrift::OutOfScope => continue,
+        };
+        let owners = lifted.get(pod.namespace).unwrap_or(&none);
+        let workload = workload_of(pod.name, pod.owner_references, owners);
+        let entry = workloads.entry((pod.namespace.to_owned(), workload.clone())).or_insert_with(|| DriftedWorkload {
+            namespace: pod.namespace.to_owned(),
+            action: restart_action(&workload),
+            workload,
+            stale_pods: Vec::new(),
+            not_injected_pods: Vec::new(),
+            conflicted_pods: Vec::new(),
+            enforcement_audit_pods: Vec::new(),
+            templates: Vec::new(),
+        });
+        list(entry).push(pod.name.to_owned());
+        for template in templates {
+            if !entry.templates.contains(&template) {
+                entry.templates.push(template);
+            }
+        }
+    }
+    for workload in workloads.values_mut() {
+        if workload.stale_pods.is_empty() && workload.not_injected_pods.is_empty() {
+            let advice = match workload.conflicted_pods.is_empty() {
+                true => "none: a restart changes nothing; what enforced: true would do is in sidecar-injector why",
+                false => {
+                    "none: a restart changes nothing; remove the pod template's items that conflict (sidecar-injector why)"
+                }
+            };
+            workload.action = RestartAction::Manual { advice: advice.to_owned() };
+        }
+    }
+    workloads.into_values().collect()
 }
 
 #[cfg(test)]
@@ -355,5 +475,98 @@ mod tests {
         assert!(
             matches!(restart_action(&WorkloadRef { kind: "Pod".into(), name: "x".into() }), RestartAction::Manual { advice } if advice.contains("never deleted"))
         );
+    }
+
+    #[test]
+    fn drifted_pods_are_grouped_by_the_workload_a_user_restarts() {
+        let engine = engine(&[("a", A)]);
+        let a = engine.templates.get("a").unwrap().hash.clone();
+        let namespaces: BTreeMap<String, NamespaceFacts> = [("shop".to_owned(), opted_in("shop", &[]))].into();
+        let controlled = |kind: &str, name: &str| {
+            vec![OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: kind.into(),
+                name: name.into(),
+                uid: "u".into(),
+                controller: Some(true),
+                ..OwnerReference::default()
+            }]
+        };
+        let conflicted = InjectionStatus {
+            templates: vec![TemplateRef { name: "a".into(), hash: a.clone() }],
+            skipped: vec![crate::model::status::Skipped {
+                template: "a".into(),
+                kind: crate::model::status::ItemKind::Label,
+                name: "a".into(),
+                container: None,
+                owner: "pod".into(),
+            }],
+            ..InjectionStatus::default()
+        }
+        .to_annotation();
+        let none = map(&[]);
+        let (stale, current) = (
+            map(&[(names::STATUS_ANNOTATION, &status(&[("a", "0000")]))]),
+            map(&[(names::STATUS_ANNOTATION, &status(&[("a", &a)]))]),
+        );
+        let conflicts = map(&[(names::STATUS_ANNOTATION, &conflicted)]);
+        let (web, job, solo) = (controlled("ReplicaSet", "web-7d9f"), controlled("Job", "report-2901"), Vec::new());
+        let pod = |namespace, name, annotations, owner_references| PodMetadata {
+            namespace,
+            name,
+            labels: &none,
+            annotations,
+            owner_references,
+        };
+        let pods = [
+            pod("shop", "web-7d9f-a", &stale, &web[..]),
+            pod("shop", "web-7d9f-b", &none, &web[..]),
+            pod("shop", "web-7d9f-c", &current, &web[..]),
+            pod("shop", "report-2901-x", &stale, &job[..]),
+            pod("shop", "solo", &conflicts, &solo[..]),
+            // A namespace nobody listed: skipped.
+            pod("elsewhere", "lost", &stale, &solo[..]),
+        ];
+        let (deployment, cronjob) = (controlled("Deployment", "web"), controlled("CronJob", "report"));
+        let owners = [
+            OwnerMetadata { namespace: "shop", kind: "ReplicaSet", name: "web-7d9f", owner_references: &deployment },
+            OwnerMetadata { namespace: "shop", kind: "Job", name: "report-2901", owner_references: &cronjob },
+            // The same names in another namespace lift nothing here.
+            OwnerMetadata { namespace: "other", kind: "ReplicaSet", name: "solo", owner_references: &deployment },
+        ];
+        let found = drifted_workloads(&engine, pods, &owners, &namespaces);
+        type Row = (String, Vec<String>, Vec<String>, Vec<String>, RestartAction);
+        let summary: Vec<Row> = found
+            .iter()
+            .map(|w| {
+                (
+                    w.workload.to_string(),
+                    w.stale_pods.clone(),
+                    w.not_injected_pods.clone(),
+                    w.conflicted_pods.clone(),
+                    w.action.clone(),
+                )
+            })
+            .collect();
+        let manual = RestartAction::Manual {
+            advice:
+                "none: a restart changes nothing; remove the pod template's items that conflict (sidecar-injector why)"
+                    .into(),
+        };
+        assert_eq!(
+            summary,
+            [
+                ("cronjob/report".to_owned(), vec!["report-2901-x".to_owned()], vec![], vec![], RestartAction::NextRun),
+                (
+                    "deployment/web".to_owned(),
+                    vec!["web-7d9f-a".to_owned()],
+                    vec!["web-7d9f-b".to_owned()],
+                    vec![],
+                    RestartAction::Restart
+                ),
+                ("pod/solo".to_owned(), vec![], vec![], vec!["solo".to_owned()], manual),
+            ]
+        );
+        assert!(found.iter().all(|w| w.namespace == "shop" && w.templates == ["a"]), "{found:?}");
     }
 }

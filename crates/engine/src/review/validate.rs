@@ -24,9 +24,9 @@ use crate::drift::in_place;
 use crate::injection::env_merge;
 use crate::model::compare::{first_difference, without_resources};
 use crate::model::kinds::{APP_LISTS, CONTAINER_LISTS, INIT_CONTAINERS, POD_LISTS};
-use crate::model::status::{InjectionStatus, ItemKind, TemplateRef};
+use crate::model::status::{InjectionStatus, TemplateRef};
 use crate::review::updates;
-use crate::templates::template::{PreCheck, TemplateError, TemplateSet, TemplateSource};
+use crate::templates::template::{PreCheck, Template, TemplateError, TemplateSet, TemplateSource};
 use crate::{Engine, Outcome, PodRequest, injection::select, names, pod};
 
 /// The verdict of a validating check.
@@ -215,12 +215,9 @@ fn unchanged_injection(
 
 /// The containers whose image only the injection sets: those the status names as injected, and
 /// the pod's own copies of an enforced template's (skipped as conflicts).
-fn guarded_containers<'s>(engine: &Engine, status: &'s InjectionStatus) -> impl Iterator<Item = &'s String> {
-    let enforced_skips = status.skipped.iter().filter(move |s| {
-        matches!(s.kind, ItemKind::Sidecar | ItemKind::InitContainer)
-            && engine.templates.get(&s.template).is_some_and(|t| t.enforced)
-    });
-    status.containers.iter().chain(&status.init_containers).chain(enforced_skips.map(|s| &s.name))
+fn guarded_containers<'s>(engine: &Engine, status: &'s InjectionStatus) -> Vec<&'s String> {
+    let enforced: Vec<&Template> = engine.templates.iter().filter(|t| t.enforced).map(|t| &**t).collect();
+    updates::guarded_names(status, &enforced).collect()
 }
 
 fn image<'p>(pod: &'p Value, name: &str) -> Option<&'p str> {
@@ -246,7 +243,7 @@ fn is_exactly(
     };
     status_after == Some(update.status.as_str())
         && label(old) == label(new)
-        && guarded_containers(engine, status).all(|name| {
+        && guarded_containers(engine, status).into_iter().all(|name| {
             let expected = update.images.iter().find(|c| c.container == *name).map(|c| c.to.as_str());
             image(new, name) == expected.or(image(old, name))
         })
