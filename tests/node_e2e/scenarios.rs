@@ -1050,6 +1050,7 @@ metadata:
 data:
   prepared.yaml: |
     description: Holds tier=gated pods until their node is prepared, then runs a helper beside them
+    default: true
     podSelector: {{matchLabels: {{tier: gated}}}}
     inject:
       schedulingGates:
