@@ -120,7 +120,7 @@ fn memory(pid: u32) -> (f64, f64) {
 
 /// `pod` as the API server stores it after our `/mutate` in namespace `shop`: what `/validate` sees.
 fn injected_by_the_engine(pod: &Value) -> Result<Value> {
-    use sidecar_injector::engine::templates::template::embedded_sources;
+    use sidecar_injector::engine::templates::set::embedded_sources;
     use sidecar_injector::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet};
     let (templates, errors) = TemplateSet::load(embedded_sources());
     ensure!(errors.is_empty(), "{errors:?}");

@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock};
 use serde_json::{Value, json};
 
 use crate::admission;
-use crate::engine::templates::template::embedded_sources;
+use crate::engine::templates::set::embedded_sources;
 use crate::engine::{
     ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, Template, TemplateSet, TemplateSource,
     injection::image_volumes::{ImageVolumeSupport, VolumeForms},
@@ -80,7 +80,7 @@ pub fn admission(data: &[u8]) {
                 &namespace,
                 ClusterFacts::default(),
                 "sidecar-injector",
-                &crate::engine::templates::template::InProcess,
+                &crate::engine::templates::set::InProcess,
             ),
         };
         assert_eq!(reply.status, 200, "{:?}", reply.summary);

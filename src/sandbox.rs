@@ -1,5 +1,5 @@
 //! Test-rendering new template text in a child process with memory and CPU limits before it is
-//! loaded into the webhook (see `engine::templates::template::PreCheck` for why).
+//! loaded into the webhook (see `engine::templates::set::PreCheck` for why).
 //!
 //! The child is this same binary (`sidecar-injector sandbox-check`, hidden): it reads the sources
 //! as JSON on stdin and loads each one (parse, compile, test-render), writing a line before and
@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::engine::templates::template::PreCheck;
+use crate::engine::templates::set::PreCheck;
 use crate::engine::{Template, TemplateError, TemplateSource};
 
 /// Address space the child may use (see the module doc).

@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::engine::templates::template::PreCheck;
+use crate::engine::templates::set::PreCheck;
 use crate::engine::{ClusterFacts, Engine, NamespaceFacts};
 use crate::telemetry::Metrics;
 

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::fixtures::huge_pod;
-use sidecar_injector::engine::templates::template::embedded_sources;
+use sidecar_injector::engine::templates::set::embedded_sources;
 use sidecar_injector::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet};
 
 #[test]

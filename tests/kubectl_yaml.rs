@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use sidecar_injector::cli::{self, Cli};
-use sidecar_injector::engine::{Engine, Outcome, PodRequest, manifest, names, templates::template, workload};
+use sidecar_injector::engine::{Engine, Outcome, PodRequest, manifest, names, templates::set, workload};
 
 fn yamlread() -> Option<PathBuf> {
     std::env::var_os("SIDECAR_INJECTOR_YAMLREAD").map(PathBuf::from)
@@ -290,10 +290,8 @@ fn manifests_read_and_write_exactly_as_kubectl_reads_them() {
         return;
     };
     // As `inject` does: the embedded templates, never the injector's own namespace.
-    let engine = Engine::new(
-        template::TemplateSet::load(template::embedded_sources()).0,
-        vec![names::INJECTOR_NAMESPACE.to_owned()],
-    );
+    let engine =
+        Engine::new(set::TemplateSet::load(set::embedded_sources()).0, vec![names::INJECTOR_NAMESPACE.to_owned()]);
     let mut failures = Vec::new();
     let mut checked = 0;
     let mut generated_checked = false;

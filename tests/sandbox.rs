@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use sidecar_injector::engine::templates::template::{PreCheck, TemplateSet, TemplateSource};
+use sidecar_injector::engine::templates::set::{PreCheck, TemplateSet, TemplateSource};
 use sidecar_injector::sandbox::{DEADLINE, Sandbox};
 
 const BOMB: &str = "inject:\n  annotations:\n    a: \"{% set x = 'x' * 100000000 ~ 'x' * 50000000 %}{{ x|length }}\"\n";

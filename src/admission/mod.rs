@@ -18,7 +18,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::engine::review::validate::{self, Verdict};
-use crate::engine::templates::template::PreCheck;
+use crate::engine::templates::set::PreCheck;
 use crate::engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, WarningCode, names};
 
 /// The only AdmissionReview version served.

@@ -4,8 +4,8 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::engine::templates::template::InProcess;
-use crate::engine::templates::template::embedded_sources;
+use crate::engine::templates::set::InProcess;
+use crate::engine::templates::set::embedded_sources;
 use crate::engine::{InjectionStatus, TemplateSet};
 
 fn engine() -> Engine {

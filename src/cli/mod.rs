@@ -16,8 +16,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::engine::injection::nodes::NodePool;
 use crate::engine::offline::{self, Manifests, OfflineFacts, explain::Format, parse_key_values};
-use crate::engine::templates::template::PreCheck;
-use crate::engine::templates::template::embedded_sources;
+use crate::engine::templates::set::PreCheck;
+use crate::engine::templates::set::embedded_sources;
 use crate::engine::{ClusterFacts, TemplateError, TemplateSet, TemplateSource};
 
 pub use check::check_templates;
@@ -242,7 +242,7 @@ pub fn template_sources_from(path: &Path) -> Result<Vec<TemplateSource>, CliErro
 
 /// Loads the templates from `--templates DIR` or the embedded defaults; any error fails.
 pub fn load_templates(dir: Option<&Path>) -> Result<TemplateSet, CliError> {
-    load_templates_checked(dir, &crate::engine::templates::template::InProcess)
+    load_templates_checked(dir, &crate::engine::templates::set::InProcess)
 }
 
 /// [`load_templates`], each new template first passing `precheck` (the webhook's sandbox, so that

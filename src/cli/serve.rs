@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 use crate::certs;
 use crate::cluster;
 use crate::config::{ClusterMode, ClusterSettings, Settings, TlsMode, TlsSettings};
-use crate::engine::templates::template::PreCheck;
+use crate::engine::templates::set::PreCheck;
 use crate::engine::{ClusterFacts, Engine, TemplateSet};
 use crate::sandbox::Sandbox;
 use crate::server;

@@ -397,7 +397,7 @@ mod tests {
             inflight_kib: crate::state::InflightRoom::new(1 << 20, 1 << 20),
             body_timeout: Duration::from_secs(1),
             room_wait: Duration::from_secs(1),
-            precheck: Arc::new(crate::engine::templates::template::InProcess),
+            precheck: Arc::new(crate::engine::templates::set::InProcess),
             template_work: Default::default(),
             template_queue: Arc::new(tokio::sync::Semaphore::new(1)),
             events: Default::default(),

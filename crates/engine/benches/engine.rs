@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sidecar_injector_engine::injection::nodes::{KnownNodes, NodeFacts, NodeObject};
-use sidecar_injector_engine::templates::template::embedded_sources;
+use sidecar_injector_engine::templates::set::embedded_sources;
 use sidecar_injector_engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource};
 
 /// The system allocator, counting allocations (a relaxed add per call: noise next to a decision).

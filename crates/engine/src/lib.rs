@@ -54,7 +54,8 @@ pub use injection::render::{RenderError, RenderedTemplate};
 pub use injection::select::{Choice, ChoiceSource, OutOfScope, TemplateVerdict};
 pub use model::status::InjectionStatus;
 pub use pod::PodShapeError;
-pub use templates::template::{Template, TemplateError, TemplateSet, TemplateSource};
+pub use templates::set::{TemplateSet, TemplateSource};
+pub use templates::template::{Template, TemplateError};
 
 /// The injection engine: the templates in service plus the namespaces it never touches.
 #[derive(Debug, Clone, Default)]

@@ -308,7 +308,7 @@ fn re_injection_after_a_template_change_replaces_exactly_what_was_injected() {
     let (set, errors) = v1.templates.update(
         [("logs", v2_logs.as_str()), ("classic", CLASSIC)]
             .map(|(name, text)| TemplateSource { name: name.into(), text: text.into() }),
-        &template::InProcess,
+        &crate::templates::set::InProcess,
     );
     assert!(errors.is_empty(), "{errors:?}");
     let v2 = Engine::new(set, v1.excluded_namespaces.clone());
@@ -896,8 +896,9 @@ fn re_injection_removes_exactly_the_pull_secrets_and_sources_it_added() {
 
 fn engine_with_edit(text: String) -> Engine {
     let mut engine = registry_engine();
-    let (set, errors) =
-        engine.templates.update(vec![TemplateSource { name: "registry".into(), text }], &template::InProcess);
+    let (set, errors) = engine
+        .templates
+        .update(vec![TemplateSource { name: "registry".into(), text }], &crate::templates::set::InProcess);
     assert!(errors.is_empty(), "{errors:?}");
     engine.templates = set;
     engine
@@ -1008,7 +1009,7 @@ fn pod_level_resources_are_padded_and_recorded_and_taken_back_exactly() {
     // A template that no longer adds the sidecar takes the padding back with it.
     let (set, errors) = engine.templates.update(
         [TemplateSource { name: "agent".into(), text: "default: true\ninject:\n  labels: {a: b}\n".into() }],
-        &template::InProcess,
+        &crate::templates::set::InProcess,
     );
     assert!(errors.is_empty(), "{errors:?}");
     let without = Engine::new(set, engine.excluded_namespaces.clone());
@@ -1085,7 +1086,7 @@ fn taking_a_padding_back_gives_the_authors_own_text() {
     ];
     let (set, errors) = engine.templates.update(
         [TemplateSource { name: "agent".into(), text: "default: true\ninject:\n  labels: {a: b}\n".into() }],
-        &template::InProcess,
+        &crate::templates::set::InProcess,
     );
     assert!(errors.is_empty(), "{errors:?}");
     let without = Engine::new(set, engine.excluded_namespaces.clone());
@@ -1184,7 +1185,7 @@ fn a_sidecar_resized_in_place_stays_injected_and_keeps_its_resources() {
     // what the carried resources add.
     let edited = |text: String| {
         let (set, errors) =
-            engine.templates.update([TemplateSource { name: "agent".into(), text }], &template::InProcess);
+            engine.templates.update([TemplateSource { name: "agent".into(), text }], &crate::templates::set::InProcess);
         assert!(errors.is_empty(), "{errors:?}");
         Engine::new(set, engine.excluded_namespaces.clone())
     };
@@ -1252,7 +1253,7 @@ fn positions_put_containers_where_the_template_says_and_re_injection_keeps_them_
 
     let (set, errors) = v1.templates.update(
         [TemplateSource { name: "agent".into(), text: POSITIONED.replace("agent:1", "agent:2") }],
-        &template::InProcess,
+        &crate::templates::set::InProcess,
     );
     assert!(errors.is_empty(), "{errors:?}");
     let v2 = Engine::new(set, v1.excluded_namespaces.clone());
@@ -1437,7 +1438,7 @@ fn host_aliases_a_pod_never_had_come_and_go_whole() {
     // A template edit: re-injection removes exactly what it added and equals a fresh injection.
     let (set, errors) = engine.templates.update(
         vec![TemplateSource { name: "hosts".into(), text: HOSTS.replace("10.0.0.6", "10.0.0.7") }],
-        &template::InProcess,
+        &crate::templates::set::InProcess,
     );
     assert!(errors.is_empty(), "{errors:?}");
     let edited = Engine::new(set, Vec::new());
@@ -1514,7 +1515,7 @@ fn a_stored_sidecar_with_the_api_token_mount_is_replaced_and_a_resized_one_keeps
     service_account_plugin(&mut stored);
     let (set, errors) = v1.templates.update(
         [TemplateSource { name: "resizable".into(), text: text.replace("sizer:1", "sizer:2") }],
-        &template::InProcess,
+        &crate::templates::set::InProcess,
     );
     assert!(errors.is_empty(), "{errors:?}");
     let v2 = Engine::new(set, v1.excluded_namespaces.clone());

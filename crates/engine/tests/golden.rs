@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use sidecar_injector_engine::TemplateSet;
 use sidecar_injector_engine::offline::{self, Manifests, explain::Format};
-use sidecar_injector_engine::templates::template::embedded_sources;
+use sidecar_injector_engine::templates::set::embedded_sources;
 
 use common::{CaseArgs, case_args};
 

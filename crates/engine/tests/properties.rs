@@ -30,7 +30,7 @@ use sidecar_injector_engine::model::kinds::{
 };
 use sidecar_injector_engine::model::status::InjectionStatus;
 use sidecar_injector_engine::review::validate::{Verdict, validate_pod_update};
-use sidecar_injector_engine::templates::template::InProcess;
+use sidecar_injector_engine::templates::set::InProcess;
 use sidecar_injector_engine::{
     ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, WarningCode, manifest,
 };

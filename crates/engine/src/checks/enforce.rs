@@ -702,7 +702,7 @@ pub fn policy_objects(
 /// container named like one of these passes it (the webhook, which knows, refuses it). `None`
 /// when some template names such a container after the pod: then the policy cannot tell a
 /// template's from the pod's, and leaves positions to the webhook.
-pub fn may_precede(templates: &crate::templates::template::TemplateSet) -> Option<Vec<String>> {
+pub fn may_precede(templates: &crate::templates::set::TemplateSet) -> Option<Vec<String>> {
     let mut names = Vec::new();
     for template in templates.iter() {
         let spec = &template.inject;

@@ -19,6 +19,7 @@ use crate::model::compare::POD_DERIVED;
 use crate::model::conformance::{CHECKED_KUBERNETES_VERSION, conforms};
 use crate::model::kinds::{APP_LISTS, AppListKind, CONTAINERS, MAPS, POD_LISTS};
 use crate::names;
+use crate::templates::compiler;
 use crate::templates::template::{self, Template, TemplateError};
 use crate::workload::Workload;
 
@@ -48,7 +49,7 @@ impl Template {
     /// Parses, compiles and test-renders a template. The error names the template, the line and the
     /// problem.
     pub fn load(name: &str, source: &str) -> Result<Template, TemplateError> {
-        let mut template = template::compile(name, source)?;
+        let mut template = compiler::compile(name, source)?;
         let port_collisions = check(&template)?;
         prerender(&mut template);
         template.warnings.extend(template::resource_warnings(&template.inject));

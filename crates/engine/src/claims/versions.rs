@@ -16,7 +16,9 @@ use crate::model::kinds::{CONTAINER_LISTS, VOLUMES};
 use crate::model::status::{InjectionStatus, ItemKind, TemplateRef};
 use crate::model::yaml::{SourceNode, SourceValue};
 use crate::pod;
-use crate::templates::template::{Template, TemplateSet, content_hash};
+use crate::templates::compiler::content_hash;
+use crate::templates::set::TemplateSet;
+use crate::templates::template::Template;
 
 /// How many (new image, old image) pairs a rebuild tries subsets of (2^n - 1 subsets, 6 texts each).
 const MOST_IMAGE_PAIRS: usize = 3;

@@ -363,7 +363,7 @@ inject:
     fn replica(before: &str, after: &str) -> Engine {
         let source = |text: &str| [TemplateSource { name: "mesh".into(), text: text.to_owned() }];
         let (served, _) = TemplateSet::load(source(before));
-        let (served, errors) = served.update(source(after), &crate::templates::template::InProcess);
+        let (served, errors) = served.update(source(after), &crate::templates::set::InProcess);
         assert!(errors.is_empty(), "{errors:?}");
         Engine::new(served, vec![])
     }

@@ -11,8 +11,6 @@ use crate::*;
 
 use crate::model::status;
 
-use crate::templates::template;
-
 fn agent(jar: &str) -> String {
     format!(
         r#"
@@ -131,8 +129,9 @@ fn re_injection_after_a_template_change_swaps_the_fragment_and_removal_gives_bac
     let v1 = engine(&[("java", &agent("/v1.jar"))]);
     // Each version replaces the one before in the running set, which remembers it.
     let edit = |from: &Engine, text: &str| {
-        let (set, errors) =
-            from.templates.update([TemplateSource { name: "java".into(), text: text.into() }], &template::InProcess);
+        let (set, errors) = from
+            .templates
+            .update([TemplateSource { name: "java".into(), text: text.into() }], &crate::templates::set::InProcess);
         assert!(errors.is_empty(), "{errors:?}");
         Engine::new(set, from.excluded_namespaces.clone())
     };
@@ -167,9 +166,10 @@ fn a_fragment_shortened_by_an_edit_is_still_merged_on_re_injection() {
     ];
     for (name, how, old, new) in edits {
         let v1 = engine(&[("agent", &merging(name, old, how))]);
-        let (set, errors) = v1
-            .templates
-            .update([TemplateSource { name: "agent".into(), text: merging(name, new, how) }], &template::InProcess);
+        let (set, errors) = v1.templates.update(
+            [TemplateSource { name: "agent".into(), text: merging(name, new, how) }],
+            &crate::templates::set::InProcess,
+        );
         assert!(errors.is_empty(), "{errors:?}");
         let v2 = Engine::new(set, v1.excluded_namespaces.clone());
         for (form, container) in forms() {

@@ -26,7 +26,8 @@ use serde::Serialize;
 
 use crate::facts::NamespaceFacts;
 use crate::names;
-use crate::templates::template::{Template, TemplateSet};
+use crate::templates::set::TemplateSet;
+use crate::templates::template::Template;
 
 /// Why a pod is not considered for injection at all.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -26,7 +26,8 @@ use crate::model::compare::{first_difference, without_resources};
 use crate::model::kinds::{APP_LISTS, CONTAINER_LISTS, INIT_CONTAINERS, POD_LISTS};
 use crate::model::status::{InjectionStatus, TemplateRef};
 use crate::review::updates;
-use crate::templates::template::{PreCheck, Template, TemplateError, TemplateSet, TemplateSource};
+use crate::templates::set::{PreCheck, TemplateSet, TemplateSource};
+use crate::templates::template::{Template, TemplateError};
 use crate::{Engine, Outcome, PodRequest, injection::select, names, pod};
 
 /// The verdict of a validating check.
@@ -619,7 +620,7 @@ inject:
     fn template_configmaps_are_checked() {
         let good: BTreeMap<String, String> =
             [("a.yaml".to_owned(), TEMPLATE.to_owned()), ("README".to_owned(), "x".to_owned())].into();
-        let warnings = validate_template_data(&good, &crate::templates::template::InProcess).unwrap();
+        let warnings = validate_template_data(&good, &crate::templates::set::InProcess).unwrap();
         assert_eq!(warnings[0], "key \"README\" is ignored: only keys named <template>.yaml hold templates");
         assert!(warnings[1..].iter().all(|w| w.contains("sets no") && w.contains("ResourceQuota")), "{warnings:?}");
         let bad: BTreeMap<String, String> = [
@@ -627,7 +628,7 @@ inject:
             ("B.yaml".to_owned(), TEMPLATE.to_owned()),
         ]
         .into();
-        let errors = validate_template_data(&bad, &crate::templates::template::InProcess).unwrap_err();
+        let errors = validate_template_data(&bad, &crate::templates::set::InProcess).unwrap_err();
         let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
         assert_eq!(messages.len(), 2, "{messages:?}");
         assert!(messages[0].starts_with("template \"B\": invalid template name"), "{messages:?}");

@@ -1,7 +1,9 @@
-//! Templates: what operators write and what it becomes once loaded. The YAML format and its
-//! compiled form (`template`), the expressions inside it (`expression`), the YAML reader templates
-//! use (`yaml`), and the checks a template passes before it serves (`load`: test renders;
-//! `conformance`: every rendered item is its Kubernetes type, strictly).
+//! Templates: what operators write and what it becomes once compiled. The compiled form
+//! (`template`), the compiler that makes it from the YAML (`compiler`), the expressions inside it
+//! (`expression`), and the set of templates in service with the versions it remembers (`set`). The
+//! checks a template passes before it serves are `checks::load`; the YAML reader is `model::yaml`.
 
+pub mod compiler;
 pub mod expression;
+pub mod set;
 pub mod template;

@@ -43,7 +43,8 @@ use crate::model::status::ItemKind;
 use crate::names;
 use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
 use crate::templates::expression::CompiledText;
-use crate::templates::template::{AppTargets, Piece, SeqItem, Template, TemplateSelector, TemplateSet};
+use crate::templates::set::TemplateSet;
+use crate::templates::template::{AppTargets, Piece, SeqItem, Template, TemplateSelector};
 pub use cel::json_lit;
 use cel::*;
 use expressions::*;
@@ -480,7 +481,7 @@ mod tests {
 
     #[test]
     fn the_policy_binds_like_the_webhook_and_records_the_engine_status() {
-        let (set, errors) = TemplateSet::load(crate::templates::template::embedded_sources());
+        let (set, errors) = TemplateSet::load(crate::templates::set::embedded_sources());
         assert!(errors.is_empty(), "{errors:?}");
         let compiled = compile(&set, true, &["sidecar-injector".to_owned()]);
         assert_eq!(compiled.compiled, vec!["log-shipper"]);
