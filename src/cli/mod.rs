@@ -170,7 +170,7 @@ pub fn explain(args: &OfflineArgs, format: OutputFormat) -> Result<String, CliEr
         OutputFormat::Text => Format::Text,
         OutputFormat::Json => Format::Json,
     };
-    offline::explain(templates, Manifests { file, text: &text }, &args.facts(), format).map_err(CliError::one)
+    offline::explain::explain(templates, Manifests { file, text: &text }, &args.facts(), format).map_err(CliError::one)
 }
 
 fn parse_kube_version(text: &str) -> Result<ClusterFacts, String> {

@@ -88,7 +88,7 @@ fn golden_cases() {
             }
         }
 
-        match offline::explain(templates(&args), input, &args.facts, Format::Text) {
+        match offline::explain::explain(templates(&args), input, &args.facts, Format::Text) {
             Ok(text) => failures.extend(check(&case.join("explain.txt"), &text)),
             Err(e) => failures.push(format!("{}: explain failed: {e}", case.display())),
         }
@@ -106,7 +106,8 @@ fn explain_json_is_machine_readable() {
     let args = case_args(&case);
     let file = case.join("input.yaml").display().to_string();
     let text = fs::read_to_string(&file).unwrap();
-    let json = offline::explain(templates(&args), Manifests { file: &file, text: &text }, &args.facts, Format::Json);
+    let json =
+        offline::explain::explain(templates(&args), Manifests { file: &file, text: &text }, &args.facts, Format::Json);
     let json: serde_json::Value = serde_json::from_str(&json.unwrap()).unwrap();
     let pods = json.as_array().unwrap();
     assert_eq!(pods.len(), 3);

@@ -95,18 +95,25 @@ fn uses(module: &str, code: &str, modules: &BTreeMap<String, String>) -> BTreeSe
     for (prefix, base) in [("crate::", String::new()), ("super::", parent.to_owned())] {
         starts.extend(code.match_indices(prefix).map(|(at, _)| (at + prefix.len(), base.clone())));
     }
-    if module == ROOT {
-        // `lib.rs` names its own modules without a prefix.
-        let top: BTreeSet<&str> = modules.keys().map(|m| m.split("::").next().unwrap()).collect();
-        for name in top {
-            for (at, _) in code.match_indices(&format!("{name}::")) {
-                let before = code[..at].chars().next_back();
-                if before.is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':')) {
-                    starts.push((at, String::new()));
-                }
+    // A module names its own children without a prefix (`use cel::*` in `emit/policy/mod.rs`,
+    // `injection::plan` in `lib.rs`), or with `self::`.
+    let own = if module == ROOT { String::new() } else { module.to_owned() };
+    let children: BTreeSet<&str> = modules
+        .keys()
+        .filter_map(|m| match own.is_empty() {
+            true => m.split("::").next(),
+            false => m.strip_prefix(&format!("{own}::")).and_then(|rest| rest.split("::").next()),
+        })
+        .collect();
+    for name in children {
+        for (at, _) in code.match_indices(&format!("{name}::")) {
+            let before = code[..at].chars().next_back();
+            if before.is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':')) {
+                starts.push((at, own.clone()));
             }
         }
     }
+    starts.extend(code.match_indices("self::").map(|(at, _)| (at + "self::".len(), own.clone())));
     let mut named = BTreeSet::new();
     for (at, base) in starts {
         let mut paths = Vec::new();
@@ -171,6 +178,8 @@ fn no_module_of_the_engine_uses_one_that_uses_it_back() {
         modules.iter().map(|(name, code)| (name.as_str(), uses(name, code, &modules))).collect();
     // The reader sees uses through folders (else no circle could be found).
     assert!(graph["injection::plan"].contains("model::status"), "{:?}", graph["injection::plan"]);
+    // And a module's own children named without a prefix (`use cel::*`).
+    assert!(graph["emit::policy"].contains("emit::policy::cel"), "{:?}", graph["emit::policy"]);
     // A depth-first walk from every module; a path that comes back to a module on it is a circle.
     fn walk<'g>(at: &'g str, graph: &'g BTreeMap<&str, BTreeSet<String>>, path: &mut Vec<&'g str>) -> Option<String> {
         if let Some(start) = path.iter().position(|m| *m == at) {

@@ -5,8 +5,6 @@
 
 pub mod explain;
 
-pub use explain::explain;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

@@ -2,7 +2,11 @@
 //! template's selection and targets), JSON pointer segments and patch operations, as the policy
 //! program writes them.
 
-use super::*;
+use serde_json::Value;
+
+use crate::model::kinds::PodListKind;
+use crate::model::status::ItemKind;
+use crate::templates::template::{AppTargets, Template, TemplateSelector};
 
 /// A CEL string literal (JSON's escapes are CEL's).
 pub(super) fn lit(s: &str) -> String {

@@ -2,7 +2,18 @@
 //! its pieces (`Val`: items, containers) as CEL values, within the subset the module above names;
 //! anything else is the reason the template is left to the webhook.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use minijinja::machinery::ast::{self, Expr, Stmt};
+use serde_json::{Value, json};
+
+use super::cel::*;
+use crate::model::kinds::{Identity, Place};
+use crate::model::status::ItemKind;
+use crate::names;
+use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
+use crate::templates::expression::CompiledText;
+use crate::templates::template::{Piece, SeqItem, Template};
 
 /// One overridable value: the pod's annotation if valid, else the default (`render::effective_values`).
 #[derive(Debug, Clone)]

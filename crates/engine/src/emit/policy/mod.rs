@@ -24,9 +24,6 @@
 //!
 //! Pure: the output is the policy and binding as JSON.
 
-use std::collections::BTreeMap;
-
-use minijinja::machinery::ast::{self, Expr, Stmt};
 use serde_json::{Value, json};
 
 use crate::emit::scope::{self, Pods};
@@ -35,16 +32,11 @@ mod cel;
 mod expressions;
 mod program;
 
-use crate::model::kinds::{
-    APP_LISTS, CONTAINER_LISTS, CONTAINERS, ENV, INIT_CONTAINERS, Identity, MAPS, POD_LISTS, PerAppList, PerMap,
-    PerPodList, Place, Placement, PodListKind, VOLUMES, WhenHeld,
-};
+use crate::model::kinds::{APP_LISTS, ENV, POD_LISTS, PerAppList, PerMap, PerPodList, Placement, PodListKind};
 use crate::model::status::ItemKind;
 use crate::names;
-use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
-use crate::templates::expression::CompiledText;
 use crate::templates::set::TemplateSet;
-use crate::templates::template::{AppTargets, Piece, SeqItem, Template, TemplateSelector};
+use crate::templates::template::{Piece, SeqItem, Template};
 pub use cel::json_lit;
 use cel::*;
 use expressions::*;
@@ -200,49 +192,6 @@ pub fn compile(templates: &TemplateSet, native_sidecars: bool, excluded_namespac
 
 // ---------------------------------------------------------------------------------------------
 // Templates to plans.
-
-/// One item a template adds, with what identifies it.
-#[derive(Debug, Clone)]
-struct Item {
-    kind: ItemKind,
-    key: String,
-    when: Option<String>,
-    value: String,
-}
-
-#[derive(Debug, Clone)]
-struct Plan {
-    /// Per kind of spec list, the template's items that something of the template refers to (the
-    /// volumes it mounts; all of them when a reference is an expression).
-    referenced: PerPodList<Vec<String>>,
-    name: String,
-    hash: String,
-    selected: String,
-    /// When the pod's annotations for this template let the policy inject it (see `Cx::admissible`).
-    admissible: String,
-    enforced: bool,
-    /// The entries of each kind of map (`kinds::MAPS`).
-    maps: PerMap<Vec<(String, Val)>>,
-    /// The template's init containers, then its sidecars, each with where it goes.
-    containers: Vec<(Placement, Item)>,
-    /// The items of each kind of spec list (`kinds::POD_LISTS`; none of a kind the policy mode
-    /// does not add, see `compile_template`).
-    pod_lists: PerPodList<Vec<Item>>,
-    /// The items of each app-container list (`kinds::APP_LISTS`).
-    app: PerAppList<Vec<Item>>,
-    targets: AppTargets,
-}
-
-/// Each map of the pod (`kinds::MAPS`) in CEL.
-const MAP_CEL_OF_POD: PerMap<&str> = ["variables.podLabels", "object.metadata.?annotations.orValue({})"];
-
-/// The identity of an app-container list's item in CEL (`x` the pod's item), per description of
-/// `kinds::APP_LISTS`: what `AppListKind::identity` computes, written for the API server.
-const APP_LIST_CEL_IDENTITY: PerAppList<&str> = [
-    "x.name",
-    "((has(x.configMapRef) && x.configMapRef.?name.orValue(\"\") != \"\" && !(has(x.secretRef) && x.secretRef.?name.orValue(\"\") != \"\")) ? \"configMap/\" + x.configMapRef.name : ((has(x.secretRef) && x.secretRef.?name.orValue(\"\") != \"\" && !(has(x.configMapRef) && x.configMapRef.?name.orValue(\"\") != \"\")) ? \"secret/\" + x.secretRef.name : \"\")) + (x.?prefix.orValue(\"\") != \"\" ? \"+\" + x.prefix : \"\")",
-    "x.mountPath",
-];
 
 fn compile_template(template: &Template, native_sidecars: bool, selected: &str) -> Result<Plan, String> {
     let spec = &template.inject;

@@ -2,12 +2,68 @@
 //! and the pod (`Claims`), the JSONPatch operations, the status annotation, the skips and the
 //! match condition, as CEL variables and mutations (`ProgramBuilder`).
 
-use super::*;
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::cel::*;
+use super::expressions::*;
+use crate::model::kinds::{
+    APP_LISTS, CONTAINER_LISTS, CONTAINERS, INIT_CONTAINERS, MAPS, POD_LISTS, PerAppList, PerMap, PerPodList,
+    Placement, PodListKind, VOLUMES, WhenHeld,
+};
+use crate::model::status::ItemKind;
+use crate::names;
+use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
+use crate::templates::template::AppTargets;
 
 pub(super) struct Program {
     pub(super) variables: Vec<Value>,
     pub(super) patch: String,
 }
+
+/// One item a template adds, with what identifies it.
+#[derive(Debug, Clone)]
+pub(super) struct Item {
+    pub(super) kind: ItemKind,
+    pub(super) key: String,
+    pub(super) when: Option<String>,
+    pub(super) value: String,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Plan {
+    /// Per kind of spec list, the template's items that something of the template refers to (the
+    /// volumes it mounts; all of them when a reference is an expression).
+    pub(super) referenced: PerPodList<Vec<String>>,
+    pub(super) name: String,
+    pub(super) hash: String,
+    pub(super) selected: String,
+    /// When the pod's annotations for this template let the policy inject it (see `Cx::admissible`).
+    pub(super) admissible: String,
+    pub(super) enforced: bool,
+    /// The entries of each kind of map (`kinds::MAPS`).
+    pub(super) maps: PerMap<Vec<(String, Val)>>,
+    /// The template's init containers, then its sidecars, each with where it goes.
+    pub(super) containers: Vec<(Placement, Item)>,
+    /// The items of each kind of spec list (`kinds::POD_LISTS`; none of a kind the policy mode
+    /// does not add, see `compile_template`).
+    pub(super) pod_lists: PerPodList<Vec<Item>>,
+    /// The items of each app-container list (`kinds::APP_LISTS`).
+    pub(super) app: PerAppList<Vec<Item>>,
+    pub(super) targets: AppTargets,
+}
+
+/// Each map of the pod (`kinds::MAPS`) in CEL.
+pub(super) const MAP_CEL_OF_POD: PerMap<&str> = ["variables.podLabels", "object.metadata.?annotations.orValue({})"];
+
+/// The identity of an app-container list's item in CEL (`x` the pod's item), per description of
+/// `kinds::APP_LISTS`: what `AppListKind::identity` computes, written for the API server.
+pub(super) const APP_LIST_CEL_IDENTITY: PerAppList<&str> = [
+    "x.name",
+    "((has(x.configMapRef) && x.configMapRef.?name.orValue(\"\") != \"\" && !(has(x.secretRef) && x.secretRef.?name.orValue(\"\") != \"\")) ? \"configMap/\" + x.configMapRef.name : ((has(x.secretRef) && x.secretRef.?name.orValue(\"\") != \"\" && !(has(x.configMapRef) && x.configMapRef.?name.orValue(\"\") != \"\")) ? \"secret/\" + x.secretRef.name : \"\")) + (x.?prefix.orValue(\"\") != \"\" ? \"+\" + x.prefix : \"\")",
+    "x.mountPath",
+];
 
 /// What holds a name at admission: the pod, or (by index into the flags) an earlier item.
 #[derive(Default)]
