@@ -60,16 +60,20 @@ fn measure(engine: &Engine, body: &[u8], budget: Duration) -> Duration {
     median_time(budget, || measure_once(engine, body))
 }
 
-/// One decision: parse the pod, evaluate, serialize the patch.
-fn measure_once(engine: &Engine, body: &[u8]) -> usize {
+/// The request for a pod's JSON, parsed, in namespace `shop`.
+fn request_of(body: &[u8]) -> PodRequest {
     let pod: Value = serde_json::from_slice(black_box(body)).unwrap();
-    let request = PodRequest {
+    PodRequest {
         pod: Arc::new(pod),
         namespace: NamespaceFacts::unknown("shop"),
         cluster: ClusterFacts::default(),
         workload: None,
-    };
-    match engine.evaluate(&request).outcome {
+    }
+}
+
+/// One decision: parse the pod, evaluate, serialize the patch.
+fn measure_once(engine: &Engine, body: &[u8]) -> usize {
+    match engine.evaluate(&request_of(body)).outcome {
         Outcome::Inject(injection) => black_box(serde_json::to_vec(&injection.patch).unwrap().len()),
         other => panic!("expected an injection, got {other:?}"),
     }
@@ -78,14 +82,7 @@ fn measure_once(engine: &Engine, body: &[u8]) -> usize {
 /// One decision whatever its outcome (a claimed pod may be up to date): parse, evaluate, and
 /// serialize the patch if there is one.
 fn decide_once(engine: &Engine, body: &[u8]) -> usize {
-    let pod: Value = serde_json::from_slice(black_box(body)).unwrap();
-    let request = PodRequest {
-        pod: Arc::new(pod),
-        namespace: NamespaceFacts::unknown("shop"),
-        cluster: ClusterFacts::default(),
-        workload: None,
-    };
-    match engine.evaluate(&request).outcome {
+    match engine.evaluate(&request_of(body)).outcome {
         Outcome::Inject(injection) => black_box(serde_json::to_vec(&injection.patch).unwrap().len()),
         Outcome::UpToDate(status) => black_box(status.templates.len()),
         other => panic!("expected an injection or up to date, got {other:?}"),
@@ -97,15 +94,9 @@ fn decide_once(engine: &Engine, body: &[u8]) -> usize {
 /// and with an injected container resized in place since (its resources carried over). Each with
 /// the time and allocations of one decision, beside a fresh pod's.
 fn claimed_pods(engine: &Engine, typical: &[u8], budget: Duration) {
-    let pod: Value = serde_json::from_slice(typical).unwrap();
-    let request = PodRequest {
-        pod: Arc::new(pod.clone()),
-        namespace: NamespaceFacts::unknown("shop"),
-        cluster: ClusterFacts::default(),
-        workload: None,
-    };
+    let request = request_of(typical);
     let Outcome::Inject(injection) = engine.evaluate(&request).outcome else { panic!("the typical pod is injected") };
-    let mut injected = pod;
+    let mut injected = (*request.pod).clone();
     json_patch::patch(&mut injected, &injection.patch).unwrap();
     // Every template edited: another image tag for each of its containers.
     let edited_sources = embedded_sources().into_iter().map(|mut source| {
