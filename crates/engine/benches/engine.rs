@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sidecar_injector_engine::injection::nodes::{KnownNodes, NodeFacts, NodeObject};
-use sidecar_injector_engine::templates::set::embedded_sources;
+use sidecar_injector_engine::templates::set::{InProcess, embedded_sources};
 use sidecar_injector_engine::{ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource};
 
 /// The system allocator, counting allocations (a relaxed add per call: noise next to a decision).
@@ -105,9 +105,14 @@ fn claimed_pods(engine: &Engine, typical: &[u8], budget: Duration) {
             source.text.replace("contrib:0.120.0", "contrib:0.121.0").replace("envoy:v1.33.2", "envoy:v1.33.3");
         source
     });
-    let (edited, errors) = TemplateSet::load(edited_sources);
+    let edited_sources: Vec<TemplateSource> = edited_sources.collect();
+    let (fresh, errors) = TemplateSet::load(edited_sources.clone());
     assert!(errors.is_empty(), "{errors:?}");
-    let edited = Engine::new(edited, Vec::new());
+    let edited = Engine::new(fresh, Vec::new());
+    // A replica that served the versions the pod names remembers them (`TemplateSet::update`).
+    let (updated, errors) = engine.templates.update(edited_sources, &InProcess);
+    assert!(errors.is_empty(), "{errors:?}");
+    let remembering = Engine::new(updated, Vec::new());
     // The first injected container resized in place.
     let sidecar = injection.status.native_sidecars.first().or(injection.status.containers.first()).unwrap().clone();
     let mut resized = injected.clone();
@@ -123,11 +128,13 @@ fn claimed_pods(engine: &Engine, typical: &[u8], budget: Duration) {
     let resized = serde_json::to_vec(&resized).unwrap();
     println!();
     println!("{:<56} {:>12} {:>12}", "re-admission", "µs/decision", "allocations");
-    let cases: [(&str, &Engine, &[u8]); 4] = [
+    let cases: [(&str, &Engine, &[u8]); 6] = [
         ("a fresh typical pod", engine, typical),
         ("its injected copy, templates unchanged (up to date)", engine, &injected),
         ("its injected copy after a template edit", &edited, &injected),
+        ("the same, the claimed versions remembered", &remembering, &injected),
         ("its copy with a resized sidecar, after an edit", &edited, &resized),
+        ("the same, the claimed versions remembered", &remembering, &resized),
     ];
     for (name, engine, body) in cases {
         let time = median_time(budget, || decide_once(engine, body));
