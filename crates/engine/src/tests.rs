@@ -1829,6 +1829,13 @@ fn a_lifted_scheduling_gate_is_neither_doubted_nor_put_back_on_a_running_pod() {
     // Its controller lifts the gate: the running pod is still the injection's.
     let mut lifted = injected.clone();
     lifted["spec"].as_object_mut().unwrap().remove("schedulingGates");
+    // At creation a gate cannot have been lifted yet: a later mutator that dropped it is refused by
+    // `/validate` like any injected item that did not survive.
+    let verdict = validate::validate_pod(&engine, &request(lifted.clone(), opted_in("shop", &[])));
+    assert!(
+        matches!(verdict, validate::Verdict::Denied(ref why) if why.contains("devices.example.com/prepared")),
+        "{verdict:?}"
+    );
 
     // An edit of the agent's image: `drift --in-place` updates the image and never adds the gate
     // back (the API server refuses a gate added by an update), and no claim is doubted.

@@ -853,7 +853,7 @@ fn claim_app_items<'a>(
     for app in app_containers.iter_mut().filter(|app| t.targets.includes(app.name)) {
         for ((app_kind, (kind, items)), list) in APP_LISTS.iter().zip(&kinds).zip(&mut app.lists) {
             for (item, key, merged) in items {
-                let displaced_by = || {
+                let displacement = || {
                     POD_LISTS.iter().find_map(|pod_kind| {
                         let used = pod_kind.referred_to_by_item(app_kind, item)?;
                         displaced[pod_kind.index].contains(&used).then(|| pod_kind.skip_owner(used))
@@ -861,7 +861,7 @@ fn claim_app_items<'a>(
                 };
                 if any_displaced
                     && !held(&list.taken, key)
-                    && let Some(by) = displaced_by()
+                    && let Some(by) = displacement()
                 {
                     skip(*kind, key, app.name, by);
                     list.taken.hold(key, owner);
