@@ -1,6 +1,6 @@
 # The commands the README names. `make test` is what CI runs (through .ci/run).
 # `make props` is not in `make test`: it runs the property tests with many random cases.
-.PHONY: props oracle test lint unit kubectl-yaml monitoring helm e2e node-e2e scale hostile-load release golden bench fuzz image image-reproducible
+.PHONY: props oracle test lint unit kubectl-yaml monitoring helm e2e node-e2e scale hostile-load release golden bench bench-compare fuzz image image-reproducible
 
 test: lint unit kubectl-yaml monitoring helm e2e hostile-load node-e2e
 
@@ -107,6 +107,11 @@ golden:
 
 bench:
 	cargo bench --locked -p sidecar-injector-engine --bench engine
+
+# The engine bench's re-admission rows of BENCH_BASE and of the work tree, side by side, in one run.
+BENCH_BASE ?= HEAD
+bench-compare:
+	bench/compare-engine.sh $(BENCH_BASE)
 
 # The property tests (crates/engine/tests/properties.rs) with PROPS_CASES new random cases each (make test runs a
 # fixed set); PROPS_SEED=N replays a run. Each property runs alone and prints its cases and time. A

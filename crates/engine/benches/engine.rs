@@ -93,7 +93,9 @@ fn decide_once(engine: &Engine, body: &[u8]) -> usize {
 /// from `kubectl get -o yaml`): up to date; after a template edit (its claim proved, then replaced);
 /// and with an injected container resized in place since (its resources carried over). Each with
 /// the time and allocations of one decision, beside a fresh pod's.
-fn claimed_pods(engine: &Engine, typical: &[u8], budget: Duration) {
+/// The re-admission rows; with `profile`, only the remembered-versions edit of an injected copy,
+/// decided for a while (for `perf record`).
+fn claimed_pods(engine: &Engine, typical: &[u8], budget: Duration, profile: bool) {
     let request = request_of(typical);
     let Outcome::Inject(injection) = engine.evaluate(&request).outcome else { panic!("the typical pod is injected") };
     let mut injected = (*request.pod).clone();
@@ -136,6 +138,11 @@ fn claimed_pods(engine: &Engine, typical: &[u8], budget: Duration) {
         ("its copy with a resized sidecar, after an edit", &edited, &resized),
         ("the same, the claimed versions remembered", &remembering, &resized),
     ];
+    if profile {
+        let (_, engine, body) = cases[3];
+        measure(engine, body, Duration::from_secs(5));
+        return;
+    }
     for (name, engine, body) in cases {
         let time = median_time(budget, || decide_once(engine, body));
         let before = ALLOCATIONS.load(Ordering::Relaxed);
@@ -314,6 +321,10 @@ fn main() {
     let engine = Engine::new(templates, Vec::new());
 
     let typical = serde_json::to_vec(&fixtures::typical_pod()).unwrap();
+    if std::env::args().any(|a| a == "--profile-claimed") {
+        claimed_pods(&engine, &typical, budget, true);
+        return;
+    }
     if std::env::args().any(|a| a == "--profile-typical") {
         // For `perf record`: only the typical decision, for a while.
         measure(&engine, &typical, Duration::from_secs(5));
@@ -364,6 +375,6 @@ fn main() {
         last.0,
         last.2.as_secs_f64() / first.2.as_secs_f64()
     );
-    claimed_pods(&engine, &typical, budget);
+    claimed_pods(&engine, &typical, budget, false);
     node_pools(budget);
 }

@@ -42,6 +42,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -199,10 +200,122 @@ impl fmt::Display for Denial {
     }
 }
 
-/// Renders a template for a pod and its annotations (the evaluation's namespace, workload and
-/// masking fixed). The annotations are passed in, computed once per pod, not once per template.
-type RenderFor<'a> = dyn Fn(&Template, &Arc<Value>, &BTreeMap<String, String>, VolumeForms<'_>) -> Result<RenderedTemplate, RenderError>
-    + 'a;
+/// Every rendering one decision makes, each made once. A decision reads a template version for
+/// the pod (or the pod without its claimed items) at several steps: the claim's check, the stand-in
+/// and rebuilt versions, the resized containers carried over, the injection itself and the
+/// enforcement checks after it. Each step asks this store, which renders only what no earlier step
+/// rendered for the same version, pod and image volume forms (a rendering with no image volume is
+/// the same in every form). Versions are told apart by their content hash, pods by identity.
+struct Renderings<'r> {
+    request: &'r PodRequest,
+    owner: workload::Workload,
+    mask_pod_reads: bool,
+    made: Vec<Made>,
+    /// How many renderings were made (the tests count them).
+    renders: usize,
+}
+
+/// One rendering kept by [`Renderings`].
+struct Made {
+    name: Arc<str>,
+    hash: String,
+    pod: Arc<Value>,
+    /// The forms asked for: `None` for the nodes' (fixed for a decision), else those recorded.
+    forms: Option<Vec<String>>,
+    rendered: Result<Rc<RenderedTemplate>, RenderError>,
+}
+
+impl Made {
+    fn is_for(&self, template: &Template, pod: &Arc<Value>, forms: VolumeForms<'_>) -> bool {
+        let same_forms = match (&self.rendered, forms, &self.forms) {
+            // Image volume forms change only the image volumes: a rendering without any, or one
+            // that failed before they were chosen, is the same in every form.
+            (Ok(rendered), _, _) if rendered.volume_forms.is_empty() => true,
+            (Err(_), _, _) => true,
+            (Ok(_), VolumeForms::Nodes(_), None) => true,
+            (Ok(_), VolumeForms::Recorded(asked), Some(made)) => asked == made.as_slice(),
+            _ => false,
+        };
+        same_forms && self.name == template.name && self.hash == template.hash && Arc::ptr_eq(&self.pod, pod)
+    }
+}
+
+impl<'r> Renderings<'r> {
+    fn new(request: &'r PodRequest, mask_pod_reads: bool) -> Self {
+        let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(&request.pod));
+        Renderings { request, owner, mask_pod_reads, made: Vec::new(), renders: 0 }
+    }
+
+    /// Renders without keeping (the evaluation's namespace, workload and masking fixed); the
+    /// annotations are `pod`'s, computed once per pod by the caller, not once per template.
+    fn render_now(
+        &mut self,
+        template: &Template,
+        pod: &Arc<Value>,
+        annotations: &BTreeMap<String, String>,
+        forms: VolumeForms<'_>,
+    ) -> Result<RenderedTemplate, RenderError> {
+        self.renders += 1;
+        let subject =
+            injection::render::Subject { pod: injection::render::pod_value(pod.clone()), workload: &self.owner };
+        let namespace = &self.request.namespace;
+        match self.mask_pod_reads {
+            true => injection::render::render_masked(template, &subject, annotations, namespace, forms),
+            false => injection::render::render(template, &subject, annotations, namespace, forms),
+        }
+    }
+
+    /// The rendering of `template` for `pod` (whose annotations are `annotations`) in `forms`,
+    /// made now or by an earlier step, and kept for the later ones.
+    fn get(
+        &mut self,
+        template: &Template,
+        pod: &Arc<Value>,
+        annotations: &BTreeMap<String, String>,
+        forms: VolumeForms<'_>,
+    ) -> Result<Rc<RenderedTemplate>, RenderError> {
+        if let Some(made) = self.made.iter().find(|made| made.is_for(template, pod, forms)) {
+            return made.rendered.clone();
+        }
+        let rendered = self.render_now(template, pod, annotations, forms).map(Rc::new);
+        self.made.push(Made {
+            name: template.name.clone(),
+            hash: template.hash.clone(),
+            pod: pod.clone(),
+            forms: match forms {
+                VolumeForms::Nodes(_) => None,
+                VolumeForms::Recorded(recorded) => Some(recorded.to_vec()),
+            },
+            rendered: rendered.clone(),
+        });
+        rendered
+    }
+
+    /// The same rendering, owned by the caller (which changes it): taken out of the store, or
+    /// rendered now without keeping where no step made it.
+    fn take(
+        &mut self,
+        template: &Template,
+        pod: &Arc<Value>,
+        annotations: &BTreeMap<String, String>,
+        forms: VolumeForms<'_>,
+    ) -> Result<RenderedTemplate, RenderError> {
+        match self.made.iter().position(|made| made.is_for(template, pod, forms)) {
+            Some(index) => self.made.swap_remove(index).rendered.map(Self::unshared),
+            None => self.render_now(template, pod, annotations, forms),
+        }
+    }
+
+    /// A kept rendering, owned by the caller and no longer kept.
+    fn own(&mut self, rendered: Rc<RenderedTemplate>) -> RenderedTemplate {
+        self.made.retain(|made| !matches!(&made.rendered, Ok(kept) if Rc::ptr_eq(kept, &rendered)));
+        Self::unshared(rendered)
+    }
+
+    fn unshared(rendered: Rc<RenderedTemplate>) -> RenderedTemplate {
+        Rc::try_unwrap(rendered).unwrap_or_else(|shared| (*shared).clone())
+    }
+}
 
 /// What a pod's status annotation settles.
 enum ClaimCheck {
@@ -225,7 +338,7 @@ impl Engine {
         claim: &InjectionStatus,
         selected: &[&Arc<Template>],
         choice: &Choice,
-        render_one: &RenderFor<'_>,
+        store: &mut Renderings<'_>,
         to_plan: &dyn Fn(&Template, RenderedTemplate) -> PlannedTemplate,
         warnings: &mut Vec<Warning>,
     ) -> ClaimCheck {
@@ -233,22 +346,16 @@ impl Engine {
         let base_annotations = pod::string_map(&base, "annotations").unwrap_or_default();
         // What was injected is re-rendered in the forms it was given, whatever the nodes say now.
         let as_claimed = VolumeForms::Recorded(&claim.image_volumes);
-        let render = |template: &Template| render_one(template, &base, &base_annotations, as_claimed).ok();
-        let mut renderings: Vec<Option<RenderedTemplate>> = claim
-            .templates
-            .iter()
-            .zip(claims::versions::first_of_each_name(claim))
-            .map(|(claimed, first)| {
-                if !first {
-                    return None;
-                }
-                let template = claims::versions::claimed_version(&self.templates, claimed, pod, claim, render)?;
-                render(&template)
-            })
-            .collect();
-        let stood_in = stand_in_for_gone_versions(pod, claim, selected, &mut renderings, render);
+        let mut render = |template: &Template| store.get(template, &base, &base_annotations, as_claimed).ok();
+        let mut renderings: Vec<Option<Rc<RenderedTemplate>>> = Vec::with_capacity(claim.templates.len());
+        for (claimed, first) in claim.templates.iter().zip(claims::versions::first_of_each_name(claim)) {
+            let version =
+                first.then(|| claims::versions::claimed_version(&self.templates, claimed, pod, claim, &mut render));
+            renderings.push(version.flatten().and_then(|template| render(&template)));
+        }
+        let stood_in = stand_in_for_gone_versions(pod, claim, selected, &mut renderings, &mut render);
         let assessed = stood_in.unwrap_or_else(|| {
-            let renderings: Vec<Option<&RenderedTemplate>> = renderings.iter().map(Option::as_ref).collect();
+            let renderings: Vec<Option<&RenderedTemplate>> = renderings.iter().map(Option::as_deref).collect();
             claims::ownership::assess(pod, claim, &renderings, claims::ownership::Moment::Admission)
         });
         let current = assessed.present.is_current(selected.iter().map(|t| (&*t.name, t.hash.as_str())));
@@ -276,7 +383,7 @@ impl Engine {
             let planned: Vec<PlannedTemplate> = renderings
                 .into_iter()
                 .zip(selected)
-                .filter_map(|(r, t)| r.map(|rendered| to_plan(t, rendered)))
+                .filter_map(|(r, t)| r.map(|rendered| to_plan(t, store.own(rendered))))
                 .collect();
             if planned.len() == selected.len() {
                 let reason = planned.is_empty().then(|| choice.summary_of_none());
@@ -298,8 +405,7 @@ impl Engine {
             }
         }
         warnings.extend(doubted(assessed.doubts.iter().cloned()));
-        let (owned, carried) =
-            self.carry_resized(assessed, claim, selected, &base, &base_annotations, render_one, warnings);
+        let (owned, carried) = self.carry_resized(assessed, claim, selected, &base, &base_annotations, store, warnings);
         let base = match claims::ownership::owns_all(&owned, claim) {
             true => base,
             false => Arc::new(claims::strip::strip_injection(pod, &owned)),
@@ -322,16 +428,15 @@ impl Engine {
         selected: &[&Arc<Template>],
         base: &Arc<Value>,
         base_annotations: &BTreeMap<String, String>,
-        render_one: &RenderFor<'_>,
+        store: &mut Renderings<'_>,
         warnings: &mut Vec<Warning>,
     ) -> (InjectionStatus, BTreeMap<String, Option<Value>>) {
         let mut owned = assessed.owned;
         let mut carried = BTreeMap::new();
         if !assessed.resized.is_empty() {
-            let current: Vec<RenderedTemplate> = selected
-                .iter()
-                .filter_map(|t| render_one(t, base, base_annotations, VolumeForms::Recorded(&claim.image_volumes)).ok())
-                .collect();
+            let as_claimed = VolumeForms::Recorded(&claim.image_volumes);
+            let current: Vec<Rc<RenderedTemplate>> =
+                selected.iter().filter_map(|t| store.get(t, base, base_annotations, as_claimed).ok()).collect();
             let mut with_carried = owned.clone();
             for resized in &assessed.resized {
                 let still_rendered = current.iter().any(|rendered| {
@@ -379,8 +484,8 @@ fn stand_in_for_gone_versions(
     pod: &Value,
     claim: &InjectionStatus,
     selected: &[&Arc<Template>],
-    renderings: &mut [Option<RenderedTemplate>],
-    render: impl Fn(&Template) -> Option<RenderedTemplate>,
+    renderings: &mut [Option<Rc<RenderedTemplate>>],
+    mut render: impl FnMut(&Template) -> Option<Rc<RenderedTemplate>>,
 ) -> Option<claims::ownership::Ownership> {
     let in_service = |name: &str| selected.iter().find(|t| *t.name == *name);
     // The version each reference is read as.
@@ -401,7 +506,7 @@ fn stand_in_for_gone_versions(
     if !accounted || first.iter().any(|first| !first) || renderings.iter().all(Option::is_some) {
         return None;
     }
-    let stand_ins: Vec<Option<RenderedTemplate>> = claim
+    let stand_ins: Vec<Option<Rc<RenderedTemplate>>> = claim
         .templates
         .iter()
         .zip(renderings.iter())
@@ -411,7 +516,7 @@ fn stand_in_for_gone_versions(
         })
         .collect();
     let with: Vec<Option<&RenderedTemplate>> =
-        renderings.iter().zip(&stand_ins).map(|(claimed, now)| claimed.as_ref().or(now.as_ref())).collect();
+        renderings.iter().zip(&stand_ins).map(|(claimed, now)| claimed.as_deref().or(now.as_deref())).collect();
     let mut assessed = claims::ownership::assess(pod, claim, &with, claims::ownership::Moment::Admission);
     if !assessed.altered.is_empty() {
         return None;
@@ -426,6 +531,18 @@ fn stand_in_for_gone_versions(
         *rendering = rendering.take().or(stand_in);
     }
     Some(assessed)
+}
+
+/// Whether the enforcement checks read a template again whatever the injection skipped: its host
+/// aliases, mounts and `envFrom` keys can be shadowed by the pod's without any skip (another IP for
+/// one of their host names, a mount below one, an env entry of a key's name), and a pod may share
+/// its process namespace with a template's containers that need their own.
+fn checked_for_shadows(template: &Template) -> bool {
+    let inject = &template.inject;
+    !inject.pod_lists[model::kinds::HOST_ALIASES.index].is_empty()
+        || !inject.app_lists[model::kinds::VOLUME_MOUNTS.index].is_empty()
+        || inject.app_lists[model::kinds::ENV_FROM.index].iter().any(|source| !source.keys.is_empty())
+        || template.own_process_namespace
 }
 
 /// An injection that would make a pod the API server refuses (`Injection::invalid`) is not
@@ -599,7 +716,13 @@ impl Engine {
     }
 
     fn evaluate_with(&self, request: &PodRequest, mask_pod_reads: bool) -> Decision {
-        let mut decision = self.decide(request, mask_pod_reads);
+        self.evaluate_in(&mut Renderings::new(request, mask_pod_reads))
+    }
+
+    /// Decides for the request `renderings` serves, with its renderings.
+    fn evaluate_in(&self, renderings: &mut Renderings<'_>) -> Decision {
+        let request = renderings.request;
+        let mut decision = self.decide(request, renderings);
         let (status, patch) = match &decision.outcome {
             Outcome::Inject(injection) => (&injection.status, Some(injection.patch.as_slice())),
             Outcome::UpToDate(status) => (status, None),
@@ -623,13 +746,13 @@ impl Engine {
             }
             Outcome::OutOfScope(_) | Outcome::Denied(_) => return decision,
         };
-        if let Some(denial) = self.enforcement_denials(request, status, patch, |t| t.enforced).into_iter().next() {
+        if let Some(denial) = self.enforcement_denials(renderings, status, patch, |t| t.enforced).into_iter().next() {
             decision.outcome = Outcome::Denied(denial);
             return decision;
         }
         // `enforced: audit`: what `enforced: true` would do, reported instead of done.
         let mut findings = Vec::new();
-        for denial in self.enforcement_denials(request, status, patch, |t| t.audit) {
+        for denial in self.enforcement_denials(renderings, status, patch, |t| t.audit) {
             if let Denial::Enforced { template, conflicts } = denial {
                 findings.push((template, format!("it would refuse this pod: {}", conflicts.join("; "))));
             }
@@ -656,27 +779,19 @@ impl Engine {
     /// on items the patch removes.
     fn enforcement_denials(
         &self,
-        request: &PodRequest,
+        renderings: &mut Renderings<'_>,
         status: &InjectionStatus,
         patch: Option<&[json_patch::PatchOperation]>,
         which: fn(&Template) -> bool,
     ) -> Vec<Denial> {
+        let request = renderings.request;
         let conflicted = status.conflicted_templates();
-        // A template's host aliases, mounts and `envFrom` keys can be shadowed by the pod's
-        // without any skip (another IP for one of their host names, a mount below one, an env
-        // entry of a key's name), and a pod may share its process namespace with a template's
-        // containers that need their own: those templates are checked too.
+        // Templates a pod can shadow without any skip are checked too.
         let enforced: Vec<&Arc<Template>> = status
             .templates
             .iter()
             .filter_map(|t| self.templates.version(&t.name, &t.hash).filter(|t| which(t)))
-            .filter(|t| {
-                conflicted.contains(&&*t.name)
-                    || !t.inject.pod_lists[model::kinds::HOST_ALIASES.index].is_empty()
-                    || !t.inject.app_lists[model::kinds::VOLUME_MOUNTS.index].is_empty()
-                    || t.inject.app_lists[model::kinds::ENV_FROM.index].iter().any(|source| !source.keys.is_empty())
-                    || t.own_process_namespace
-            })
+            .filter(|t| conflicted.contains(&&*t.name) || checked_for_shadows(t))
             .collect();
         if enforced.is_empty() {
             return Vec::new();
@@ -691,12 +806,17 @@ impl Engine {
             None => Ok(std::borrow::Cow::Borrowed(&*request.pod)),
         };
         let annotations = pod::string_map(&request.pod, "annotations").unwrap_or_default();
-        let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(&request.pod));
         let mut denials = Vec::new();
         for template in enforced {
-            let subject = injection::render::Subject::new(request.pod.clone(), &owner);
             let forms = VolumeForms::Recorded(&status.image_volumes);
-            let rendering = injection::render::render(template, &subject, &annotations, &request.namespace, forms);
+            // Judged on what the pod's reads render, also where the decision masked them.
+            let rendering = match renderings.mask_pod_reads {
+                true => {
+                    let subject = injection::render::Subject::new(request.pod.clone(), &renderings.owner);
+                    injection::render::render(template, &subject, &annotations, &request.namespace, forms).map(Rc::new)
+                }
+                false => renderings.get(template, &request.pod, &annotations, forms),
+            };
             let conflicts = match (rendering, &after) {
                 (_, Err(e)) => vec![e.clone()],
                 (Ok(rendered), Ok(pod)) => {
@@ -765,7 +885,7 @@ impl Engine {
         Ok((annotations, choice))
     }
 
-    fn decide(&self, request: &PodRequest, mask_pod_reads: bool) -> Decision {
+    fn decide(&self, request: &PodRequest, renderings: &mut Renderings<'_>) -> Decision {
         let mut warnings = Vec::new();
         let decision = |choice, outcome, warnings| Decision { choice, outcome, warnings, audited: Vec::new() };
         let pod = &*request.pod;
@@ -775,18 +895,6 @@ impl Engine {
         };
         let selected: Vec<&Arc<Template>> = choice.selected().filter_map(|name| self.templates.get(name)).collect();
         let claim = read_claim(&annotations, &mut warnings);
-        let owner = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(pod));
-        let render_one = |template: &Template,
-                          pod: &Arc<Value>,
-                          annotations: &BTreeMap<String, String>,
-                          forms: VolumeForms<'_>| {
-            let subject =
-                injection::render::Subject { pod: injection::render::pod_value(pod.clone()), workload: &owner };
-            match mask_pod_reads {
-                true => injection::render::render_masked(template, &subject, annotations, &request.namespace, forms),
-                false => injection::render::render(template, &subject, annotations, &request.namespace, forms),
-            }
-        };
         let to_plan = |template: &Template, rendered: RenderedTemplate| PlannedTemplate {
             native_sidecars: model::native::is_native(
                 sidecar_mode(template, &rendered),
@@ -800,7 +908,7 @@ impl Engine {
         let (owned, base, carried) = match &claim {
             None => (InjectionStatus::default(), request.pod.clone(), BTreeMap::new()),
             Some(claim) => {
-                match self.check_claim(pod, claim, &selected, &choice, &render_one, &to_plan, &mut warnings) {
+                match self.check_claim(pod, claim, &selected, &choice, renderings, &to_plan, &mut warnings) {
                     ClaimCheck::Replace { owned, base, carried } => (owned, base, carried),
                     ClaimCheck::Decided(outcome) => return decision(Some(choice), outcome, warnings),
                 }
@@ -820,27 +928,36 @@ impl Engine {
             .flatten()
             .filter_map(|c| c.get("name").and_then(Value::as_str))
             .collect();
-        let mut renderings = Vec::with_capacity(selected.len());
+        let mut planned_renderings = Vec::with_capacity(selected.len());
         for template in &selected {
             if let Err(e) = injection::render::check_chosen_containers(template, &base_annotations, &container_names) {
                 return decision(Some(choice), Outcome::Denied(Denial::Render(RenderError::Override(e))), warnings);
             }
-            match render_one(template, &base, &base_annotations, VolumeForms::Nodes(request.cluster.image_volumes)) {
-                Ok(rendered) => renderings.push(rendered),
+            let forms = VolumeForms::Nodes(request.cluster.image_volumes);
+            // Kept (a copy planned) where the enforcement checks after the decision read it again.
+            let rendered = match !renderings.mask_pod_reads
+                && (template.enforced || template.audit)
+                && checked_for_shadows(template)
+            {
+                true => renderings.get(template, &base, &base_annotations, forms).map(|r| (*r).clone()),
+                false => renderings.take(template, &base, &base_annotations, forms),
+            };
+            match rendered {
+                Ok(rendered) => planned_renderings.push(rendered),
                 Err(e) => return decision(Some(choice), Outcome::Denied(Denial::Render(e)), warnings),
             }
         }
-        let agreed = agree_on_volume_forms(&mut renderings, request.cluster.image_volumes, |index, image| {
-            render_one(selected[index], &base, &base_annotations, VolumeForms::Recorded(image))
+        let agreed = agree_on_volume_forms(&mut planned_renderings, request.cluster.image_volumes, |index, image| {
+            renderings.take(selected[index], &base, &base_annotations, VolumeForms::Recorded(image))
         });
         if let Err(e) = agreed {
             return decision(Some(choice), Outcome::Denied(Denial::Render(e)), warnings);
         }
         let mut planned = Vec::with_capacity(selected.len());
-        for (template, mut rendered) in selected.iter().zip(renderings) {
+        for (template, mut rendered) in selected.iter().zip(planned_renderings) {
             carry_resources(&mut rendered, &carried);
             warnings.append(&mut rendered.warnings);
-            warnings.extend(sidecar_mode_warnings(template, &rendered, request.cluster, &owner));
+            warnings.extend(sidecar_mode_warnings(template, &rendered, request.cluster, &renderings.owner));
             warnings.extend(image_volume_warnings(template, &rendered, request.cluster));
             planned.push(to_plan(template, rendered));
         }

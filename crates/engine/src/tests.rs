@@ -1899,3 +1899,50 @@ inject:
     };
     assert_eq!(injection.status.containers, ["profiler"]);
 }
+
+/// What a decision for `pod` made, and how many renderings it took.
+fn counted_renders(engine: &Engine, pod: &Value) -> (Outcome, usize) {
+    let request = request(pod.clone(), opted_in("shop", &[]));
+    let mut renderings = crate::Renderings::new(&request, false);
+    let decision = engine.evaluate_in(&mut renderings);
+    (decision.outcome, renderings.renders)
+}
+
+#[test]
+fn a_decision_renders_each_template_version_once_for_each_pod_it_reads() {
+    // An enforced template whose app mounts the enforcement checks read again after the decision
+    // (a pod can shadow a mount without any skip), and an agent whose container can be resized.
+    let mounts = "default: true\nenforced: true\ninject:\n  volumes: [{name: certs, emptyDir: {}}]\n  appContainers:\n    volumeMounts: [{name: certs, mountPath: /certs}]\n";
+    let engine = engine(&[("agent", BUDGETED), ("mounts", mounts)]);
+    let pod = budgeted_pod("128Mi");
+    let (outcome, renders) = counted_renders(&engine, &pod);
+    let Outcome::Inject(injection) = outcome else { panic!("{outcome:?}") };
+    assert_eq!(renders, 2, "a fresh pod: each template once, the enforcement checks reusing the enforced one's");
+
+    let injected = apply(&pod, &injection.patch);
+    let (outcome, renders) = counted_renders(&engine, &injected);
+    assert!(matches!(outcome, Outcome::UpToDate(_)), "{outcome:?}");
+    // The claimed versions for the pod without its claimed items, then the enforced one for the
+    // pod as it is (what the enforcement checks judge).
+    assert_eq!(renders, 3, "an injected copy");
+
+    // The agent edited, its sidecar resized in place: the claimed versions and the current ones,
+    // each once for the pod without the claimed items (the resize carried over reads the current
+    // version the injection then takes).
+    let (set, errors) = engine.templates.update(
+        [
+            TemplateSource { name: "agent".into(), text: BUDGETED.replace("agent:1", "agent:2") },
+            TemplateSource { name: "mounts".into(), text: mounts.to_owned() },
+        ],
+        &crate::templates::set::InProcess,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let edited = Engine::new(set, engine.excluded_namespaces.clone());
+    let mut resized = injected.clone();
+    resized["spec"]["initContainers"][0]["resources"] = json!({"requests": {"cpu": "5m", "memory": "24Mi"}});
+    let (outcome, renders) = counted_renders(&edited, &resized);
+    let Outcome::Inject(reinjection) = outcome else { panic!("{outcome:?}") };
+    assert_eq!(apply(&resized, &reinjection.patch)["spec"]["initContainers"][0]["image"], "agent:2");
+    assert_eq!(reinjection.status.templates.len(), 2);
+    assert_eq!(renders, 4, "two claimed versions, one current version of the agent, the enforced one for the pod");
+}

@@ -274,7 +274,7 @@ proptest! {
         if let Some(labels) = original["metadata"].get_mut("labels").and_then(Value::as_object_mut) {
             labels.remove("sidecar-injector.io/injected");
         }
-        prop_assert_eq!(first_difference(&original, &compared, ""), None);
+        prop_assert_eq!(first_difference(&original, &compared), None);
         let names_before: BTreeSet<String> = CONTAINER_LISTS.iter()
             .flat_map(|l| pod["spec"][l.field].as_array().cloned().unwrap_or_default())
             .map(|c| c["name"].as_str().unwrap().to_owned()).collect();

@@ -113,7 +113,7 @@ pub fn conflicts(
             found.push(format!("the pod's {what} takes the place of the template's"));
             continue;
         };
-        if let Some(difference) = first_difference(&expected, &actual, "") {
+        if let Some(difference) = first_difference(&expected, &actual) {
             found.push(format!("the pod's {what} is not the template's ({difference})"));
         } else if !ownership::exact(&expected, &actual) {
             found.push(format!("the pod's {what} holds fields the template does not set"));

@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use crate::injection::env_merge;
 use crate::injection::render::RenderedTemplate;
-use crate::model::compare::{first_difference, is_implied, without_resources};
+use crate::model::compare::{first_difference, first_difference_but_resources, is_implied, without_resources};
 use crate::model::kinds::{APP_LISTS, AppListKind, CONTAINER_LISTS, ENV, MAPS, POD_LISTS, Placement, PodListKind};
 use crate::model::status::{AppContainerAdditions, InjectionStatus, ItemKind};
 use crate::names::SERVICE_ACCOUNT_TOKEN_PATH;
@@ -104,7 +104,7 @@ pub fn assess<'p>(
                 rendered_containers.insert(name.as_str(), expected.clone());
             }
             let actual = find(spec_list(list.field), "name", name);
-            let found = judged.judge(list.kind, name, None, expected.map(Resizable), actual);
+            let found = judged.judge(list.kind, name, None, expected.map(|e| Resizable(Cow::Owned(e))), actual);
             if found == Match::Resized {
                 resized.push(ResizedContainer {
                     name: name.clone(),
@@ -131,51 +131,17 @@ pub fn assess<'p>(
             }
             let expected =
                 renderings.iter().flatten().find_map(|r| r.map(kind).get(key).map(|v| Value::String(v.clone())));
-            let found =
-                judged.judge(kind.kind, key, None, expected.map(Fixed), metadata(kind.field).and_then(|m| m.get(key)));
+            let found = judged.judge(
+                kind.kind,
+                key,
+                None,
+                expected.map(|e| Fixed(Cow::Owned(e))),
+                metadata(kind.field).and_then(|m| m.get(key)),
+            );
             found.record(key, (kind.claimed_mut)(&mut present), (kind.claimed_mut)(&mut owned));
         }
     }
-    for (container, additions) in &claim.app_containers {
-        let actual = find(spec_list("containers"), "name", container);
-        let list = |field: &str| actual.and_then(|c| c.get(field)).and_then(Value::as_array);
-        let (mut here, mut mine) = (AppContainerAdditions::default(), AppContainerAdditions::default());
-        for kind in &APP_LISTS {
-            for identity in (kind.claimed)(additions) {
-                let expected = renderings.iter().flatten().find_map(|r| kind.find(r.app_list(kind), identity).cloned());
-                let in_effect = list(kind.field).and_then(|items| Some((items, kind.in_effect(items, identity)?)));
-                let actual = in_effect.map(|(_, (_, item))| item);
-                let mut found = judged.judge(kind.kind, identity, Some(container), expected.map(Fixed), actual);
-                if found == Match::Exact
-                    && in_effect.is_some_and(|(items, (i, _))| authored_too(kind, items, i, additions))
-                {
-                    found = Match::Present;
-                }
-                found.record(identity, (kind.claimed_mut)(&mut here), (kind.claimed_mut)(&mut mine));
-            }
-        }
-        for key in &additions.env_merges {
-            // Proven when a claimed template renders a merging env var whose entry is exactly
-            // this one; the pod's entry is found by its whole value, as there may be several of
-            // the name.
-            let (name, _) = env_merge::split_key(key);
-            let expected = renderings.iter().flatten().find_map(|r| {
-                let item = ENV.find(r.app_list(ENV), name)?;
-                let entry = r.env_merges.get(name)?.entry(name, item.get("value")?.as_str()?);
-                (env_merge::key(&entry).as_ref() == Some(key)).then_some(entry)
-            });
-            // And it must be in effect: a later entry of the name that replaces it leaves the
-            // container without the fragment, whatever the entry says.
-            let actual = list("env").and_then(|l| env_merge::merged_in_effect(l, key)).map(|(_, entry)| entry);
-            let found = judged.judge(ItemKind::EnvMerge, key, Some(container), expected.map(Fixed), actual);
-            found.record(key, &mut here.env_merges, &mut mine.env_merges);
-        }
-        for (status, additions) in [(&mut present, here), (&mut owned, mine)] {
-            if !additions.is_empty() {
-                status.app_containers.insert(container.clone(), additions);
-            }
-        }
-    }
+    assess_app_containers(claim, spec_list("containers"), renderings, &mut judged, (&mut present, &mut owned));
     if let Some(claimed) = &claim.pod_resources {
         // The padding of pod-level resources: proven when it is exactly what the injected
         // containers present account for as their templates render them (not as resized since).
@@ -208,6 +174,64 @@ pub fn assess<'p>(
     Ownership { owned, present, all_present, altered, doubts, resized }
 }
 
+/// Judges the claimed additions to each app container (its list items and env merges) against the
+/// pod's containers (`containers`).
+fn assess_app_containers(
+    claim: &InjectionStatus,
+    containers: Option<&Vec<Value>>,
+    renderings: &[Option<&RenderedTemplate>],
+    judged: &mut Judge<'_>,
+    (present, owned): (&mut InjectionStatus, &mut InjectionStatus),
+) {
+    for (container, additions) in &claim.app_containers {
+        let actual = containers.and_then(|containers| find_in(containers, "name", container));
+        let list = |field: &str| actual.and_then(|c| c.get(field)).and_then(Value::as_array);
+        let (mut here, mut mine) = (AppContainerAdditions::default(), AppContainerAdditions::default());
+        for kind in &APP_LISTS {
+            for identity in (kind.claimed)(additions) {
+                let expected = renderings.iter().flatten().find_map(|r| kind.find(r.app_list(kind), identity));
+                let in_effect = list(kind.field).and_then(|items| Some((items, kind.in_effect(items, identity)?)));
+                let actual = in_effect.map(|(_, (_, item))| item);
+                let mut found = judged.judge(
+                    kind.kind,
+                    identity,
+                    Some(container),
+                    expected.map(|e| Fixed(Cow::Borrowed(e))),
+                    actual,
+                );
+                if found == Match::Exact
+                    && in_effect.is_some_and(|(items, (i, _))| authored_too(kind, items, i, additions))
+                {
+                    found = Match::Present;
+                }
+                found.record(identity, (kind.claimed_mut)(&mut here), (kind.claimed_mut)(&mut mine));
+            }
+        }
+        for key in &additions.env_merges {
+            // Proven when a claimed template renders a merging env var whose entry is exactly
+            // this one; the pod's entry is found by its whole value, as there may be several of
+            // the name.
+            let (name, _) = env_merge::split_key(key);
+            let expected = renderings.iter().flatten().find_map(|r| {
+                let item = ENV.find(r.app_list(ENV), name)?;
+                let entry = r.env_merges.get(name)?.entry(name, item.get("value")?.as_str()?);
+                (env_merge::key(&entry).as_ref() == Some(key)).then_some(entry)
+            });
+            // And it must be in effect: a later entry of the name that replaces it leaves the
+            // container without the fragment, whatever the entry says.
+            let actual = list("env").and_then(|l| env_merge::merged_in_effect(l, key)).map(|(_, entry)| entry);
+            let found =
+                judged.judge(ItemKind::EnvMerge, key, Some(container), expected.map(|e| Fixed(Cow::Owned(e))), actual);
+            found.record(key, &mut here.env_merges, &mut mine.env_merges);
+        }
+        for (status, additions) in [(&mut *present, here), (&mut *owned, mine)] {
+            if !additions.is_empty() {
+                status.app_containers.insert(container.clone(), additions);
+            }
+        }
+    }
+}
+
 /// Judges the claimed items of one kind of spec list against the pod's (`pod_items`).
 fn assess_pod_list(
     kind: &PodListKind,
@@ -221,7 +245,7 @@ fn assess_pod_list(
     (present, owned): (&mut InjectionStatus, &mut InjectionStatus),
 ) {
     for identity in (kind.claimed)(claim) {
-        let expected = renderings.iter().flatten().find_map(|r| kind.find(r.pod_list(kind), identity).cloned());
+        let expected = renderings.iter().flatten().find_map(|r| kind.find(r.pod_list(kind), identity));
         let actual = pod_items.and_then(|items| kind.find(items, identity));
         if actual.is_none() && kind.removed_after_admission && moment == Moment::Running {
             // Removed as designed: still the injection's (and not added again).
@@ -229,7 +253,7 @@ fn assess_pod_list(
             (kind.claimed_mut)(owned).push(identity.clone());
             continue;
         }
-        let found = judged.judge(kind.kind, identity, None, expected.map(Fixed), actual);
+        let found = judged.judge(kind.kind, identity, None, expected.map(|e| Fixed(Cow::Borrowed(e))), actual);
         found.record(identity, (kind.claimed_mut)(present), (kind.claimed_mut)(owned));
         // Its form too, where the claimed version renders it as the image volume claimed.
         if kind.may_fall_back && renderings.iter().flatten().any(|r| r.image_volumes.iter().any(|v| v == identity)) {
@@ -253,23 +277,25 @@ impl Judge<'_> {
         kind: ItemKind,
         name: &str,
         container: Option<&str>,
-        expected: Option<Expected>,
+        expected: Option<Expected<'_>>,
         actual: Option<&Value>,
     ) -> Match {
-        let what = match container {
+        // Written out only for a doubt: most items hold.
+        let what = || match container {
             Some(c) => format!("{} {name:?} of container {c:?}", kind.describe()),
             None => format!("{} {name:?}", kind.describe()),
         };
         match (expected, actual) {
             (_, None) => {
                 self.all_present = false;
-                self.doubts.push(format!("the status claims {what} was injected, but the pod does not have it"));
+                self.doubts.push(format!("the status claims {} was injected, but the pod does not have it", what()));
                 Match::None
             }
             (None, Some(_)) => {
                 self.all_present = false;
                 self.doubts.push(format!(
-                "the status claims {what} was injected, but no template version in service renders it (claimed: {}); it is kept as the pod's own",
+                "the status claims {} was injected, but no template version in service renders it (claimed: {}); it is kept as the pod's own",
+                what(),
                 describe_claim(self.claim)
             ));
                 Match::None
@@ -281,11 +307,12 @@ impl Judge<'_> {
                 // resize`, vertical autoscalers), which are not template changes: they are not
                 // compared for presence. Replacing or removing the container still needs them to
                 // be the template's, since they may be the author's under a copied claim.
-                let compared = match resizable {
-                    true => Cow::Owned(without_resources(&expected)),
-                    false => Cow::Borrowed(&expected),
+                let differs = match resizable {
+                    true => first_difference_but_resources(&expected, actual),
+                    false => first_difference(&expected, actual),
                 };
-                if let Some(difference) = first_difference(&compared, actual, "") {
+                if let Some(difference) = differs {
+                    let what = what();
                     self.all_present = false;
                     self.altered.push(format!("{what} was changed after injection: {difference}"));
                     self.doubts.push(format!(
@@ -295,11 +322,12 @@ impl Judge<'_> {
                 }
                 if exact(&expected, actual) {
                     Match::Exact
-                } else if resizable && exact(&compared, &without_resources(actual)) {
+                } else if resizable && exact(&without_resources(&expected), &without_resources(actual)) {
                     Match::Resized
                 } else {
                     self.doubts.push(format!(
-                        "{what} holds fields its template does not set; it is kept as the pod's own and not replaced"
+                        "{} holds fields its template does not set; it is kept as the pod's own and not replaced",
+                        what()
                     ));
                     Match::Present
                 }
@@ -310,9 +338,9 @@ impl Judge<'_> {
 
 /// What a claimed template renders for an item, and whether its resources may have been resized
 /// in place since (a container's may).
-enum Expected {
-    Resizable(Value),
-    Fixed(Value),
+enum Expected<'r> {
+    Resizable(Cow<'r, Value>),
+    Fixed(Cow<'r, Value>),
 }
 use Expected::{Fixed, Resizable};
 

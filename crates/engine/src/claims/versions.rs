@@ -7,6 +7,7 @@
 //! the claim names, so the pod cannot make it up: text that hashes to the claimed hash is the
 //! version the pod was injected with, whatever the pod says.
 
+use std::borrow::Borrow;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -38,12 +39,12 @@ pub fn first_of_each_name(claim: &InjectionStatus) -> Vec<bool> {
 /// The template version `claimed` names, for a pod with `claim`: remembered by `templates`, or
 /// rebuilt from the version in service (`render_now` renders that for the pod without its claimed
 /// items). `None` when it is neither.
-pub fn claimed_version(
+pub fn claimed_version<R: Borrow<RenderedTemplate>>(
     templates: &TemplateSet,
     claimed: &TemplateRef,
     pod: &Value,
     claim: &InjectionStatus,
-    render_now: impl FnOnce(&Template) -> Option<RenderedTemplate>,
+    render_now: impl FnOnce(&Template) -> Option<R>,
 ) -> Option<Arc<Template>> {
     if let Some(version) = templates.version(&claimed.name, &claimed.hash) {
         return Some(version.clone());
@@ -53,7 +54,7 @@ pub fn claimed_version(
         return None;
     }
     let rendered = render_now(current)?;
-    rebuilt_with_images(current, &claimed.hash, &image_pairs(pod, claim, &claimed.name, &rendered))
+    rebuilt_with_images(current, &claimed.hash, &image_pairs(pod, claim, &claimed.name, rendered.borrow()))
 }
 
 /// Whether the claim says `template` injected the container of that name: the template renders

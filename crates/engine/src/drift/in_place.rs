@@ -165,7 +165,7 @@ pub fn in_place_update(engine: &Engine, request: &PodRequest) -> Result<InPlaceU
         }
         let current = engine.templates.get(&reference.name).expect("classify names templates in service");
         let rendered_now = render(current)?;
-        let version = versions::claimed_version(&engine.templates, reference, pod, &claim, |_| Some(rendered_now.clone()))
+        let version = versions::claimed_version(&engine.templates, reference, pod, &claim, |_| Some(&rendered_now))
             .ok_or_else(|| {
                     format!(
                         "template {} changed more than images since the version it was injected with ({}), or that version is not known here: its containers cannot be proven the injector's",
@@ -280,8 +280,7 @@ fn change_beyond_images(
             match before.get(name) {
                 None => return Some(format!("it adds {what} {name:?}")),
                 Some(old) => {
-                    let difference =
-                        first_difference(container, old, "").or_else(|| first_difference(old, container, ""));
+                    let difference = first_difference(container, old).or_else(|| first_difference(old, container));
                     if let Some(difference) = difference.filter(|_| old != container) {
                         return Some(format!("{what} {name:?}: {difference}"));
                     }

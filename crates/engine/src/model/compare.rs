@@ -32,16 +32,55 @@ pub fn env_from_key(source: &Value) -> Option<String> {
 /// item by item (extra trailing items allowed); an empty list is contained in any list; other lists
 /// must be equal. Resource quantities
 /// compare by value (`1000m` equals `1`), because the API server rewrites them in canonical form.
-pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<String> {
-    let here = |p: &str| {
-        if p.is_empty() { "the item".to_owned() } else { p.trim_start_matches('.').to_owned() }
-    };
+pub fn first_difference(expected: &Value, actual: &Value) -> Option<String> {
+    difference(expected, actual, At::Item, None)
+}
+
+/// [`first_difference`] of two containers but for their `resources`, which change by in-place
+/// resizes (`kubectl patch --subresource resize`, vertical autoscalers), not by template changes.
+pub fn first_difference_but_resources(expected: &Value, actual: &Value) -> Option<String> {
+    difference(expected, actual, At::Item, Some("resources"))
+}
+
+/// Where a comparison is, written out only for a difference: most comparisons find none, and a
+/// path made at every field would cost an allocation per field compared.
+#[derive(Clone, Copy)]
+enum At<'a> {
+    Item,
+    Key(&'a At<'a>, &'a str),
+    Index(&'a At<'a>, usize),
+}
+
+impl At<'_> {
+    /// `.spec.containers[0]`-like, empty for the item itself.
+    fn path(&self) -> String {
+        match self {
+            At::Item => String::new(),
+            At::Key(parent, key) => format!("{}.{key}", parent.path()),
+            At::Index(parent, index) => format!("{}[{index}]", parent.path()),
+        }
+    }
+
+    /// The path as a message names it.
+    fn here(&self) -> String {
+        match self.path() {
+            path if path.is_empty() => "the item".to_owned(),
+            path => path.trim_start_matches('.').to_owned(),
+        }
+    }
+}
+
+/// [`first_difference`] at `at`, the key `except` of the objects compared left out.
+fn difference(expected: &Value, actual: &Value, at: At<'_>, except: Option<&str>) -> Option<String> {
     match (expected, actual) {
-        (Value::Object(want), Value::Object(have)) => want.iter().find_map(|(key, w)| match have.get(key) {
-            None if is_implied(key, w) => None,
-            None => Some(format!("{} was removed", here(&format!("{path}.{key}")))),
-            Some(h) => first_difference(w, h, &format!("{path}.{key}")),
-        }),
+        (Value::Object(want), Value::Object(have)) => {
+            let compared = want.iter().filter(|(key, _)| Some(key.as_str()) != except);
+            compared.into_iter().find_map(|(key, w)| match have.get(key) {
+                None if is_implied(key, w) => None,
+                None => Some(format!("{} was removed", At::Key(&at, key).here())),
+                Some(h) => difference(w, h, At::Key(&at, key), None),
+            })
+        }
         (Value::Array(want), Value::Array(_)) if want.is_empty() => None,
         (Value::Array(want), Value::Array(have)) if want.iter().all(Value::is_object) => {
             // Items are found by the key Kubernetes merges them by: a mount by its path (one
@@ -50,7 +89,7 @@ pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<
                 .into_iter()
                 .find(|key| want.iter().all(|w| w.get(*key).is_some_and(Value::is_string)));
             want.iter().enumerate().find_map(|(i, w)| {
-                let at = format!("{path}[{i}]");
+                let item = At::Index(&at, i);
                 let mut candidates = have
                     .iter()
                     .enumerate()
@@ -60,11 +99,11 @@ pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<
                     })
                     .map(|(_, h)| h);
                 let Some(first) = candidates.next() else {
-                    return Some(format!("{} was removed", here(&at)));
+                    return Some(format!("{} was removed", item.here()));
                 };
                 // Of several items with the key (a pod may repeat a name), one that holds `w` will do.
-                let difference = first_difference(w, first, &at)?;
-                candidates.all(|h| first_difference(w, h, &at).is_some()).then_some(difference)
+                let found = difference(w, first, item, None)?;
+                candidates.all(|h| difference(w, h, item, None).is_some()).then_some(found)
             })
         }
         (Value::String(w), _) if w == POD_DERIVED => None,
@@ -75,12 +114,12 @@ pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<
                 .iter()
                 .zip(have)
                 .enumerate()
-                .any(|(i, (w, h))| first_difference(w, h, &format!("{path}[{i}]")).is_some());
-            differs.then(|| format!("{} is {actual}, the template sets {}", here(path), shown(expected)))
+                .any(|(i, (w, h))| difference(w, h, At::Index(&at, i), None).is_some());
+            differs.then(|| format!("{} is {actual}, the template sets {}", at.here(), shown(expected)))
         }
-        (w, h) if w != h && path.contains("resources") && crate::quantity::equal(w, h) => None,
+        (w, h) if w != h && at.path().contains("resources") && crate::quantity::equal(w, h) => None,
         (w, h) if w == h => None,
-        (w, h) => Some(format!("{} is {h}, the template sets {}", here(path), shown(w))),
+        (w, h) => Some(format!("{} is {h}, the template sets {}", at.here(), shown(w))),
     }
 }
 
@@ -116,16 +155,16 @@ mod tests {
     #[test]
     fn list_items_are_found_by_the_key_kubernetes_merges_them_by() {
         let mounts = json!([{"name": "data", "mountPath": "/a", "subPath": "x"}, {"name": "data", "mountPath": "/b"}]);
-        assert_eq!(first_difference(&mounts, &mounts, ""), None, "one volume at two paths");
+        assert_eq!(first_difference(&mounts, &mounts), None, "one volume at two paths");
         let moved = json!([{"name": "data", "mountPath": "/a", "subPath": "x"}, {"name": "data", "mountPath": "/c"}]);
-        assert_eq!(first_difference(&mounts, &moved, ""), Some("[1] was removed".to_owned()));
+        assert_eq!(first_difference(&mounts, &moved), Some("[1] was removed".to_owned()));
         // A repeated name (the author's env var and a merged entry of it): one holding it will do.
         let want = json!([{"name": "PATH", "value": "/agent"}]);
         let have = json!([{"name": "PATH", "value": "/usr/bin"}, {"name": "PATH", "value": "/agent"}]);
-        assert_eq!(first_difference(&want, &have, ""), None);
+        assert_eq!(first_difference(&want, &have), None);
         let other = json!([{"name": "PATH", "value": "/usr/bin"}]);
         assert_eq!(
-            first_difference(&want, &other, ""),
+            first_difference(&want, &other),
             Some("[0].value is \"/usr/bin\", the template sets \"/agent\"".to_owned())
         );
     }
@@ -156,6 +195,6 @@ mod tests {
         // A template's `cpu: 1` is what the API server stores as "1".
         let want = json!({"resources": {"limits": {"cpu": 1}}});
         let have = json!({"resources": {"limits": {"cpu": "1"}}});
-        assert_eq!(first_difference(&want, &have, ""), None);
+        assert_eq!(first_difference(&want, &have), None);
     }
 }

@@ -377,7 +377,7 @@ fn compare_with_templates(engine: &Engine, request: &PodRequest, status: &Inject
 /// An injected item as the templates make it, against the pod's: changed, removed, or fine.
 fn compare(what: impl Fn() -> String, want: Option<&Value>, have: Option<&Value>) -> Result<(), String> {
     match (want, have) {
-        (Some(want), Some(have)) => match first_difference(want, have, "") {
+        (Some(want), Some(have)) => match first_difference(want, have) {
             Some(diff) => Err(format!("{} was changed after injection: {diff}", what())),
             None => Ok(()),
         },
