@@ -22,9 +22,15 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 
+use json_patch::PatchOperation;
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, PatchOperation, RemoveOperation};
 use serde_json::Value;
+
+mod names;
+mod patch;
+
+use names::{Claimed, Owner, Taken};
+use patch::Builder;
 
 use crate::findings::{Warning, WarningCode};
 use crate::injection::ports::{self, Running};
@@ -99,13 +105,13 @@ pub enum Earlier<'s> {
 }
 
 /// Plans the injection of `templates` into `pod` over what an `earlier` injection left.
-/// `reason_if_none` is recorded in the status when `templates` is empty. The rendered containers,
+/// `reason` is recorded in the status (why no template, or not every chosen one, is injected). The rendered containers,
 /// volumes and pull secrets the injection adds are moved into the patch, not copied.
 pub fn plan(
     pod: &Value,
     earlier: Earlier<'_>,
     mut templates: Vec<PlannedTemplate>,
-    reason_if_none: Option<String>,
+    reason: Option<String>,
 ) -> Result<Injection, PodShapeError> {
     let empty = InjectionStatus::default();
     let (previous, kept) = match earlier {
@@ -130,7 +136,7 @@ pub fn plan(
             .iter()
             .map(|t| TemplateRef { name: t.rendered.name.clone(), hash: t.rendered.hash.clone() })
             .collect(),
-        reason: templates.is_empty().then_some(reason_if_none).flatten(),
+        reason,
         // The form of every volume with a fallback, injected or skipped: a skipped one's form
         // decides whether it is displaced when the claim is re-rendered.
         image_volumes: image_volumes::distinct(templates.iter().flat_map(|t| &t.rendered.image_volumes)),
@@ -736,9 +742,9 @@ fn write_patch<'a>(
     }
     for (path, value) in additions.pod_level {
         let path = PointerBuf::parse(&path).expect("pod_resources::path writes a pointer");
-        builder.ops.push(PatchOperation::Add(AddOperation { path, value }));
+        builder.add_at(path, value);
     }
-    (builder.ops, map_removals)
+    (builder.into_operations(), map_removals)
 }
 
 /// What the API server would refuse in the pod because of what the injection adds (see
@@ -1300,7 +1306,7 @@ impl<'p> AppList<'p> {
                 && removed.binary_search(&index).is_err()
                 && !env_merge::overridden(entries, index, &removed)
             {
-                taken.0.insert(key, Owner::Pod);
+                taken.mark_pod(key);
             }
         }
         if let Some(kept) = kept {
@@ -1356,90 +1362,6 @@ type MergedEntry<'t> = (&'t str, &'t Value);
 /// A template's items for one app container list: the item, its key, and for a merging env var
 /// the entry it adds instead when the container has the variable.
 type AppItems<'t> = Vec<(&'t Value, &'t str, Option<MergedEntry<'t>>)>;
-
-/// Who holds a name: the pod itself, an earlier template, or an earlier injection of the current
-/// templates that stays in place ([`Earlier::Keep`]).
-#[derive(Clone, Copy)]
-enum Owner<'a> {
-    Pod,
-    Template(&'a str),
-    Kept,
-    /// Not a holder of the name: the item refers to this item of its template (mounts a volume),
-    /// which was skipped for another of that identity (only ever the cause of a skip).
-    Referenced(&'static PodListKind, &'a str),
-}
-
-/// How a template got a name.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Claimed {
-    /// The name was free: the item is added.
-    New,
-    /// The item is already there from an earlier injection: nothing to add.
-    Kept,
-}
-
-impl std::fmt::Display for Owner<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Owner::Pod | Owner::Kept => f.write_str("pod"),
-            Owner::Template(name) => write!(f, "template:{name}"),
-            Owner::Referenced(kind, identity) => f.write_str(&kind.skip_owner(identity)),
-        }
-    }
-}
-
-/// Names in use and who holds them. Borrows every name: this is built for every env var of every
-/// container, so it must not allocate per name. A B-tree rather than a hash map: most sets hold a
-/// handful of names, where hashing and regrowing cost more than a few string comparisons.
-#[derive(Default)]
-struct Taken<'a>(BTreeMap<&'a str, Owner<'a>>);
-
-impl<'a> FromIterator<&'a str> for Taken<'a> {
-    fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
-        Taken(iter.into_iter().map(|n| (n, Owner::Pod)).collect())
-    }
-}
-
-impl<'a> Taken<'a> {
-    /// The pod's names, except those at the `removed` indexes (ascending).
-    fn by_pod(names: &[&'a str], removed: &[usize]) -> Self {
-        names.iter().enumerate().filter(|(i, _)| removed.binary_search(i).is_err()).map(|(_, n)| *n).collect()
-    }
-
-    /// Marks names as held by an earlier injection that stays ([`Earlier::Keep`]).
-    fn keep(&mut self, names: impl IntoIterator<Item = &'a String>) {
-        for name in names {
-            self.0.insert(name, Owner::Kept);
-        }
-    }
-
-    /// Who holds `name`, if anyone.
-    fn holder(&self, name: &str) -> Option<Owner<'a>> {
-        self.0.get(name).copied()
-    }
-
-    /// Marks `name` as held by `owner` unless someone holds it already.
-    fn hold(&mut self, name: &'a str, owner: Owner<'a>) {
-        self.0.entry(name).or_insert(owner);
-    }
-
-    /// Takes `name` for `owner`, or says who already holds it.
-    fn claim(&mut self, name: &'a str, owner: Owner<'a>) -> Result<Claimed, Owner<'a>> {
-        match self.0.entry(name) {
-            std::collections::btree_map::Entry::Occupied(mut holder) => match holder.get() {
-                Owner::Kept => {
-                    holder.insert(owner);
-                    Ok(Claimed::Kept)
-                }
-                other => Err(*other),
-            },
-            std::collections::btree_map::Entry::Vacant(slot) => {
-                slot.insert(owner);
-                Ok(Claimed::New)
-            }
-        }
-    }
-}
 
 fn rendered_name(item: &Value) -> &str {
     // Rendered items were checked to carry a string name (load::check_rendered).
@@ -1499,121 +1421,4 @@ fn last_indexes_named(names: &[&str], wanted: &[String]) -> Vec<usize> {
 fn indexes_named(names: &[&str], wanted: &[String]) -> Vec<usize> {
     let mut wanted: HashSet<&str> = wanted.iter().map(String::as_str).collect();
     names.iter().enumerate().filter(|(_, n)| wanted.remove(**n)).map(|(i, _)| i).collect()
-}
-
-#[derive(Default)]
-struct Builder {
-    ops: Vec<PatchOperation>,
-}
-
-impl Builder {
-    /// The JSON pointer to `path`, written into one allocation of the right size (building it
-    /// token by token regrows it several times, and a patch has dozens of pointers).
-    fn pointer(path: &[&str]) -> PointerBuf {
-        // Room for a few escapes; a token with '~' or '/' (an annotation key) is rare.
-        let mut text = String::with_capacity(path.iter().map(|token| 1 + token.len()).sum::<usize>() + 8);
-        for token in path {
-            text.push('/');
-            if token.bytes().any(|b| b == b'~' || b == b'/') {
-                text.push_str(&token.replace('~', "~0").replace('/', "~1"));
-            } else {
-                text.push_str(token);
-            }
-        }
-        PointerBuf::parse(text).expect("every '~' and '/' of a token is escaped")
-    }
-
-    fn add(&mut self, path: &[&str], value: Value) {
-        self.ops.push(PatchOperation::Add(AddOperation { path: Self::pointer(path), value }));
-    }
-
-    fn remove(&mut self, path: &[&str]) {
-        self.ops.push(PatchOperation::Remove(RemoveOperation { path: Self::pointer(path) }));
-    }
-
-    /// Removes the items at `indexes` (ascending) of the list at `path`, which has `len` items.
-    /// When that empties the list and `nothing_follows`, the list itself goes (a fresh injection
-    /// would not have created it). Returns whether the list still exists.
-    fn removals(&mut self, path: &[&str], indexes: &[usize], len: usize, nothing_follows: bool) -> bool {
-        if len > 0 && indexes.len() == len && nothing_follows {
-            self.remove(path);
-            return false;
-        }
-        for index in indexes.iter().rev() {
-            let index = index.to_string();
-            let mut full = path.to_vec();
-            full.push(&index);
-            self.remove(&full);
-        }
-        len > 0
-    }
-
-    /// Appends to a list, creating it when the pod has none.
-    fn append(&mut self, path: &[&str], exists: bool, items: Vec<Value>) {
-        if items.is_empty() {
-        } else if exists {
-            let mut full = path.to_vec();
-            full.push("-");
-            for item in items {
-                self.add(&full, item);
-            }
-        } else {
-            self.add(path, Value::Array(items));
-        }
-    }
-
-    /// Inserts at the front of a list, in order, creating it when the pod has none.
-    fn insert_front(&mut self, path: &[&str], exists: bool, items: Vec<Value>) {
-        if !exists {
-            return self.append(path, false, items);
-        }
-        for (index, item) in items.into_iter().enumerate() {
-            let index = index.to_string();
-            let mut full = path.to_vec();
-            full.push(&index);
-            self.add(&full, item);
-        }
-    }
-
-    /// Labels or annotations: removals, then additions; a missing map is added whole, and a map
-    /// the removals empty (`empties`) with nothing to add is removed whole.
-    fn string_map(
-        &mut self,
-        section: &str,
-        existing: Option<&Value>,
-        removals: &[&str],
-        additions: BTreeMap<String, String>,
-        empties: bool,
-    ) {
-        if empties && additions.is_empty() && !removals.is_empty() {
-            return self.remove(&["metadata", section]);
-        }
-        for key in removals {
-            self.remove(&["metadata", section, key]);
-        }
-        if matches!(existing, Some(Value::Object(_))) {
-            for (key, value) in additions {
-                self.add(&["metadata", section, &key], Value::String(value));
-            }
-        } else if !additions.is_empty() {
-            let map = additions.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
-            self.add(&["metadata", section], Value::Object(map));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pointers_escape_like_the_rfc() {
-        for path in
-            [&["metadata", "annotations", "sidecar-injector.io/status"][..], &["a~b/c", "~", "/", "~1", "", "-"], &[]]
-        {
-            let expected = PointerBuf::from_tokens(path.iter().copied());
-            assert_eq!(Builder::pointer(path), expected, "{path:?}");
-        }
-        assert_eq!(Builder::pointer(&["a~b/c"]).as_str(), "/a~0b~1c");
-    }
 }
