@@ -438,7 +438,17 @@ pub fn mutate(engine: &Engine, request: Request, namespace: &NamespaceFacts, clu
                 status.templates.iter().map(|t| t.name.clone()).filter(|n| !conflicted.contains(n)).collect();
             let (skip, reason) = match (&injection.skipped_as, &status.reason) {
                 (Some(skipped), _) => (Some(skipped.code()), skipped.to_string()),
-                (None, Some(reason)) => (Some("no_template_matched"), reason.clone()),
+                (None, Some(reason)) if injected.is_empty() && conflicted.is_empty() => {
+                    (Some("no_template_matched"), reason.clone())
+                }
+                // Some templates injected, others left out (Pod Security).
+                (None, Some(reason)) => (
+                    None,
+                    format!(
+                        "injected {}; {reason}",
+                        status.templates.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+                    ),
+                ),
                 (None, None) if conflicted.is_empty() => (None, format!("injected {}", injected.join(", "))),
                 (None, None) => (
                     None,

@@ -876,3 +876,124 @@ async fn port_collisions(ctx: &mut Ctx) -> Result<()> {
     }
     Ok(())
 }
+
+/// A sidecar every Pod Security level admits, and an init container only `privileged` admits.
+const PSA_AGENT: &str = r#"description: A hardened agent (restricted)
+default: true
+sidecarMode: container
+podSelector:
+  matchLabels: {tier: psa}
+inject:
+  sidecars:
+    - name: psa-agent
+      image: registry.example/agent:1
+      securityContext:
+        allowPrivilegeEscalation: false
+        capabilities: {drop: [ALL]}
+        runAsNonRoot: true
+        seccompProfile: {type: RuntimeDefault}
+"#;
+const PSA_NET: &str = r#"description: Traffic capture (privileged only)
+default: true
+podSelector:
+  matchLabels: {tier: psa}
+inject:
+  initContainers:
+    - name: psa-net-init
+      image: registry.example/net-init:1
+      securityContext:
+        capabilities: {add: [NET_ADMIN, NET_RAW], drop: [ALL]}
+"#;
+
+/// Namespaces at each Pod Security level (enforced by the API server's own PodSecurity plugin):
+/// a pod that meets `restricted` gets both templates at `privileged`, and only the hardened one at
+/// `baseline` and `restricted`, the other left out with the reason in the status, an Event and
+/// the warning; the API server admits every one of them. Made enforced, the privileged template
+/// refuses the pod with the API server's words instead.
+pub async fn s40_pod_security_levels(ctx: &mut Ctx) -> Result<()> {
+    let levels = ["privileged", "baseline", "restricted"];
+    for level in levels {
+        let labels = [("sidecar-injector.io/inject", "enabled"), ("pod-security.kubernetes.io/enforce", level)];
+        ctx.namespace(&format!("e2e-psa-{level}"), &labels).await?;
+    }
+    crate::scenarios::set_template(ctx, "psa-agent.yaml", Some(PSA_AGENT)).await?;
+    crate::scenarios::set_template(ctx, "psa-net.yaml", Some(PSA_NET)).await?;
+    let result = pod_security_levels(ctx).await;
+    crate::scenarios::set_template(ctx, "psa-net.yaml", None).await?;
+    crate::scenarios::set_template(ctx, "psa-agent.yaml", None).await?;
+    for level in levels {
+        let _ = Api::<Namespace>::all(ctx.client.clone())
+            .delete(&format!("e2e-psa-{level}"), &DeleteParams::default())
+            .await;
+    }
+    result
+}
+
+/// A pod that meets the `restricted` level.
+fn restricted_pod(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"tier": "psa"}},
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "app", "image": "registry.example/app:1", "securityContext": {
+                "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}]
+        }
+    })
+}
+
+async fn pod_security_levels(ctx: &mut Ctx) -> Result<()> {
+    use crate::scenarios::{all_containers, api_message, dry_run_until};
+    let names = |pod: &Pod| all_containers(pod).into_iter().map(|c| c.name).collect::<Vec<_>>();
+    dry_run_until(ctx, &restricted_pod("probe"), "the psa templates", |p| {
+        let names = names(p);
+        names.contains(&"psa-agent".to_owned()) && names.contains(&"psa-net-init".to_owned())
+    })
+    .await?;
+    for (level, both) in [("privileged", true), ("baseline", false), ("restricted", false)] {
+        let namespace = format!("e2e-psa-{level}");
+        let created = ctx
+            .create_pod(&namespace, restricted_pod("web"))
+            .await
+            .map_err(|e| anyhow::anyhow!("{level}: the API server refused the pod: {}", api_message(&e)))?;
+        let containers = names(&created);
+        let injected = status(&created).context("no status annotation")?;
+        ensure!(containers.contains(&"psa-agent".to_owned()), "{level}: no agent: {containers:?}");
+        ensure!(containers.contains(&"psa-net-init".to_owned()) == both, "{level}: {containers:?}");
+        match both {
+            true => ensure!(injected.reason.is_none(), "{level}: {injected:?}"),
+            false => {
+                let reason = injected.reason.clone().unwrap_or_default();
+                let expected = format!(
+                    "not injected: template psa-net: the namespace enforces Pod Security, and the API server would refuse the pod with what it adds (violates PodSecurity \"{level}:latest\""
+                );
+                ensure!(reason.starts_with(&expected), "{level}: the status says {reason}");
+            }
+        }
+        println!(
+            "      {level}: stored with {containers:?}{}",
+            if both { "" } else { ", psa-net left out with the reason" }
+        );
+    }
+
+    // Enforced, the privileged template refuses the pod in the API server's words.
+    let enforced = PSA_NET.replace("default: true", "default: true\nenforced: true");
+    crate::scenarios::set_template(ctx, "psa-net.yaml", Some(&enforced)).await?;
+    let (refusal, took) = eventually("the enforced template refusing the pod", Duration::from_secs(20), || async {
+        match ctx.create_pod("e2e-psa-restricted", restricted_pod("refused")).await {
+            Err(e) => Ok(Some(api_message(&e))),
+            Ok(_) => {
+                let _ = ctx.pods("e2e-psa-restricted").delete("refused", &DeleteParams::default()).await;
+                Ok(None)
+            }
+        }
+    })
+    .await?;
+    ensure!(
+        refusal.contains("template psa-net is enforced for this pod, but the API server would refuse the pod with it: violates PodSecurity \"restricted:latest\""),
+        "refused with: {refusal}"
+    );
+    println!("      enforced: refused in the API server's words after {took:?}");
+    Ok(())
+}

@@ -1124,6 +1124,106 @@ spec:
     Ok(())
 }
 
+/// 17. Pod Security on the real node: in a namespace that enforces `restricted`, a pod that meets
+///     the level gets the hardened helper and not the traffic-capture init container (which only
+///     `privileged` admits), the status saying why; the API server admits it and it runs Ready on
+///     the real kubelet, seccomp `RuntimeDefault` and a non-root user applied by runc.
+pub fn n17_pod_security(ctx: &mut Ctx) -> Result<()> {
+    const RESTRICTED: &str = "node-restricted";
+    ctx.kubectl(&["create", "namespace", RESTRICTED])?;
+    ctx.kubectl(&[
+        "label",
+        "namespace",
+        RESTRICTED,
+        "sidecar-injector.io/inject=enabled",
+        "pod-security.kubernetes.io/enforce=restricted",
+    ])?;
+    let result = pod_security(ctx, RESTRICTED);
+    let _ = ctx.kubectl(&["-n", INJECTOR_NS, "delete", "configmap", "psa-templates"]);
+    let _ = ctx.kubectl(&["delete", "namespace", RESTRICTED, "--wait=false"]);
+    result
+}
+
+fn pod_security(ctx: &mut Ctx, namespace: &str) -> Result<()> {
+    let hardened = "securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}, runAsNonRoot: true, seccompProfile: {type: RuntimeDefault}}";
+    ctx.apply(&format!(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: psa-templates
+  namespace: {INJECTOR_NS}
+  labels: {{sidecar-injector.io/templates: "true"}}
+data:
+  psa-helper.yaml: |
+    description: A helper every Pod Security level admits
+    default: true
+    podSelector: {{matchLabels: {{tier: psa}}}}
+    inject:
+      sidecars:
+        - name: helper
+          image: {BUSYBOX}
+          imagePullPolicy: Never
+          command: [/bin/sh, -c, 'trap "exit 0" TERM; while true; do sleep 1; done']
+          {hardened}
+  psa-net.yaml: |
+    description: Traffic capture, which only the privileged level admits
+    default: true
+    podSelector: {{matchLabels: {{tier: psa}}}}
+    inject:
+      initContainers:
+        - name: net-init
+          image: {BUSYBOX}
+          imagePullPolicy: Never
+          command: [/bin/true]
+          securityContext: {{capabilities: {{add: [NET_ADMIN, NET_RAW], drop: [ALL]}}}}
+"#
+    ))?;
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: restricted, namespace: {namespace}, labels: {{tier: psa}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  securityContext: {{runAsNonRoot: true, runAsUser: 65534, seccompProfile: {{type: RuntimeDefault}}}}
+  containers:
+    - name: app
+      image: {BUSYBOX}
+      imagePullPolicy: Never
+      command: [/bin/sh, -c, 'trap "exit 0" TERM; while true; do sleep 1; done']
+      securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
+"#
+    );
+    let left_out = |p: &Value| {
+        let status = p["metadata"]["annotations"]["sidecar-injector.io/status"].as_str().unwrap_or_default();
+        status.contains("template psa-net: the namespace enforces Pod Security")
+    };
+    ctx.every_replica_serving("every replica serving the psa templates", namespace, &pod, |p| {
+        all_containers(p).any(|c| c["name"] == "helper") && left_out(p)
+    })?;
+    let started = Instant::now();
+    ctx.apply(&pod)?;
+    ctx.kubectl(&["-n", namespace, "wait", "--for=condition=Ready", "pod/restricted", "--timeout=90s"])?;
+    let running = ctx.json(&["-n", namespace, "get", "pod", "restricted"])?;
+    let names: Vec<Value> = all_containers(&running).map(|c| c["name"].clone()).collect();
+    ensure!(
+        names == [json!("helper"), json!("app")] || names == [json!("app"), json!("helper")],
+        "containers {names:?}"
+    );
+    ensure!(left_out(&running), "the status does not say why: {}", running["metadata"]["annotations"]);
+    let statuses: Vec<Value> = ["initContainerStatuses", "containerStatuses"]
+        .iter()
+        .flat_map(|list| running["status"][list].as_array().cloned().unwrap_or_default())
+        .collect();
+    let helper = statuses.iter().find(|s| s["name"] == "helper").context("no helper status")?;
+    ensure!(helper["state"]["running"].is_object(), "the helper is not running: {helper}");
+    println!(
+        "      admitted at restricted with the helper, net-init left out with the reason; Ready {:.1} s after create",
+        started.elapsed().as_secs_f64()
+    );
+    ctx.kubectl(&["-n", namespace, "delete", "pod", "restricted", "--wait=false"])?;
+    Ok(())
+}
+
 /// Every container of a pod as stored, init containers first.
 /// 14. Image volumes on the real kubelet (1.37, containerd 2.2): a pod pinned to the real node gets
 ///     the agent as an image volume, and its app reads the agent's files through it, whole and

@@ -54,6 +54,9 @@ pub struct ClusterFacts {
     /// Whether image volumes (and a `subPath` into one) work where the pod runs, decided by the
     /// same nodes as `native_sidecars` (see `image_volumes`).
     pub image_volumes: ImageVolumeSupport,
+    /// The API server's minor version, when known: the newest Pod Security policy version it
+    /// applies (`checks::pod_security::Policy::of`); unknown means the newest the checks know.
+    pub api_server_minor: Option<u32>,
 }
 
 /// The rule that decided whether native sidecars start (`explain` says it).
@@ -133,6 +136,7 @@ impl ClusterFacts {
             rule: NativeRule::ApiServer,
             sidecar_resize_policy: true,
             image_volumes: ImageVolumeSupport::of_api_server(None),
+            api_server_minor: None,
         }
     }
 
@@ -144,6 +148,7 @@ impl ClusterFacts {
         Some(ClusterFacts {
             sidecar_resize_policy: (major, minor) >= crate::model::native::SIDECAR_RESIZE_POLICY_SINCE,
             image_volumes: ImageVolumeSupport::of_api_server(Some((major, minor))),
+            api_server_minor: (major == 1).then_some(minor),
             ..ClusterFacts::api_server(crate::model::native::supported_by((major, minor)))
         })
     }
@@ -173,11 +178,12 @@ mod tests {
         let old = ClusterFacts {
             sidecar_resize_policy: false,
             image_volumes: ImageVolumeSupport::of_api_server(Some((1, 28))),
+            api_server_minor: Some(28),
             ..ClusterFacts::api_server(false)
         };
         assert_eq!(ClusterFacts::from_version_string("v1.28.3"), Some(old));
         let recent = ClusterFacts::from_version_string("1.36").unwrap();
-        assert_eq!(recent, ClusterFacts::api_server(true));
+        assert_eq!(recent, ClusterFacts { api_server_minor: Some(36), ..ClusterFacts::api_server(true) });
         // Image volumes from 1.35; a subPath into one is not known to be applied without a node.
         assert!(ClusterFacts::from_version_string("1.34").unwrap().image_volumes.volumes.is_err());
         assert!(recent.image_volumes.volumes.is_ok() && recent.image_volumes.sub_path.is_err());

@@ -25,6 +25,11 @@ pub enum WarningCode {
     MergeSourceUncertain,
     /// The injection would make a pod the API server refuses, so the pod is admitted without it.
     InjectionWouldBeInvalid,
+    /// A template was left out: the namespace's Pod Security `enforce` level would refuse the pod
+    /// with what it adds.
+    PodSecurityLeftOut,
+    /// The injection makes the pod fail the namespace's Pod Security `warn` or `audit` level.
+    PodSecurityWarn,
     /// An injected container declares a port number or name another container of the pod has.
     PortCollision,
     /// An image volume was injected as its declared fallback: the nodes the pod can run on cannot
@@ -37,7 +42,7 @@ pub enum WarningCode {
 
 impl WarningCode {
     /// Every code, for documentation and metrics that start at zero.
-    pub const ALL: [WarningCode; 11] = [
+    pub const ALL: [WarningCode; 13] = [
         WarningCode::OverrideIgnored,
         WarningCode::EnforcementAudit,
         WarningCode::StatusUnreadable,
@@ -46,6 +51,8 @@ impl WarningCode {
         WarningCode::ClassicSidecarsInJob,
         WarningCode::MergeSourceUncertain,
         WarningCode::InjectionWouldBeInvalid,
+        WarningCode::PodSecurityLeftOut,
+        WarningCode::PodSecurityWarn,
         WarningCode::PortCollision,
         WarningCode::ImageVolumeFallback,
         WarningCode::ImageVolumeUnsupported,
@@ -62,6 +69,8 @@ impl WarningCode {
             WarningCode::ClassicSidecarsInJob => "classic_sidecars_in_job",
             WarningCode::MergeSourceUncertain => "merge_source_uncertain",
             WarningCode::InjectionWouldBeInvalid => "injection_would_be_invalid",
+            WarningCode::PodSecurityLeftOut => "pod_security_left_out",
+            WarningCode::PodSecurityWarn => "pod_security_warn",
             WarningCode::PortCollision => "port_collision",
             WarningCode::ImageVolumeFallback => "image_volume_fallback",
             WarningCode::ImageVolumeUnsupported => "image_volume_unsupported",
@@ -74,6 +83,7 @@ impl WarningCode {
         match self {
             WarningCode::OverrideIgnored => Some("OverridesIgnored"),
             WarningCode::EnforcementAudit => Some("EnforcementAudit"),
+            WarningCode::PodSecurityLeftOut => Some("InjectionLeftOutByPodSecurity"),
             _ => None,
         }
     }

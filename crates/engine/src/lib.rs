@@ -387,10 +387,16 @@ impl Engine {
                 .collect();
             if planned.len() == selected.len() {
                 let reason = planned.is_empty().then(|| choice.summary_of_none());
+                // Where the pod with the claimed items fails the namespace's Pod Security level
+                // and the pod without them passes, the injection is decided afresh (which leaves
+                // out the templates that break it).
+                let guard = PodSecurityGuard::of(store.request, &base);
+                let breaks = |injection: &Injection| guard.as_ref().is_some_and(|g| g.refusal(injection).is_some());
                 match injection::plan::plan(pod, injection::plan::Earlier::Keep(&assessed.present), planned, reason) {
                     Ok(fresh) if !fresh.invalid.is_empty() => {
                         return ClaimCheck::Decided(refuse_or_admit(pod, None, fresh, selected, warnings));
                     }
+                    Ok(fresh) if breaks(&fresh) => {}
                     Ok(fresh) if fresh.status == *claim && assessed.all_present => {
                         return ClaimCheck::Decided(Outcome::UpToDate(claim.clone()));
                     }
@@ -895,14 +901,8 @@ impl Engine {
         };
         let selected: Vec<&Arc<Template>> = choice.selected().filter_map(|name| self.templates.get(name)).collect();
         let claim = read_claim(&annotations, &mut warnings);
-        let to_plan = |template: &Template, rendered: RenderedTemplate| PlannedTemplate {
-            native_sidecars: model::native::is_native(
-                sidecar_mode(template, &rendered),
-                request.cluster.native_sidecars,
-            ),
-            sidecar_resize_policy: request.cluster.sidecar_resize_policy,
-            rendered,
-        };
+        let to_plan =
+            |template: &Template, rendered: RenderedTemplate| planned_template(template, rendered, request.cluster);
 
         // The status annotation is a claim (see `ownership`): what it proves decides what may go.
         let (owned, base, carried) = match &claim {
@@ -928,51 +928,223 @@ impl Engine {
             .flatten()
             .filter_map(|c| c.get("name").and_then(Value::as_str))
             .collect();
-        let mut planned_renderings = Vec::with_capacity(selected.len());
         for template in &selected {
             if let Err(e) = injection::render::check_chosen_containers(template, &base_annotations, &container_names) {
                 return decision(Some(choice), Outcome::Denied(Denial::Render(RenderError::Override(e))), warnings);
             }
-            let forms = VolumeForms::Nodes(request.cluster.image_volumes);
+        }
+        let renderings_of = |templates: &[&Arc<Template>], renderings: &mut Renderings<'_>, warnings: &mut _| {
+            self.planned_templates(templates, (&base, &base_annotations), &carried, renderings, warnings)
+        };
+        let planned = match renderings_of(&selected, renderings, &mut warnings) {
+            Ok(planned) => planned,
+            Err(e) => return decision(Some(choice), Outcome::Denied(Denial::Render(e)), warnings),
+        };
+        let reason = planned.is_empty().then(|| choice.summary_of_none());
+        let earlier = injection::plan::Earlier::Replace(&owned);
+        let outcome = match injection::plan::plan(pod, earlier, planned, reason) {
+            Ok(injection) if !injection.invalid.is_empty() => {
+                refuse_or_admit(pod, Some(earlier), injection, &selected, &mut warnings)
+            }
+            Ok(injection) => {
+                // Planned again for fewer templates where Pod Security leaves some out: their
+                // renderings' warnings were given with the first plan.
+                let replan = |templates: &[&Arc<Template>], reason: Option<String>| {
+                    let planned = renderings_of(templates, renderings, &mut Vec::new()).ok()?;
+                    let planned = injection::plan::plan(pod, earlier, planned, reason).ok()?;
+                    planned.invalid.is_empty().then_some(planned)
+                };
+                let guard = PodSecurityGuard::of(request, &base);
+                let outcome = match guard {
+                    Some(guard) => guard.judge(injection, &selected, replan, &mut warnings),
+                    None => Outcome::Inject(injection),
+                };
+                if let Outcome::Inject(injection) = &outcome {
+                    warnings.extend(injection.warnings.iter().cloned());
+                }
+                outcome
+            }
+            Err(e) => Outcome::Denied(Denial::Shape(e)),
+        };
+        decision(Some(choice), outcome, warnings)
+    }
+
+    /// `templates` rendered for `base` (the pod without the items the plan may remove, and its
+    /// annotations) as they are planned: each template's image volumes in the form all of them
+    /// agree on, the containers resized in place since their injection given their resources
+    /// (`carried`). The renderings' warnings go to `warnings`.
+    fn planned_templates(
+        &self,
+        templates: &[&Arc<Template>],
+        (base, base_annotations): (&Arc<Value>, &BTreeMap<String, String>),
+        carried: &BTreeMap<String, Option<Value>>,
+        renderings: &mut Renderings<'_>,
+        warnings: &mut Vec<Warning>,
+    ) -> Result<Vec<PlannedTemplate>, RenderError> {
+        let cluster = renderings.request.cluster;
+        let mut rendered_all = Vec::with_capacity(templates.len());
+        for template in templates {
+            let forms = VolumeForms::Nodes(cluster.image_volumes);
             // Kept (a copy planned) where the enforcement checks after the decision read it again.
             let rendered = match !renderings.mask_pod_reads
                 && (template.enforced || template.audit)
                 && checked_for_shadows(template)
             {
-                true => renderings.get(template, &base, &base_annotations, forms).map(|r| (*r).clone()),
-                false => renderings.take(template, &base, &base_annotations, forms),
+                true => renderings.get(template, base, base_annotations, forms).map(|r| (*r).clone()),
+                false => renderings.take(template, base, base_annotations, forms),
             };
-            match rendered {
-                Ok(rendered) => planned_renderings.push(rendered),
-                Err(e) => return decision(Some(choice), Outcome::Denied(Denial::Render(e)), warnings),
-            }
+            rendered_all.push(rendered?);
         }
-        let agreed = agree_on_volume_forms(&mut planned_renderings, request.cluster.image_volumes, |index, image| {
-            renderings.take(selected[index], &base, &base_annotations, VolumeForms::Recorded(image))
-        });
-        if let Err(e) = agreed {
-            return decision(Some(choice), Outcome::Denied(Denial::Render(e)), warnings);
-        }
-        let mut planned = Vec::with_capacity(selected.len());
-        for (template, mut rendered) in selected.iter().zip(planned_renderings) {
-            carry_resources(&mut rendered, &carried);
+        agree_on_volume_forms(&mut rendered_all, cluster.image_volumes, |index, image| {
+            renderings.take(templates[index], base, base_annotations, VolumeForms::Recorded(image))
+        })?;
+        let mut planned = Vec::with_capacity(templates.len());
+        for (template, mut rendered) in templates.iter().zip(rendered_all) {
+            carry_resources(&mut rendered, carried);
             warnings.append(&mut rendered.warnings);
-            warnings.extend(sidecar_mode_warnings(template, &rendered, request.cluster, &renderings.owner));
-            warnings.extend(image_volume_warnings(template, &rendered, request.cluster));
-            planned.push(to_plan(template, rendered));
+            warnings.extend(sidecar_mode_warnings(template, &rendered, cluster, &renderings.owner));
+            warnings.extend(image_volume_warnings(template, &rendered, cluster));
+            planned.push(planned_template(template, rendered, cluster));
         }
-        let reason = planned.is_empty().then(|| choice.summary_of_none());
-        match injection::plan::plan(pod, injection::plan::Earlier::Replace(&owned), planned, reason) {
-            Ok(injection) if !injection.invalid.is_empty() => {
-                let earlier = injection::plan::Earlier::Replace(&owned);
-                let outcome = refuse_or_admit(pod, Some(earlier), injection, &selected, &mut warnings);
-                decision(Some(choice), outcome, warnings)
+        Ok(planned)
+    }
+}
+
+/// A rendering as the planner takes it, with what the cluster decides for it.
+fn planned_template(template: &Template, rendered: RenderedTemplate, cluster: ClusterFacts) -> PlannedTemplate {
+    PlannedTemplate {
+        native_sidecars: model::native::is_native(sidecar_mode(template, &rendered), cluster.native_sidecars),
+        sidecar_resize_policy: cluster.sidecar_resize_policy,
+        rendered,
+    }
+}
+
+/// The Pod Security levels of a pod's namespace, judging what an injection adds (see
+/// `checks::pod_security`). Where the `enforce` level admits the pod as its author wrote it
+/// (`before`: the pod without the items an earlier injection provably added) but would refuse
+/// it injected, the templates whose additions make it fail are left out: the pod gets the others
+/// (or none, with the status saying why), a warning, an Event and a metric; an enforced template
+/// among them refuses the pod with the API server's words instead. What the `warn` and `audit`
+/// levels would say of the injection is a warning.
+struct PodSecurityGuard<'r> {
+    enforce: checks::pod_security::Policy,
+    reported: Vec<(checks::pod_security::Mode, checks::pod_security::Policy)>,
+    pod: &'r Value,
+    before: &'r Value,
+}
+
+impl<'r> PodSecurityGuard<'r> {
+    /// The guard for a request, `None` where its namespace's labels are unknown or set no level.
+    fn of(request: &'r PodRequest, before: &'r Value) -> Option<Self> {
+        use checks::pod_security::{LATEST_MINOR, Level, Mode, Policy};
+        let namespace = &request.namespace;
+        if !namespace.labels_known {
+            return None;
+        }
+        let minor = request.cluster.api_server_minor.unwrap_or(LATEST_MINOR);
+        let enforce = Policy::of(&namespace.labels, Mode::Enforce, minor);
+        let reported: Vec<_> = [Mode::Warn, Mode::Audit]
+            .into_iter()
+            .map(|mode| (mode, Policy::of(&namespace.labels, mode, minor)))
+            .filter(|(_, policy)| policy.level > Level::Privileged)
+            .collect();
+        let guard = PodSecurityGuard { enforce, reported, pod: &request.pod, before };
+        (guard.enforce.level > Level::Privileged || !guard.reported.is_empty()).then_some(guard)
+    }
+
+    /// The pod as `injection` leaves it (`None` where its patch does not apply).
+    fn injected(&self, injection: &Injection) -> Option<Value> {
+        let mut pod = self.pod.clone();
+        json_patch::patch(&mut pod, &injection.patch).ok().map(|()| pod)
+    }
+
+    /// Why the `enforce` level would refuse the pod `injection` makes, where it admits `before`.
+    fn refusal(&self, injection: &Injection) -> Option<String> {
+        let failed = self.enforce.broken_by(self.before, &self.injected(injection)?);
+        (!failed.is_empty()).then(|| self.enforce.message(&failed))
+    }
+
+    /// The outcome for `injection` of `selected`: as planned, with the templates that break the
+    /// `enforce` level left out (`replan` plans a subset, with the reason for the status), or a
+    /// refusal.
+    fn judge(
+        &self,
+        injection: Injection,
+        selected: &[&Arc<Template>],
+        mut replan: impl FnMut(&[&Arc<Template>], Option<String>) -> Option<Injection>,
+        warnings: &mut Vec<Warning>,
+    ) -> Outcome {
+        let Some(refusal) = self.refusal(&injection) else {
+            self.report(&injection, warnings);
+            return Outcome::Inject(injection);
+        };
+        // The templates whose additions break the level on their own; if none does, it is the
+        // combination, and every one of them is left out.
+        let mut left_out: Vec<(&Arc<Template>, String)> = selected
+            .iter()
+            .filter_map(|t| {
+                // A template that cannot be planned alone is judged by the whole.
+                let alone = replan(&[t], None).map_or_else(|| Some(refusal.clone()), |alone| self.refusal(&alone));
+                Some((*t, alone?))
+            })
+            .collect();
+        let mut kept: Vec<&Arc<Template>> =
+            selected.iter().copied().filter(|t| !left_out.iter().any(|(out, _)| Arc::ptr_eq(t, out))).collect();
+        let names = |left_out: &[(&Arc<Template>, String)]| left_out.iter().map(|(t, _)| t.name.to_string()).collect();
+        let mut reason = OutOfScope::PodSecurity { templates: names(&left_out), message: refusal.clone().into() };
+        let with_kept = match kept.is_empty() || left_out.is_empty() {
+            true => None,
+            false => replan(&kept, Some(format!("not injected: {reason}"))).filter(|i| self.refusal(i).is_none()),
+        };
+        if with_kept.is_none() {
+            left_out = selected.iter().map(|t| (*t, refusal.clone())).collect();
+            kept.clear();
+            reason = OutOfScope::PodSecurity { templates: names(&left_out), message: refusal.clone().into() };
+        }
+        if let Some((template, message)) = left_out.iter().find(|(t, _)| t.enforced && !t.audit) {
+            return Outcome::Denied(Denial::WouldBeInvalid {
+                template: template.name.to_string(),
+                reasons: vec![message.clone()],
+            });
+        }
+        warnings
+            .push(Warning::new(WarningCode::PodSecurityLeftOut, format!("sidecar-injector: not injected: {reason}")));
+        let injection = match with_kept {
+            Some(injection) => {
+                self.report(&injection, warnings);
+                injection
             }
-            Ok(injection) => {
-                warnings.extend(injection.warnings.iter().cloned());
-                decision(Some(choice), Outcome::Inject(injection), warnings)
+            None => match replan(&[], Some(format!("not injected: {reason}"))) {
+                Some(recorded) => Injection { skipped_as: Some(reason), ..recorded },
+                None => return Outcome::OutOfScope(reason),
+            },
+        };
+        // A pod this decision was already made for (its status says so, its items are in place)
+        // is up to date: the templates left out are not a change to make.
+        match self.injected(&injection).is_some_and(|injected| injected == *self.pod) {
+            true => Outcome::UpToDate(injection.status),
+            false => Outcome::Inject(injection),
+        }
+    }
+
+    /// What the `warn` and `audit` levels would say of the pod `injection` makes, as warnings.
+    fn report(&self, injection: &Injection, warnings: &mut Vec<Warning>) {
+        if self.reported.is_empty() || injection.status.templates.is_empty() {
+            return;
+        }
+        let Some(injected) = self.injected(injection) else { return };
+        for (mode, policy) in &self.reported {
+            let failed = policy.broken_by(self.before, &injected);
+            if !failed.is_empty() {
+                warnings.push(Warning::new(
+                    WarningCode::PodSecurityWarn,
+                    format!(
+                        "sidecar-injector: the injected containers make the pod fail the namespace's Pod Security {} level: {}",
+                        mode.name(),
+                        policy.warning(&failed)
+                    ),
+                ));
             }
-            Err(e) => decision(Some(choice), Outcome::Denied(Denial::Shape(e)), warnings),
         }
     }
 }

@@ -1946,3 +1946,154 @@ fn a_decision_renders_each_template_version_once_for_each_pod_it_reads() {
     assert_eq!(reinjection.status.templates.len(), 2);
     assert_eq!(renders, 4, "two claimed versions, one current version of the agent, the enforced one for the pod");
 }
+
+/// A sidecar every Pod Security level admits.
+const HARDENED: &str = r#"
+default: true
+inject:
+  sidecars:
+    - name: agent
+      image: agent:1
+      securityContext:
+        allowPrivilegeEscalation: false
+        capabilities: {drop: [ALL]}
+        runAsNonRoot: true
+        seccompProfile: {type: RuntimeDefault}
+"#;
+
+/// An init container only `privileged` admits (it programs iptables).
+const NET_ADMIN: &str = r#"
+default: true
+inject:
+  initContainers:
+    - name: net-init
+      image: init:1
+      securityContext:
+        capabilities: {add: [NET_ADMIN, NET_RAW], drop: [ALL]}
+"#;
+
+/// A pod the `restricted` level admits.
+fn restricted_pod() -> Value {
+    json!({"metadata": {"name": "p", "namespace": "shop"}, "spec": {
+        "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{"name": "app", "image": "app:1", "securityContext": {
+            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}]}})
+}
+
+fn in_level(engine: &Engine, pod: &Value, labels: &[(&str, &str)]) -> Decision {
+    engine.evaluate(&request(pod.clone(), opted_in("shop", labels)))
+}
+
+const ENFORCE_RESTRICTED: (&str, &str) = ("pod-security.kubernetes.io/enforce", "restricted");
+
+#[test]
+fn a_template_that_breaks_the_namespaces_pod_security_level_is_left_out_with_the_reason() {
+    let engine = engine(&[("hardened", HARDENED), ("net", NET_ADMIN)]);
+    let pod = restricted_pod();
+    let decision = in_level(&engine, &pod, &[ENFORCE_RESTRICTED]);
+    let Outcome::Inject(injection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    // The hardened sidecar is injected; the privileged init container is not.
+    let names: Vec<&str> = injection.status.templates.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["hardened"]);
+    let after = apply(&pod, &injection.patch);
+    assert_eq!(after["spec"].get("initContainers").map(|c| c.as_array().unwrap().len()), Some(1), "{after:#}");
+    let reason = injection.status.reason.as_deref().unwrap_or_default();
+    for expected in ["not injected: template net: ", "violates PodSecurity \"restricted:latest\"", "\"NET_ADMIN\""] {
+        assert!(reason.contains(expected), "{expected:?} in {reason}");
+    }
+    assert!(decision.warnings.iter().any(|w| w.code == WarningCode::PodSecurityLeftOut), "{:?}", decision.warnings);
+    // What the API server judges: the injected pod passes the level.
+    let policy = checks::pod_security::Policy::enforce_of(&opted_in("shop", &[ENFORCE_RESTRICTED]).labels, 37);
+    assert!(policy.violations(&after).is_empty(), "{:?}", policy.violations(&after));
+
+    // At baseline the init container still breaks the level (capabilities); at privileged it does not.
+    let decision = in_level(&engine, &pod, &[("pod-security.kubernetes.io/enforce", "baseline")]);
+    let Outcome::Inject(injection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    assert_eq!(injection.status.templates.len(), 1);
+    let decision = in_level(&engine, &pod, &[("pod-security.kubernetes.io/enforce", "privileged")]);
+    let Outcome::Inject(injection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    assert_eq!((injection.status.templates.len(), injection.status.reason.as_deref()), (2, None));
+
+    // Left out alone: the pod as written, with a status that says why.
+    let only_net = crate::test_support::engine(&[("net", NET_ADMIN)]);
+    let decision = in_level(&only_net, &pod, &[ENFORCE_RESTRICTED]);
+    let Outcome::Inject(injection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    assert!(matches!(injection.skipped_as, Some(OutOfScope::PodSecurity { .. })), "{:?}", injection.skipped_as);
+    let after = apply(&pod, &injection.patch);
+    assert_eq!(after["spec"], pod["spec"]);
+    assert!(after["metadata"]["annotations"][names::STATUS_ANNOTATION].as_str().unwrap().contains("PodSecurity"));
+    // Admitted again (a copy), it is up to date: leaving the template out is not a change.
+    let again = in_level(&only_net, &after, &[ENFORCE_RESTRICTED]).outcome;
+    assert!(matches!(again, Outcome::UpToDate(_)), "{again:?}");
+}
+
+#[test]
+fn pod_security_judges_only_what_the_injection_adds() {
+    let engine = engine(&[("net", NET_ADMIN)]);
+    // A pod that fails the level on its own is not the injection's doing: injected as usual.
+    let mut root = restricted_pod();
+    root["spec"]["securityContext"]["runAsNonRoot"] = json!(false);
+    let decision = in_level(&engine, &root, &[ENFORCE_RESTRICTED]);
+    let Outcome::Inject(injection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    assert_eq!(injection.status.templates.len(), 1);
+    // A namespace whose labels are unknown: nothing to judge by.
+    let unknown = NamespaceFacts::unknown("shop");
+    let Outcome::Inject(injection) = engine.evaluate(&request(restricted_pod(), unknown)).outcome else {
+        panic!("expected an injection")
+    };
+    assert_eq!(injection.status.templates.len(), 1);
+    // The warn and audit levels only warn, in the API server's words.
+    let decision = in_level(
+        &engine,
+        &restricted_pod(),
+        &[("pod-security.kubernetes.io/warn", "baseline"), ("pod-security.kubernetes.io/audit", "restricted")],
+    );
+    let Outcome::Inject(injection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    assert_eq!(injection.status.templates.len(), 1);
+    let warned: Vec<&str> = decision
+        .warnings
+        .iter()
+        .filter(|w| w.code == WarningCode::PodSecurityWarn)
+        .map(|w| w.message.as_str())
+        .collect();
+    assert_eq!(warned.len(), 2, "{warned:?}");
+    assert!(
+        warned[0].contains("Pod Security warn level: would violate PodSecurity \"baseline:latest\""),
+        "{}",
+        warned[0]
+    );
+    assert!(warned[1].contains("audit level: would violate PodSecurity \"restricted:latest\""), "{}", warned[1]);
+}
+
+#[test]
+fn an_enforced_template_that_breaks_the_pod_security_level_refuses_the_pod() {
+    let enforced = NET_ADMIN.replace("default: true", "default: true\nenforced: true");
+    let engine = engine(&[("hardened", HARDENED), ("net", &enforced)]);
+    let decision = in_level(&engine, &restricted_pod(), &[ENFORCE_RESTRICTED]);
+    let Outcome::Denied(denial) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    let message = denial.to_string();
+    assert!(message.contains("template net is enforced for this pod, but the API server would refuse"), "{message}");
+    assert!(message.contains("violates PodSecurity \"restricted:latest\""), "{message}");
+}
+
+#[test]
+fn a_copied_pod_whose_injected_items_break_the_level_is_injected_afresh_without_them() {
+    let engine = engine(&[("hardened", HARDENED), ("net", NET_ADMIN)]);
+    let pod = restricted_pod();
+    // Injected where the level allows everything, then copied (status and all) into a namespace
+    // that enforces restricted.
+    let Outcome::Inject(injection) = in_level(&engine, &pod, &[]).outcome else { panic!("expected an injection") };
+    let copied = apply(&pod, &injection.patch);
+    assert_eq!(injection.status.templates.len(), 2);
+    let decision = in_level(&engine, &copied, &[ENFORCE_RESTRICTED]);
+    let Outcome::Inject(reinjection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    let after = apply(&copied, &reinjection.patch);
+    let policy = checks::pod_security::Policy::enforce_of(&opted_in("shop", &[ENFORCE_RESTRICTED]).labels, 37);
+    assert!(policy.violations(&after).is_empty(), "{:?}", policy.violations(&after));
+    let names: Vec<&str> = reinjection.status.templates.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["hardened"]);
+    assert_eq!(after["spec"]["initContainers"].as_array().map(Vec::len), Some(1), "net-init, provably ours, is gone");
+    // And that is up to date there.
+    let again = in_level(&engine, &after, &[ENFORCE_RESTRICTED]).outcome;
+    assert!(matches!(again, Outcome::UpToDate(_)), "{again:?}");
+}

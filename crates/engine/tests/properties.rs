@@ -6,7 +6,8 @@
 //! - whatever status annotation a pod carries (copied, edited, forged), nothing of the pod that an
 //!   earlier injection did not provably add is ever removed or changed;
 //! - an in-place update after a template edit exists when the edit changed only images, and gives
-//!   exactly what injecting the author's pod with the new versions gives.
+//!   exactly what injecting the author's pod with the new versions gives;
+//! - a pod that meets its namespace's enforced Pod Security level still meets it injected.
 //!
 //! Deterministic in `make test`: every property runs [`FIXED_CASES`] cases from [`FIXED_SEED`],
 //! the same cases on every run, after every regression persisted in
@@ -21,6 +22,7 @@ use json_patch::PatchOperation;
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use serde_json::{Map, Value, json};
+use sidecar_injector_engine::checks::pod_security::Policy;
 use sidecar_injector_engine::drift::in_place::in_place_update;
 use sidecar_injector_engine::injection::image_volumes::ImageVolumeSupport;
 use sidecar_injector_engine::injection::pod_resources;
@@ -32,7 +34,8 @@ use sidecar_injector_engine::model::status::InjectionStatus;
 use sidecar_injector_engine::review::validate::{Verdict, validate_pod_update};
 use sidecar_injector_engine::templates::set::InProcess;
 use sidecar_injector_engine::{
-    ClusterFacts, Engine, NamespaceFacts, Outcome, PodRequest, TemplateSet, TemplateSource, WarningCode, manifest,
+    ClusterFacts, Denial, Engine, NamespaceFacts, OutOfScope, Outcome, PodRequest, TemplateSet, TemplateSource,
+    WarningCode, manifest,
 };
 
 /// The seed of `make test`'s cases.
@@ -998,6 +1001,80 @@ proptest! {
             let status = sidecar_injector_engine::model::status::InjectionStatus::parse(text).unwrap();
             let stripped = sidecar_injector_engine::claims::strip::strip_injection(&current, &status);
             prop_assert_eq!(env_of(&stripped), author_env.clone(), "strip gives back the author's env");
+        }
+    }
+}
+
+/// A generated template whose init containers and sidecars carry one of the security contexts
+/// Pod Security's checks read (restricted-ready, none, root, an added capability, privileged),
+/// one in five of them enforced.
+fn secured_template() -> impl Strategy<Value = String> {
+    (template(), 0..5usize, 0..5usize, proptest::bool::weighted(0.2)).prop_map(|(text, init, sidecars, enforced)| {
+        let mut docs = manifest::read(&text).unwrap();
+        let security = |choice: usize| match choice {
+            0 => json!({"allowPrivilegeEscalation": false, "runAsNonRoot": true,
+                "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}),
+            1 => Value::Null,
+            2 => json!({"runAsUser": 0}),
+            3 => json!({"capabilities": {"add": ["NET_ADMIN"]}}),
+            _ => json!({"privileged": true}),
+        };
+        for (list, choice) in [("initContainers", init), ("sidecars", sidecars)] {
+            for container in docs[0]["inject"][list].as_array_mut().into_iter().flatten() {
+                if !security(choice).is_null() {
+                    container["securityContext"] = security(choice);
+                }
+            }
+        }
+        if enforced {
+            docs[0]["enforced"] = json!(true);
+        }
+        manifest::write(&docs)
+    })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// In a namespace that enforces a Pod Security level, a pod that meets the level still meets
+    /// it injected (the templates that would break it are left out, or an enforced one refuses
+    /// the pod in the API server's words), and the decision is idempotent.
+    #[test]
+    fn an_injection_never_makes_a_pod_fail_the_pod_security_level_it_met(
+        pod in pod_with_security_fields(),
+        templates in proptest::collection::vec(secured_template(), 1..=3),
+        level in proptest::sample::select(vec!["baseline", "restricted"]),
+    ) {
+        let engine = engine(&templates);
+        let mut namespace = shop();
+        namespace.labels.insert("pod-security.kubernetes.io/enforce".into(), level.into());
+        let policy = Policy::enforce_of(&namespace.labels, 37);
+        let request = |pod: &Value| PodRequest {
+            pod: Arc::new(pod.clone()),
+            namespace: namespace.clone(),
+            cluster: cluster(true),
+            workload: None,
+        };
+        let met = policy.violations(&pod).is_empty();
+        match engine.evaluate(&request(&pod)).outcome {
+            Outcome::Inject(injection) => {
+                let mut out = pod.clone();
+                json_patch::patch(&mut out, &injection.patch).unwrap();
+                if met {
+                    prop_assert_eq!(policy.violations(&out), Vec::new(), "{}", injection.status.reason.unwrap_or_default());
+                }
+                // Idempotent (but where the API server's limits left the pod as written: see
+                // `patches_only_add_keep_everything_and_are_idempotent` for those).
+                if !matches!(injection.skipped_as, Some(OutOfScope::WouldBeInvalid { .. })) {
+                    let again = engine.evaluate(&request(&out)).outcome;
+                    prop_assert!(matches!(again, Outcome::UpToDate(_)), "injecting again changes nothing: {:?}", again);
+                }
+            }
+            Outcome::Denied(Denial::WouldBeInvalid { template, reasons }) if reasons.iter().any(|r| r.contains("PodSecurity")) => {
+                prop_assert!(met, "refused for Pod Security where the pod failed the level on its own");
+                prop_assert!(engine.templates.get(&template).is_some_and(|t| t.enforced), "{} is not enforced", template);
+            }
+            _ => {}
         }
     }
 }

@@ -46,7 +46,29 @@ impl Level {
     }
 }
 
-/// The policy a namespace's `pod-security.kubernetes.io/enforce` labels set.
+/// What a namespace's level does in each of Pod Security Admission's modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Refuses a pod that fails the level.
+    Enforce,
+    /// Admits it with a warning to the client.
+    Warn,
+    /// Admits it with an audit annotation.
+    Audit,
+}
+
+impl Mode {
+    /// The mode's name, as its labels write it (`pod-security.kubernetes.io/<mode>`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Warn => "warn",
+            Mode::Audit => "audit",
+        }
+    }
+}
+
+/// The policy a namespace's `pod-security.kubernetes.io/<mode>` labels set for one mode.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     /// The level.
@@ -60,24 +82,70 @@ pub struct Policy {
 
 impl Policy {
     /// The enforce policy of a namespace with `labels`, on an API server of minor version
-    /// `server_minor`. An absent level is `privileged` (the API server's default); an invalid
-    /// one is `restricted` (it fails closed); an absent or invalid version is `latest`.
+    /// `server_minor` (see [`Policy::of`]).
     pub fn enforce_of(labels: &BTreeMap<String, String>, server_minor: u32) -> Policy {
-        let get = |key: &str| labels.get(key).map(String::as_str);
-        let level = match get("pod-security.kubernetes.io/enforce") {
-            None => Level::Privileged,
-            Some(text) => Level::parse(text).unwrap_or(Level::Restricted),
+        Policy::of(labels, Mode::Enforce, server_minor)
+    }
+
+    /// The policy of `mode` in a namespace with `labels`, on an API server of minor version
+    /// `server_minor`, read as the API server reads it (no `AdmissionConfiguration` defaults: a
+    /// missing label is `privileged` at `latest`). An invalid level is `restricted` for `enforce`
+    /// (it fails closed) and `privileged` for `warn` and `audit` (they fail open); an absent or
+    /// invalid version is `latest`. Without a `warn` label, `warn` takes a valid `enforce` level
+    /// stricter than `privileged`, with its version unless `warn-version` is set.
+    pub fn of(labels: &BTreeMap<String, String>, mode: Mode, server_minor: u32) -> Policy {
+        let get = |mode: Mode, suffix: &str| {
+            labels.get(&format!("pod-security.kubernetes.io/{}{suffix}", mode.name())).map(String::as_str)
+        };
+        let enforce = get(Mode::Enforce, "").and_then(Level::parse);
+        let (level, version_from) = match (mode, get(mode, "")) {
+            (Mode::Warn, None) if enforce.is_some_and(|level| level > Level::Privileged) => {
+                let from = if get(Mode::Warn, "-version").is_some() { Mode::Warn } else { Mode::Enforce };
+                (enforce.unwrap_or(Level::Privileged), from)
+            }
+            (_, None) => (Level::Privileged, mode),
+            (Mode::Enforce, Some(text)) => (Level::parse(text).unwrap_or(Level::Restricted), mode),
+            (_, Some(text)) => (Level::parse(text).unwrap_or(Level::Privileged), mode),
         };
         let newest = LATEST_MINOR.min(server_minor);
-        let (minor, version_label) = match get("pod-security.kubernetes.io/enforce-version").and_then(parse_version) {
+        let (minor, version_label) = match get(version_from, "-version").and_then(parse_version) {
             Some(minor) => (minor.min(newest), format!("v1.{minor}")),
             None => (newest, "latest".to_owned()),
         };
         Policy { level, minor, version_label }
     }
 
+    /// The checks `pod` fails under this policy (none at `privileged`).
+    pub fn violations(&self, pod: &Value) -> Vec<Violation> {
+        violations(pod, self.level, self.minor)
+    }
+
+    /// When `after` (a pod with what an injection adds) fails this policy where `before` (the pod
+    /// without it) passes, the checks it fails: the injection is what the API server would act
+    /// on. Empty when both pass, or when `before` fails already.
+    pub fn broken_by(&self, before: &Value, after: &Value) -> Vec<Violation> {
+        if self.level == Level::Privileged || !self.violations(before).is_empty() {
+            return Vec::new();
+        }
+        self.violations(after)
+    }
+
     /// The API server's refusal of a pod that fails `violations` under this policy.
     pub fn message(&self, violations: &[Violation]) -> String {
+        format!("violates PodSecurity \"{}:{}\": {}", self.level.name(), self.version_label, Self::items(violations))
+    }
+
+    /// The API server's warning (the `warn` mode) for a pod that fails `violations`.
+    pub fn warning(&self, violations: &[Violation]) -> String {
+        format!(
+            "would violate PodSecurity \"{}:{}\": {}",
+            self.level.name(),
+            self.version_label,
+            Self::items(violations)
+        )
+    }
+
+    fn items(violations: &[Violation]) -> String {
         let items: Vec<String> = violations
             .iter()
             .map(|v| match v.detail.is_empty() {
@@ -85,7 +153,7 @@ impl Policy {
                 false => format!("{} ({})", v.reason, v.detail),
             })
             .collect();
-        format!("violates PodSecurity \"{}:{}\": {}", self.level.name(), self.version_label, items.join(", "))
+        items.join(", ")
     }
 }
 
@@ -865,6 +933,55 @@ mod tests {
             "forbidden annotation container.seccomp.security.alpha.kubernetes.io/a=\"unconfined\""
         );
         assert!(violations(&annotated, Level::Baseline, 19).is_empty());
+    }
+
+    #[test]
+    fn warn_and_audit_fail_open_and_warn_follows_enforce() {
+        let of = |pairs: &[(&str, &str)], mode: Mode| {
+            let labels = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+            Policy::of(&labels, mode, 37)
+        };
+        let enforce = ("pod-security.kubernetes.io/enforce", "baseline");
+        let enforce_version = ("pod-security.kubernetes.io/enforce-version", "v1.30");
+        // An invalid warn or audit level is privileged, where enforce's is restricted.
+        for mode in [Mode::Warn, Mode::Audit] {
+            let label = format!("pod-security.kubernetes.io/{}", mode.name());
+            assert_eq!(of(&[(&label, "Restricted")], mode).level, Level::Privileged, "{mode:?}");
+        }
+        // Without a warn label, warn takes enforce's level and version; audit does not.
+        let warn = of(&[enforce, enforce_version], Mode::Warn);
+        assert_eq!((warn.level, warn.minor), (Level::Baseline, 30));
+        assert_eq!(of(&[enforce, enforce_version], Mode::Audit).level, Level::Privileged);
+        // Unless warn has a version label of its own; an invalid enforce level is not taken.
+        let warn = of(&[enforce, enforce_version, ("pod-security.kubernetes.io/warn-version", "v1.33")], Mode::Warn);
+        assert_eq!((warn.level, warn.minor), (Level::Baseline, 33));
+        let invalid = ("pod-security.kubernetes.io/enforce", "strict");
+        assert_eq!(of(&[invalid], Mode::Warn).level, Level::Privileged);
+        assert_eq!(of(&[invalid], Mode::Enforce).level, Level::Restricted);
+        // A warn label of its own wins, even a laxer one.
+        assert_eq!(
+            of(&[enforce, ("pod-security.kubernetes.io/warn", "privileged")], Mode::Warn).level,
+            Level::Privileged
+        );
+    }
+
+    #[test]
+    fn an_injection_breaks_a_level_only_where_the_pod_passed_it() {
+        let policy = Policy::enforce_of(
+            &[("pod-security.kubernetes.io/enforce".to_owned(), "baseline".to_owned())].into_iter().collect(),
+            37,
+        );
+        let before = pod(json!({"containers": [{"name": "app"}]}));
+        let mut after = before.clone();
+        after["spec"]["initContainers"] =
+            json!([{"name": "init", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]);
+        assert_eq!(
+            policy.message(&policy.broken_by(&before, &after)),
+            "violates PodSecurity \"baseline:latest\": non-default capabilities (container \"init\" must not include \"NET_ADMIN\" in securityContext.capabilities.add)"
+        );
+        assert_eq!(policy.broken_by(&before, &before), []);
+        // A pod that fails on its own is not the injection's doing.
+        assert_eq!(policy.broken_by(&after, &after), []);
     }
 
     #[test]

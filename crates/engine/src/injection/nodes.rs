@@ -294,6 +294,7 @@ impl NodePool {
             rule,
             sidecar_resize_policy: api_server.sidecar_resize_policy,
             image_volumes,
+            api_server_minor: api_server.api_server_minor,
         };
         if let Some(name) = spec.and_then(|s| s.get("nodeName")).and_then(Value::as_str)
             && let Some(&slot) = self.names.get(name)

@@ -57,6 +57,14 @@ pub enum OutOfScope {
         #[serde(skip)]
         refused_patch: Vec<json_patch::PatchOperation>,
     },
+    /// The namespace's Pod Security `enforce` level would refuse the pod with what the chosen
+    /// templates add, where it admits the pod as written: admitted as its author wrote it.
+    PodSecurity {
+        /// The templates left out.
+        templates: Vec<String>,
+        /// The API server's words for the refusal (`violates PodSecurity "restricted:latest": ...`).
+        message: Box<str>,
+    },
 }
 
 impl OutOfScope {
@@ -68,6 +76,7 @@ impl OutOfScope {
             OutOfScope::NamespaceNotOptedIn { .. } => "namespace_not_opted_in",
             OutOfScope::PodOptedOut => "pod_opted_out",
             OutOfScope::WouldBeInvalid { .. } => "would_be_invalid",
+            OutOfScope::PodSecurity { .. } => "pod_security",
         }
     }
 }
@@ -94,6 +103,13 @@ impl fmt::Display for OutOfScope {
                 f,
                 "the API server would refuse the injected pod ({}); the pod is admitted as written",
                 reasons.join("; ")
+            ),
+            OutOfScope::PodSecurity { templates, message } => write!(
+                f,
+                "{} {}: the namespace enforces Pod Security, and the API server would refuse the pod with what {} ({message})",
+                if templates.len() == 1 { "template" } else { "templates" },
+                templates.join(", "),
+                if templates.len() == 1 { "it adds" } else { "they add" },
             ),
         }
     }

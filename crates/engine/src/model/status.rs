@@ -64,7 +64,8 @@ pub struct InjectionStatus {
     /// Items a template wanted to add but the pod (or an earlier template) already had.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<Skipped>,
-    /// Why no template was injected, when none was.
+    /// Why no template was injected, when none was; or why a chosen one was not (the namespace's
+    /// Pod Security level).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

@@ -123,9 +123,11 @@ pub fn one(found: PodDecision, labels_known: bool) -> Explanation {
         Outcome::Inject(injection) => (
             "inject",
             format!(
-                "would inject {}{}",
+                "would inject {}{}{}",
                 injection.status.templates.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", "),
-                conflicts_note(&injection.status)
+                conflicts_note(&injection.status),
+                // Templates left out (Pod Security).
+                injection.status.reason.as_ref().map(|reason| format!("; {reason}")).unwrap_or_default()
             ),
             Some(injection.status.clone()),
         ),

@@ -120,7 +120,7 @@ pub fn pod() -> impl Strategy<Value = Value> {
 /// some cases and pushes the pod over in others, a refusal the engine predicts
 /// (`OutOfScope::WouldBeInvalid`). For the API-server oracle, which can judge that prediction;
 /// the properties, which cannot, draw [`pod`].
-#[allow(dead_code)] // drawn by the oracle (the binary crate's tests), not by the properties
+#[allow(dead_code)] // drawn by the oracle and by the Pod Security property
 pub fn pod_near_limits() -> impl Strategy<Value = Value> {
     (pod(), proptest::option::weighted(0.04, 0..2048usize)).prop_map(|(mut pod, room_left)| {
         let Some(room_left) = room_left else { return pod };
@@ -142,7 +142,7 @@ pub fn pod_near_limits() -> impl Strategy<Value = Value> {
 /// allowed and forbidden, so the oracle holds every check against Pod Security Admission. Only
 /// combinations the API server accepts at any level (its validation refuses `privileged` beside
 /// `allowPrivilegeEscalation: false`, so they are never drawn together).
-#[allow(dead_code)] // drawn by the oracle (the binary crate's tests), not by the properties
+#[allow(dead_code)] // drawn by the oracle and by the Pod Security property
 pub fn pod_with_security_fields() -> impl Strategy<Value = Value> {
     let choices = (0..6usize, proptest::collection::vec(0..14usize, 3));
     (pod_near_limits(), proptest::option::weighted(0.5, choices)).prop_map(|(mut pod, choices)| {
