@@ -19,7 +19,10 @@
 //! - a quantity the engine computes (a padded pod-level value) is not stored as written (the
 //!   engine's canonical form differs from Kubernetes'), or any other quantity of the injected pod
 //!   (a template's own, in the containers it appends; the pod's own) is stored as another value;
-//! - Pod Security Admission's verdict on the injected pod differs from `checks::pod_security`'s.
+//! - Pod Security Admission's verdict on the injected pod differs from `checks::pod_security`'s;
+//! - decided for a namespace that enforces `baseline` or `restricted` (the engine leaves out the
+//!   templates that would break the level), the pod the engine writes is refused where the
+//!   author's is admitted, or its verdict is not the one predicted.
 //!
 //! Cases whose author pod the API server refuses say nothing about the engine: they are counted
 //! and the first reason printed, so a generator that drifts from valid pods shows. The count of
@@ -32,6 +35,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
 use json_patch::PatchOperation;
+use proptest::prop_oneof;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::{Value, json};
@@ -91,6 +95,10 @@ struct Tally {
     pod_security_agreed: u64,
     /// Of those, refusals.
     pod_security_refused: u64,
+    /// Decisions in namespaces that enforce a level, each held against the API server's verdict.
+    level_decisions: u64,
+    /// Of those, the ones where the engine left templates out to keep the level.
+    level_left_out: u64,
     failures: Vec<String>,
 }
 
@@ -115,9 +123,11 @@ pub async fn s37_api_server_oracle(ctx: &mut Ctx) -> Result<()> {
     let mut bytes = [0u8; 32];
     bytes[..8].copy_from_slice(&seed.to_le_bytes());
     let mut runner = TestRunner::new_with_rng(Config::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    // Templates with and without Pod Security fields, and pods of every shape and ones that meet
+    // `restricted`, so that the decisions for namespaces at a level leave templates out.
     let strategy = (
-        proptest::collection::vec(generate::template(), 1..=3),
-        generate::pod_with_security_fields(),
+        proptest::collection::vec(prop_oneof![generate::template(), generate::secured_template()], 1..=3),
+        prop_oneof![generate::pod_with_security_fields(), generate::restricted_pod()],
         proptest::bool::ANY,
     )
         .prop_map(|(templates, pod, recent)| Case { templates, pod, recent });
@@ -130,7 +140,7 @@ pub async fn s37_api_server_oracle(ctx: &mut Ctx) -> Result<()> {
     }
     let seconds = started.elapsed().as_secs_f64();
     println!(
-        "  oracle: {} cases in {seconds:.1} s ({:.1}/s, seed {seed}): {} injected, {} accepted by the API server, {} disagreements; {} not injected by the engine, {} predicted invalid (each refused by the API server too); {} Pod Security verdicts at baseline and restricted agree ({} refusals, in the same words); {} author pods refused{}",
+        "  oracle: {} cases in {seconds:.1} s ({:.1}/s, seed {seed}): {} injected, {} accepted by the API server, {} disagreements; {} not injected by the engine, {} predicted invalid (each refused by the API server too); {} Pod Security verdicts at baseline and restricted agree ({} refusals, in the same words); {} decisions for namespaces at baseline and restricted judged by the API server as predicted ({} with templates left out); {} author pods refused{}",
         tally.cases,
         tally.cases as f64 / seconds.max(0.001),
         tally.injected,
@@ -140,6 +150,8 @@ pub async fn s37_api_server_oracle(ctx: &mut Ctx) -> Result<()> {
         tally.predicted_invalid,
         tally.pod_security_agreed,
         tally.pod_security_refused,
+        tally.level_decisions,
+        tally.level_left_out,
         tally.author_refused,
         tally.first_author_refusal.as_deref().map(|r| format!(" (first: {r})")).unwrap_or_default(),
     );
@@ -202,11 +214,15 @@ async fn judge(ctx: &Ctx, case: &Case, index: u64, namespace: &str, tally: &mut 
         tally.not_injected += 1;
         return Ok(());
     }
-    if let Err(refusal) = dry_run(ctx, namespace, &pod).await? {
-        tally.author_refused += 1;
-        tally.first_author_refusal.get_or_insert(refusal);
-        return Ok(());
-    }
+    let author_stored = match dry_run(ctx, namespace, &pod).await? {
+        Ok(stored) => stored,
+        Err(refusal) => {
+            tally.author_refused += 1;
+            tally.first_author_refusal.get_or_insert(refusal);
+            return Ok(());
+        }
+    };
+    judge_levels(ctx, (&engine, &request), (&pod, &author_stored), tally, index).await?;
     if let Some((reasons, refused_patch)) = predicted {
         // The prediction, judged: the pod the injection would have made must really be refused.
         let mut refused = pod.clone();
@@ -302,6 +318,72 @@ async fn judge_pod_security(
                 "Pod Security {}: the API server says {verdict:?}, checks::pod_security predicts {predicted:?}\n{}",
                 level.name(),
                 describe()
+            )),
+        }
+    }
+    Ok(())
+}
+
+/// The engine's decision for the pod in namespaces that enforce `baseline` and `restricted` (the
+/// decision judges Pod Security: it leaves out templates that would break the level), held against
+/// the API server's verdict on the pod it writes: accepted exactly when `checks::pod_security`
+/// finds nothing, refused in its words otherwise; and never refused where the author's pod is
+/// admitted (`author_stored`: the pod as the API server stores it, defaulted, which admission sees).
+async fn judge_levels(
+    ctx: &Ctx,
+    (engine, request): (&Engine, &PodRequest),
+    (pod, author_stored): (&Value, &Value),
+    tally: &mut Tally,
+    index: u64,
+) -> Result<()> {
+    for (namespace, level) in POD_SECURITY_NAMESPACES {
+        let labels = [
+            ("sidecar-injector.io/inject".to_owned(), "enabled".to_owned()),
+            ("pod-security.kubernetes.io/enforce".to_owned(), level.name().to_owned()),
+        ];
+        let facts = NamespaceFacts::known(namespace, labels.into(), Default::default());
+        let mut pod = pod.clone();
+        pod["metadata"]["namespace"] = json!(namespace);
+        let request = PodRequest { pod: Arc::new(pod.clone()), namespace: facts, ..request.clone() };
+        let (written, left_out) = match engine.evaluate(&request).outcome {
+            Outcome::Inject(injection) => {
+                let mut written = pod.clone();
+                json_patch::patch(&mut written, &injection.patch)
+                    .with_context(|| format!("case {index}: the patch applies"))?;
+                let left_out = injection.status.reason.as_deref().is_some_and(|r| r.contains("Pod Security"));
+                (written, left_out)
+            }
+            // Nothing written: the author's pod is what the API server judges.
+            _ => (pod.clone(), false),
+        };
+        tally.level_decisions += 1;
+        tally.level_left_out += u64::from(left_out);
+        let policy = Policy { level, minor: pod_security::LATEST_MINOR, version_label: "latest".into() };
+        let author_passes = pod_security::violations(author_stored, level, pod_security::LATEST_MINOR).is_empty();
+        // What admission sees is the pod defaulted: the prediction is made on the written pod as
+        // the API server stores it where the level does not refuse it (a namespace without one).
+        let mut unlevelled = written.clone();
+        unlevelled["metadata"]["namespace"] = json!(NAMESPACES[0].0);
+        let stored = match dry_run(ctx, NAMESPACES[0].0, &unlevelled).await? {
+            Ok(stored) => stored,
+            Err(refusal) => {
+                tally.failures.push(format!(
+                    "case {index}: decided for {namespace}, the written pod is refused even without a level: {refusal}\nwritten: {written}"
+                ));
+                continue;
+            }
+        };
+        let violations = pod_security::violations(&stored, level, pod_security::LATEST_MINOR);
+        let predicted = (!violations.is_empty()).then(|| policy.message(&violations));
+        match (dry_run(ctx, namespace, &written).await?, predicted) {
+            (Ok(_), None) => {}
+            (Err(_), Some(_)) if author_passes => tally.failures.push(format!(
+                "case {index}: decided for {namespace}, the written pod breaks {} where the author's meets it\nwritten: {written}",
+                level.name()
+            )),
+            (Err(refusal), Some(words)) if refusal.contains(&words) => {}
+            (verdict, predicted) => tally.failures.push(format!(
+                "case {index}: decided for {namespace}: the API server says {verdict:?}, the engine predicts {predicted:?}\nwritten: {written}"
             )),
         }
     }

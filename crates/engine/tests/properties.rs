@@ -1005,34 +1005,6 @@ proptest! {
     }
 }
 
-/// A generated template whose init containers and sidecars carry one of the security contexts
-/// Pod Security's checks read (restricted-ready, none, root, an added capability, privileged),
-/// one in five of them enforced.
-fn secured_template() -> impl Strategy<Value = String> {
-    (template(), 0..5usize, 0..5usize, proptest::bool::weighted(0.2)).prop_map(|(text, init, sidecars, enforced)| {
-        let mut docs = manifest::read(&text).unwrap();
-        let security = |choice: usize| match choice {
-            0 => json!({"allowPrivilegeEscalation": false, "runAsNonRoot": true,
-                "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}),
-            1 => Value::Null,
-            2 => json!({"runAsUser": 0}),
-            3 => json!({"capabilities": {"add": ["NET_ADMIN"]}}),
-            _ => json!({"privileged": true}),
-        };
-        for (list, choice) in [("initContainers", init), ("sidecars", sidecars)] {
-            for container in docs[0]["inject"][list].as_array_mut().into_iter().flatten() {
-                if !security(choice).is_null() {
-                    container["securityContext"] = security(choice);
-                }
-            }
-        }
-        if enforced {
-            docs[0]["enforced"] = json!(true);
-        }
-        manifest::write(&docs)
-    })
-}
-
 proptest! {
     #![proptest_config(config())]
 
@@ -1041,7 +1013,7 @@ proptest! {
     /// the pod in the API server's words), and the decision is idempotent.
     #[test]
     fn an_injection_never_makes_a_pod_fail_the_pod_security_level_it_met(
-        pod in pod_with_security_fields(),
+        pod in prop_oneof![pod_with_security_fields(), restricted_pod()],
         templates in proptest::collection::vec(secured_template(), 1..=3),
         level in proptest::sample::select(vec!["baseline", "restricted"]),
     ) {

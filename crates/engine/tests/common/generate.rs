@@ -190,6 +190,50 @@ pub fn pod_with_security_fields() -> impl Strategy<Value = Value> {
     })
 }
 
+/// A pod that meets Pod Security's `restricted` level: pod-level `runAsNonRoot` and seccomp, and
+/// every container without privilege escalation or capabilities (what an injected container must
+/// not break).
+#[allow(dead_code)] // drawn by the oracle and by the Pod Security property
+pub fn restricted_pod() -> impl Strategy<Value = Value> {
+    pod().prop_map(|mut pod| {
+        pod["spec"]["securityContext"] = json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}});
+        for container in pod["spec"]["containers"].as_array_mut().into_iter().flatten() {
+            container["securityContext"] =
+                json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}});
+        }
+        pod
+    })
+}
+
+/// A generated template whose init containers and sidecars carry one of the security contexts
+/// Pod Security's checks read (restricted-ready, none, root, an added capability, privileged),
+/// one in five of them enforced.
+#[allow(dead_code)] // drawn by the oracle and by the Pod Security property
+pub fn secured_template() -> impl Strategy<Value = String> {
+    (template(), 0..5usize, 0..5usize, proptest::bool::weighted(0.2)).prop_map(|(text, init, sidecars, enforced)| {
+        let mut docs = manifest::read(&text).unwrap();
+        let security = |choice: usize| match choice {
+            0 => json!({"allowPrivilegeEscalation": false, "runAsNonRoot": true,
+                "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}),
+            1 => Value::Null,
+            2 => json!({"runAsUser": 0}),
+            3 => json!({"capabilities": {"add": ["NET_ADMIN"]}}),
+            _ => json!({"privileged": true}),
+        };
+        for (list, choice) in [("initContainers", init), ("sidecars", sidecars)] {
+            for container in docs[0]["inject"][list].as_array_mut().into_iter().flatten() {
+                if !security(choice).is_null() {
+                    container["securityContext"] = security(choice);
+                }
+            }
+        }
+        if enforced {
+            docs[0]["enforced"] = json!(true);
+        }
+        manifest::write(&docs)
+    })
+}
+
 /// A template using every section, with names drawn from the same pools as the pod's so that
 /// conflicts happen often.
 pub fn template() -> impl Strategy<Value = String> {
