@@ -948,13 +948,6 @@ spec:
     served(BUSYBOX)?;
     ctx.apply(&pod("upgradable"))?;
     ctx.kubectl(&["-n", SHOP, "wait", "--for=condition=Ready", "pod/upgradable", "--timeout=90s"])?;
-    let status_of = |pod: &Value, name: &str| -> Value {
-        ["initContainerStatuses", "containerStatuses"]
-            .iter()
-            .flat_map(|f| pod["status"][f].as_array().cloned().unwrap_or_default())
-            .find(|s| s["name"] == name)
-            .unwrap_or_default()
-    };
     let before = ctx.json(&["-n", SHOP, "get", "pod", "upgradable"])?;
     for name in ["app", "native-agent", "classic-agent"] {
         ensure!(status_of(&before, name)["state"]["running"].is_object(), "{name} not running: {}", before["status"]);
@@ -1106,11 +1099,7 @@ spec:
     ])?;
     ctx.kubectl(&["-n", SHOP, "wait", "--for=condition=Ready", "pod/gated", "--timeout=90s"])?;
     let running = ctx.json(&["-n", SHOP, "get", "pod", "gated"])?;
-    let statuses: Vec<Value> = ["initContainerStatuses", "containerStatuses"]
-        .iter()
-        .flat_map(|list| running["status"][list].as_array().cloned().unwrap_or_default())
-        .collect();
-    let helper = statuses.iter().find(|s| s["name"] == "helper").context("no helper status")?;
+    let helper = status_of(&running, "helper");
     ensure!(helper["state"]["running"].is_object(), "the helper is not running: {helper}");
     println!(
         "      the gate lifted by an update; Ready with the helper {:.1} s later",
@@ -1209,11 +1198,7 @@ spec:
     let has = |name: &str| names.contains(&json!(name));
     ensure!(has("helper") && has("app") && !has("net-init"), "containers {names:?}");
     ensure!(left_out(&running), "the status does not say why: {}", running["metadata"]["annotations"]);
-    let statuses: Vec<Value> = ["initContainerStatuses", "containerStatuses"]
-        .iter()
-        .flat_map(|list| running["status"][list].as_array().cloned().unwrap_or_default())
-        .collect();
-    let helper = statuses.iter().find(|s| s["name"] == "helper").context("no helper status")?;
+    let helper = status_of(&running, "helper");
     ensure!(helper["state"]["running"].is_object(), "the helper is not running: {helper}");
     println!(
         "      admitted at restricted with the helper, net-init left out with the reason; Ready {:.1} s after create",
@@ -1223,7 +1208,15 @@ spec:
     Ok(())
 }
 
-/// Every container of a pod as stored, init containers first.
+/// The status of a pod's container of that name, init containers first (`Null` when it has none).
+fn status_of(pod: &Value, name: &str) -> Value {
+    ["initContainerStatuses", "containerStatuses"]
+        .iter()
+        .flat_map(|list| pod["status"][list].as_array().cloned().unwrap_or_default())
+        .find(|s| s["name"] == name)
+        .unwrap_or_default()
+}
+
 /// 14. Image volumes on the real kubelet (1.37, containerd 2.2): a pod pinned to the real node gets
 ///     the agent as an image volume, and its app reads the agent's files through it, whole and
 ///     through a subPath mount (which containerd 2.2 applies); beside it a Node object reporting a
@@ -1322,6 +1315,7 @@ status:
     Ok(())
 }
 
+/// Every container of a pod as stored, init containers first.
 fn all_containers(pod: &Value) -> impl Iterator<Item = &Value> {
     ["initContainers", "containers"].into_iter().flat_map(move |f| pod["spec"][f].as_array().into_iter().flatten())
 }
