@@ -1038,7 +1038,9 @@ impl<'r> PodSecurityGuard<'r> {
     fn of(request: &'r PodRequest, before: &'r Value) -> Option<Self> {
         use checks::pod_security::{LATEST_MINOR, Level, Mode, Policy};
         let namespace = &request.namespace;
-        if !namespace.labels_known {
+        // Most namespaces set no level: nothing to read, nothing built.
+        let sets_a_level = namespace.labels.keys().any(|key| key.starts_with("pod-security.kubernetes.io/"));
+        if !namespace.labels_known || !sets_a_level {
             return None;
         }
         let minor = request.cluster.api_server_minor.unwrap_or(LATEST_MINOR);
@@ -1060,7 +1062,12 @@ impl<'r> PodSecurityGuard<'r> {
 
     /// Why the `enforce` level would refuse the pod `injection` makes, where it admits `before`.
     fn refusal(&self, injection: &Injection) -> Option<String> {
-        let failed = self.enforce.broken_by(self.before, &self.injected(injection)?);
+        self.refusal_of(&self.injected(injection)?)
+    }
+
+    /// Why the `enforce` level would refuse `injected`, where it admits `before`.
+    fn refusal_of(&self, injected: &Value) -> Option<String> {
+        let failed = self.enforce.broken_by(self.before, injected);
         (!failed.is_empty()).then(|| self.enforce.message(&failed))
     }
 
@@ -1074,8 +1081,11 @@ impl<'r> PodSecurityGuard<'r> {
         mut replan: impl FnMut(&[&Arc<Template>], Option<String>) -> Option<Injection>,
         warnings: &mut Vec<Warning>,
     ) -> Outcome {
-        let Some(refusal) = self.refusal(&injection) else {
-            self.report(&injection, warnings);
+        let injected = self.injected(&injection);
+        let Some(refusal) = injected.as_ref().and_then(|injected| self.refusal_of(injected)) else {
+            if let Some(injected) = injected.filter(|_| !injection.status.templates.is_empty()) {
+                self.report(&injected, warnings);
+            }
             return Outcome::Inject(injection);
         };
         // The templates whose additions break the level on their own; if none does, it is the
@@ -1111,7 +1121,9 @@ impl<'r> PodSecurityGuard<'r> {
             .push(Warning::new(WarningCode::PodSecurityLeftOut, format!("sidecar-injector: not injected: {reason}")));
         let injection = match with_kept {
             Some(injection) => {
-                self.report(&injection, warnings);
+                if let Some(injected) = self.injected(&injection) {
+                    self.report(&injected, warnings);
+                }
                 injection
             }
             None => match replan(&[], Some(format!("not injected: {reason}"))) {
@@ -1127,14 +1139,11 @@ impl<'r> PodSecurityGuard<'r> {
         }
     }
 
-    /// What the `warn` and `audit` levels would say of the pod `injection` makes, as warnings.
-    fn report(&self, injection: &Injection, warnings: &mut Vec<Warning>) {
-        if self.reported.is_empty() || injection.status.templates.is_empty() {
-            return;
-        }
-        let Some(injected) = self.injected(injection) else { return };
+    /// What the `warn` and `audit` levels would say of `injected` (a pod with templates
+    /// injected), as warnings.
+    fn report(&self, injected: &Value, warnings: &mut Vec<Warning>) {
         for (mode, policy) in &self.reported {
-            let failed = policy.broken_by(self.before, &injected);
+            let failed = policy.broken_by(self.before, injected);
             if !failed.is_empty() {
                 warnings.push(Warning::new(
                     WarningCode::PodSecurityWarn,

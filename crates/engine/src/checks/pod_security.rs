@@ -66,6 +66,15 @@ impl Mode {
             Mode::Audit => "audit",
         }
     }
+
+    /// Its level label and its version label (read at every admission: no key is built).
+    fn labels(self) -> (&'static str, &'static str) {
+        match self {
+            Mode::Enforce => ("pod-security.kubernetes.io/enforce", "pod-security.kubernetes.io/enforce-version"),
+            Mode::Warn => ("pod-security.kubernetes.io/warn", "pod-security.kubernetes.io/warn-version"),
+            Mode::Audit => ("pod-security.kubernetes.io/audit", "pod-security.kubernetes.io/audit-version"),
+        }
+    }
 }
 
 /// The policy a namespace's `pod-security.kubernetes.io/<mode>` labels set for one mode.
@@ -94,13 +103,14 @@ impl Policy {
     /// invalid version is `latest`. Without a `warn` label, `warn` takes a valid `enforce` level
     /// stricter than `privileged`, with its version unless `warn-version` is set.
     pub fn of(labels: &BTreeMap<String, String>, mode: Mode, server_minor: u32) -> Policy {
-        let get = |mode: Mode, suffix: &str| {
-            labels.get(&format!("pod-security.kubernetes.io/{}{suffix}", mode.name())).map(String::as_str)
+        let get = |mode: Mode, version: bool| {
+            let (level, version_label) = mode.labels();
+            labels.get(if version { version_label } else { level }).map(String::as_str)
         };
-        let enforce = get(Mode::Enforce, "").and_then(Level::parse);
-        let (level, version_from) = match (mode, get(mode, "")) {
+        let enforce = get(Mode::Enforce, false).and_then(Level::parse);
+        let (level, version_from) = match (mode, get(mode, false)) {
             (Mode::Warn, None) if enforce.is_some_and(|level| level > Level::Privileged) => {
-                let from = if get(Mode::Warn, "-version").is_some() { Mode::Warn } else { Mode::Enforce };
+                let from = if get(Mode::Warn, true).is_some() { Mode::Warn } else { Mode::Enforce };
                 (enforce.unwrap_or(Level::Privileged), from)
             }
             (_, None) => (Level::Privileged, mode),
@@ -108,7 +118,7 @@ impl Policy {
             (_, Some(text)) => (Level::parse(text).unwrap_or(Level::Privileged), mode),
         };
         let newest = LATEST_MINOR.min(server_minor);
-        let (minor, version_label) = match get(version_from, "-version").and_then(parse_version) {
+        let (minor, version_label) = match get(version_from, true).and_then(parse_version) {
             Some(minor) => (minor.min(newest), format!("v1.{minor}")),
             None => (newest, "latest".to_owned()),
         };
