@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::injection::image_volumes::ImageVolumeSupport;
+use crate::injection::node_features::FeatureReach;
 
 /// Labels and annotations of the pod's namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -54,6 +55,9 @@ pub struct ClusterFacts {
     /// Whether image volumes (and a `subPath` into one) work where the pod runs, decided by the
     /// same nodes as `native_sidecars` (see `image_volumes`).
     pub image_volumes: ImageVolumeSupport,
+    /// What the nodes the pod can run on offer of the features nodes declare, decided by the
+    /// same nodes (see `node_features`).
+    pub node_features: FeatureReach,
     /// The API server's minor version, when known: the newest Pod Security policy version it
     /// applies (`checks::pod_security::Policy::of`); unknown means the newest the checks know.
     pub api_server_minor: Option<u32>,
@@ -136,6 +140,7 @@ impl ClusterFacts {
             rule: NativeRule::ApiServer,
             sidecar_resize_policy: true,
             image_volumes: ImageVolumeSupport::of_api_server(None),
+            node_features: FeatureReach::UNKNOWN,
             api_server_minor: None,
         }
     }

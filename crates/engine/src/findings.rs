@@ -38,11 +38,14 @@ pub enum WarningCode {
     /// An image volume without a fallback was injected where the nodes the pod can run on cannot
     /// mount it (or apply its `subPath`).
     ImageVolumeUnsupported,
+    /// An injected container needs a feature that no node the pod can run on declares (or, for
+    /// a node that declares none, enables by its kubelet version): the pod is not scheduled.
+    NodeFeatureMissing,
 }
 
 impl WarningCode {
     /// Every code, for documentation and metrics that start at zero.
-    pub const ALL: [WarningCode; 13] = [
+    pub const ALL: [WarningCode; 14] = [
         WarningCode::OverrideIgnored,
         WarningCode::EnforcementAudit,
         WarningCode::StatusUnreadable,
@@ -56,6 +59,7 @@ impl WarningCode {
         WarningCode::PortCollision,
         WarningCode::ImageVolumeFallback,
         WarningCode::ImageVolumeUnsupported,
+        WarningCode::NodeFeatureMissing,
     ];
 
     /// The stable code (a metric label value, and what docs/troubleshooting.md lists).
@@ -74,6 +78,7 @@ impl WarningCode {
             WarningCode::PortCollision => "port_collision",
             WarningCode::ImageVolumeFallback => "image_volume_fallback",
             WarningCode::ImageVolumeUnsupported => "image_volume_unsupported",
+            WarningCode::NodeFeatureMissing => "node_feature_missing",
         }
     }
 

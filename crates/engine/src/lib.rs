@@ -705,6 +705,29 @@ fn image_volume_warnings(template: &Template, rendered: &RenderedTemplate, clust
         .collect()
 }
 
+/// What the user should know about features a template's containers need of the node
+/// (`node_features`): where no node the pod can run on offers one, the scheduler never places it.
+fn node_feature_warnings(template: &Template, rendered: &RenderedTemplate, cluster: ClusterFacts) -> Vec<Warning> {
+    let containers = rendered.init_containers.iter().chain(&rendered.sidecars);
+    let missing = injection::node_features::missing(containers, cluster.node_features);
+    missing
+        .into_iter()
+        .map(|(feature, container)| {
+            Warning::new(
+                WarningCode::NodeFeatureMissing,
+                format!(
+                    "template {}: container {container} has {}, which needs nodes that offer {}: none where the pod can run does (decided {}, {}), so the scheduler leaves the pod Pending until one joins",
+                    template.name,
+                    feature.use_in_words(),
+                    feature.declared_as(),
+                    cluster.rule.nodes(),
+                    cluster.node_features.how()
+                ),
+            )
+        })
+        .collect()
+}
+
 impl Engine {
     /// An engine serving `templates`, never touching `excluded_namespaces` (besides the system ones).
     pub fn new(templates: TemplateSet, excluded_namespaces: Vec<String>) -> Self {
@@ -1004,6 +1027,7 @@ impl Engine {
             warnings.append(&mut rendered.warnings);
             warnings.extend(sidecar_mode_warnings(template, &rendered, cluster, &renderings.owner));
             warnings.extend(image_volume_warnings(template, &rendered, cluster));
+            warnings.extend(node_feature_warnings(template, &rendered, cluster));
             planned.push(planned_template(template, rendered, cluster));
         }
         Ok(planned)

@@ -1552,6 +1552,66 @@ inject:
       - {name: agent, mountPath: /opt/agent, readOnly: true}
 "#;
 
+/// A config reloader that restarts the whole pod when it exits 42.
+const RELOADER: &str = r#"
+default: true
+sidecarMode: native
+inject:
+  sidecars:
+    - name: reloader
+      image: reloader:1
+      restartPolicyRules:
+        - action: RestartAllContainers
+          exitCodes: {operator: In, values: [42]}
+"#;
+
+#[test]
+fn a_container_needing_a_feature_no_node_the_pod_can_run_on_offers_is_injected_with_a_warning() {
+    use injection::node_features::{FeatureReach, NodeFeatures};
+    let engine = engine(&[("reloader", RELOADER)]);
+    let declaring = |features: &[&str]| {
+        let declared: Vec<String> = features.iter().map(|f| f.to_string()).collect();
+        FeatureReach::of([NodeFeatures::of(Some(&declared), Some((1, 37)))], true)
+    };
+    let by_version = |kubelet| FeatureReach::of([NodeFeatures::of(None, Some(kubelet))], false);
+    // (nodes, warned, how the message says it was decided)
+    let cases = [
+        (declaring(&["RestartAllContainersOnContainerExits"]), false, ""),
+        (declaring(&["ExtendWebSocketsToKubelet"]), true, "by their status.declaredFeatures"),
+        (by_version((1, 35)), true, "none of them declares features: by kubelet version for the scheduler before 1.36"),
+        (by_version((1, 36)), false, ""),
+        (
+            FeatureReach::of([NodeFeatures::of(None, Some((1, 37)))], true),
+            true,
+            "none of them declares features: a node that declares none offers none to the scheduler (1.36+)",
+        ),
+        (FeatureReach::UNKNOWN, false, ""),
+    ];
+    for (reach, warned, how) in cases {
+        let request = PodRequest {
+            cluster: ClusterFacts { node_features: reach, ..ClusterFacts::api_server(true) },
+            ..request(web_pod(), opted_in("shop", &[]))
+        };
+        let decision = engine.evaluate(&request);
+        let Outcome::Inject(injection) = decision.outcome else { panic!("expected an injection") };
+        let injected = apply(&web_pod(), &injection.patch);
+        let reloader = injected["spec"]["initContainers"].as_array().unwrap().iter().find(|c| c["name"] == "reloader");
+        assert_eq!(
+            reloader.unwrap_or_else(|| panic!("{injected:#}"))["restartPolicyRules"][0]["action"],
+            "RestartAllContainers",
+            "injected as written"
+        );
+        let warnings: Vec<&Warning> =
+            decision.warnings.iter().filter(|w| w.code == WarningCode::NodeFeatureMissing).collect();
+        assert_eq!(warnings.len(), warned as usize, "{reach:?}: {warnings:?}");
+        if let Some(warning) = warnings.first() {
+            let message = &warning.message;
+            assert!(message.starts_with("template reloader: container reloader has restartPolicyRules with action RestartAllContainers, which needs nodes that offer RestartAllContainersOnContainerExits"), "{message}");
+            assert!(message.contains(how) && message.contains("Pending"), "{message}");
+        }
+    }
+}
+
 /// A request on a cluster whose nodes mount image volumes or not.
 fn on_nodes(pod: &Value, image_volumes: bool) -> PodRequest {
     let support = match image_volumes {

@@ -33,6 +33,7 @@ use serde_json::Value;
 
 use crate::facts::{ClusterFacts, NativeRule};
 use crate::injection::image_volumes::{self, ImageVolumeSupport, RuntimeVersion};
+use crate::injection::node_features::{FeatureReach, NodeFeatures};
 use crate::injection::node_index::{Interner, LabelIndex, Labels, NodeSet};
 use crate::lean::{NoAnnotations, lean_metadata};
 
@@ -44,7 +45,8 @@ pub struct NodeObject {
     /// (kilobytes on a real node, rewritten by every status update) are skipped.
     #[serde(default, deserialize_with = "lean_metadata::<_, NoAnnotations>")]
     pub metadata: ObjectMeta,
-    /// `status.nodeInfo.kubeletVersion` and `containerRuntimeVersion`, when set.
+    /// `status.nodeInfo.kubeletVersion` and `containerRuntimeVersion`, and
+    /// `status.declaredFeatures`, when set.
     #[serde(default)]
     status: NodeObjectStatus,
 }
@@ -54,6 +56,8 @@ pub struct NodeObject {
 struct NodeObjectStatus {
     #[serde(default)]
     node_info: Option<NodeObjectInfo>,
+    #[serde(default)]
+    declared_features: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -100,6 +104,8 @@ pub struct NodeFacts {
     pub kubelet: Option<(u32, u32)>,
     /// Its container runtime (`status.nodeInfo.containerRuntimeVersion`).
     pub runtime: RuntimeVersion,
+    /// What it offers of the features nodes declare (`node_features`).
+    pub features: NodeFeatures,
 }
 
 impl NodeFacts {
@@ -113,14 +119,21 @@ impl NodeFacts {
             info.map(|i| i.kubelet_version.as_str()).unwrap_or_default(),
         );
         facts.runtime = RuntimeVersion::parse(info.map(|i| i.container_runtime_version.as_str()).unwrap_or_default());
+        facts.features = NodeFeatures::of(node.status.declared_features.as_deref(), facts.kubelet);
         facts
     }
 
     /// A node with its kubelet version as `status.nodeInfo.kubeletVersion` says it (`v1.37.1`),
-    /// and no container runtime reported.
+    /// no container runtime reported and no features declared.
     pub fn new(name: String, labels: BTreeMap<String, String>, kubelet_version: &str) -> Self {
         let kubelet = image_volumes::major_minor(kubelet_version);
-        NodeFacts { name, labels, kubelet, runtime: RuntimeVersion::parse("") }
+        let features = NodeFeatures::of(None, kubelet);
+        NodeFacts { name, labels, kubelet, runtime: RuntimeVersion::parse(""), features }
+    }
+
+    /// The node declaring these features (`status.declaredFeatures`).
+    pub fn declaring(self, features: &[String]) -> Self {
+        NodeFacts { features: NodeFeatures::of(Some(features), self.kubelet), ..self }
     }
 
     /// The node with this container runtime (`containerd://2.2.0`).
@@ -139,6 +152,7 @@ struct KnownNode {
     shared: Labels,
     kubelet: Option<(u32, u32)>,
     runtime: RuntimeVersion,
+    features: NodeFeatures,
 }
 
 impl KnownNode {
@@ -148,6 +162,7 @@ impl KnownNode {
         let shared = facts.labels.iter().filter(|(_, value)| *value != name);
         self.kubelet == facts.kubelet
             && self.runtime == facts.runtime
+            && self.features == facts.features
             && named.eq(self.named.iter().map(|key| &**key))
             && shared.map(|(k, v)| (k.as_str(), v.as_str())).eq(self.shared.iter().map(|(k, v)| (&**k, &**v)))
     }
@@ -179,7 +194,8 @@ impl KnownNodes {
             facts.labels.iter().filter(|(_, value)| *value == name).map(|(key, _)| strings.intern(key)).collect();
         let shared = strings
             .labels(facts.labels.iter().filter(|(_, value)| *value != name).map(|(k, v)| (k.as_str(), v.as_str())));
-        let known = KnownNode { named, shared, kubelet: facts.kubelet, runtime: facts.runtime };
+        let known =
+            KnownNode { named, shared, kubelet: facts.kubelet, runtime: facts.runtime, features: facts.features };
         self.nodes.insert(strings.intern(name), known);
         true
     }
@@ -208,7 +224,8 @@ impl KnownNodes {
             let slot = pool.nodes.len() as u32;
             pool.names.insert(name.clone(), slot);
             pool.labels.add(slot, node.labels(name));
-            pool.nodes.push(PooledNode { kubelet, image_volumes: ImageVolumeSupport::of_node(kubelet, node.runtime) });
+            let image_volumes = ImageVolumeSupport::of_node(kubelet, node.runtime);
+            pool.nodes.push(PooledNode { kubelet, image_volumes, features: node.features });
         }
         let count = pool.nodes.len();
         pool.labels.seal(count);
@@ -237,6 +254,7 @@ impl KnownNodes {
 struct PooledNode {
     kubelet: (u32, u32),
     image_volumes: ImageVolumeSupport,
+    features: NodeFeatures,
 }
 
 /// The cluster's nodes whose kubelet version can be read (the others say nothing), indexed for
@@ -289,34 +307,39 @@ impl NodePool {
             return api_server;
         };
         let spec = pod.get("spec");
-        let facts = |version: (u32, u32), image_volumes: ImageVolumeSupport, rule: NativeRule| ClusterFacts {
+        let reads = FeatureReach::scheduler_reads(api_server.api_server_minor);
+        let reach =
+            |kinds: &mut dyn Iterator<Item = &PooledNode>| FeatureReach::of(kinds.map(|kind| kind.features), reads);
+        let facts = |version: (u32, u32), image_volumes: ImageVolumeSupport, node_features, rule| ClusterFacts {
             native_sidecars: crate::model::native::supported_by(version),
             rule,
             sidecar_resize_policy: api_server.sidecar_resize_policy,
             image_volumes,
+            node_features,
             api_server_minor: api_server.api_server_minor,
         };
         if let Some(name) = spec.and_then(|s| s.get("nodeName")).and_then(Value::as_str)
             && let Some(&slot) = self.names.get(name)
         {
             let node = self.nodes[slot as usize];
-            return facts(node.kubelet, node.image_volumes, NativeRule::NodeName { kubelet: node.kubelet });
+            let rule = NativeRule::NodeName { kubelet: node.kubelet };
+            return facts(node.kubelet, node.image_volumes, reach(&mut std::iter::once(&node)), rule);
         }
         if let Some(constraints) = Constraints::of(spec).filter(Constraints::limits) {
             let allowed = constraints.allowed(self);
-            let mut kinds =
-                self.kinds.iter().filter(|(_, members)| members.intersects(&allowed)).map(|(kind, _)| *kind);
-            if let Some(first) = kinds.next() {
-                let (oldest, image_volumes) = kinds
+            let kinds = || self.kinds.iter().filter(|(_, members)| members.intersects(&allowed)).map(|(kind, _)| kind);
+            let mut rest = kinds();
+            if let Some(first) = rest.next() {
+                let (oldest, image_volumes) = rest
                     .fold((first.kubelet, first.image_volumes), |(oldest, support), kind| {
                         (oldest.min(kind.kubelet), support.and(kind.image_volumes))
                     });
                 let rule = NativeRule::NodesAllowed { oldest, nodes: allowed.count() };
-                return facts(oldest, image_volumes, rule);
+                return facts(oldest, image_volumes, reach(&mut kinds()), rule);
             }
         }
         let rule = NativeRule::OldestNode { oldest: oldest_of_all, nodes: self.nodes.len() as u32 };
-        facts(oldest_of_all, everywhere, rule)
+        facts(oldest_of_all, everywhere, reach(&mut self.kinds.iter().map(|(kind, _)| kind)), rule)
     }
 }
 
@@ -441,6 +464,7 @@ mod tests {
 
     use super::*;
     use crate::injection::image_volumes::Limit;
+    use crate::injection::node_features::{DeclaredBy, NodeFeature};
 
     fn node(name: &str, pool: &str, version: &str) -> NodeFacts {
         NodeFacts::new(name.into(), [("pool".to_owned(), pool.to_owned())].into(), version)
@@ -468,6 +492,11 @@ mod tests {
         assert_eq!((facts.name.as_str(), facts.kubelet, facts.labels.len()), ("worker-1", Some((1, 37)), 2));
         assert_eq!(facts.runtime, RuntimeVersion::parse("containerd://2.2.0"));
         assert!(facts.runtime.applies_sub_path());
+        assert_eq!(facts.features, NodeFeatures::of(None, Some((1, 37))), "declares nothing: by version");
+        let mut declaring = node.clone();
+        declaring.status.declared_features = Some(vec!["ExtendWebSocketsToKubelet".into()]);
+        let declared = NodeFacts::of(&declaring).features;
+        assert!(!declared.offers(NodeFeature::RestartAllContainers), "a 1.37 kubelet that does not list it");
         // A node that has not reported yet, and one whose status says nothing readable.
         for bare in
             [json!({"metadata": {"name": "new"}}), json!({"metadata": {"name": "odd"}, "status": {"nodeInfo": {}}})]
@@ -574,6 +603,41 @@ mod tests {
         assert_eq!(NodePool::default().facts_for(&json!({"spec": {}}), api), api);
     }
     #[test]
+    fn the_features_the_nodes_a_pod_can_run_on_declare_decide() {
+        let restart_all = NodeFeature::RestartAllContainers;
+        let all = ["InPlacePodLevelResourcesVerticalScaling".to_owned(), restart_all.declared_as().to_owned()];
+        let pool = NodePool::new([
+            node("declaring", "new", "v1.37.1").declaring(&all),
+            node("declaring-not", "new", "v1.37.1").declaring(&all[..1]),
+            node("silent-new", "silent", "v1.36.2"),
+            node("silent-old", "old", "v1.34.0"),
+        ]);
+        let api = ClusterFacts::api_server(true);
+        let reach = |spec: Value| pool.facts_for(&json!({ "spec": spec }), api).node_features;
+        let selector = |pool: &str| json!({"nodeSelector": {"pool": pool}});
+        // (pod spec, offered, how)
+        let cases = [
+            (json!({"nodeName": "declaring"}), true, DeclaredBy::All),
+            (json!({"nodeName": "declaring-not"}), false, DeclaredBy::All),
+            (selector("new"), true, DeclaredBy::All),
+            // A 1.36 kubelet that declares nothing: the scheduler does not place the pod there.
+            (selector("silent"), false, DeclaredBy::None),
+            (selector("old"), false, DeclaredBy::None),
+            (json!({}), true, DeclaredBy::Some),
+        ];
+        for (spec, offered, by) in cases {
+            let reach = reach(spec.clone());
+            assert_eq!((reach.offers(restart_all), reach.by), (offered, by), "{spec}");
+        }
+        let older_scheduler = ClusterFacts { api_server_minor: Some(35), ..api };
+        let silent = json!({"spec": selector("silent")});
+        assert!(pool.facts_for(&silent, older_scheduler).node_features.offers(restart_all), "by version");
+        let without = NodePool::new([node("declaring-not", "new", "v1.37.1").declaring(&all[..1])]);
+        assert!(!without.facts_for(&json!({"spec": {}}), api).node_features.offers(restart_all));
+        assert_eq!(NodePool::default().facts_for(&json!({"spec": {}}), api).node_features, FeatureReach::UNKNOWN);
+    }
+
+    #[test]
     fn the_watch_keeps_a_node_once_and_only_what_the_decision_reads_changes_it() {
         let mut known = KnownNodes::default();
         let labels = |host: &str, zone: &str| -> BTreeMap<String, String> {
@@ -587,6 +651,7 @@ mod tests {
         assert!(!known.upsert(&node.clone()), "a heartbeat: the same facts");
         assert!(known.upsert(&NodeFacts { labels: labels("n-1", "b"), ..node.clone() }), "a label changed");
         assert!(known.upsert(&node.clone().with_runtime("containerd://2.1.0")), "the runtime changed");
+        assert!(known.upsert(&node.clone().declaring(&[])), "it declares its features (none)");
         assert!(known.upsert(&NodeFacts { labels: labels("other", "a"), ..node.clone() }), "the hostname changed");
         assert!(known.upsert(&node.clone()));
         assert!(known.upsert(&NodeFacts::new("n-2".into(), labels("n-2", "a"), "unknown")), "unreadable, still known");
