@@ -997,3 +997,124 @@ async fn pod_security_levels(ctx: &mut Ctx) -> Result<()> {
     println!("      enforced: refused in the API server's words after {took:?}");
     Ok(())
 }
+
+/// A config reloader that restarts the whole pod when it exits 42: it needs nodes that declare
+/// `RestartAllContainersOnContainerExits`.
+const RESTART_ALL: &str = r#"description: A reloader that restarts every container of the pod
+default: true
+sidecarMode: native
+podSelector:
+  matchLabels: {tier: restart-all}
+inject:
+  sidecars:
+    - name: reloader
+      image: registry.example/reloader:1
+      restartPolicyRules:
+        - action: RestartAllContainers
+          exitCodes: {operator: In, values: [42]}
+"#;
+
+/// The KWOK nodes of scenario 41: (name, status.declaredFeatures).
+const DECLARING_NODES: [(&str, Option<&[&str]>); 3] = [
+    ("ndf-declaring", Some(&["InPlacePodLevelResourcesVerticalScaling", "RestartAllContainersOnContainerExits"])),
+    ("ndf-declaring-not", Some(&["ExtendWebSocketsToKubelet"])),
+    ("ndf-silent", None),
+];
+
+/// Scenario 41: features nodes declare. KWOK nodes (1.37 kubelets) that declare
+/// `RestartAllContainersOnContainerExits`, declare other features only, or declare nothing; a
+/// template whose native sidecar restarts the whole pod on exit code 42. The injector warns for
+/// exactly the pods whose nodes do not offer the feature, and the real scheduler agrees: it binds
+/// the pod kept on the declaring node and leaves the others Pending for that reason.
+pub async fn s41_node_declared_features(ctx: &mut Ctx) -> Result<()> {
+    let manifest = DECLARING_NODES
+        .map(|(name, declared)| {
+            let mut node = json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                    "labels": {"kubernetes.io/hostname": name, "type": "kwok", "pool": name}},
+                "spec": {"taints": [{"key": "e2e/declared-features", "effect": "NoSchedule"}]},
+                "status": {"nodeInfo": {"kubeletVersion": "v1.37.1"},
+                    "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+                    "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"}}});
+            if let Some(declared) = declared {
+                node["status"]["declaredFeatures"] = json!(declared);
+            }
+            node.to_string()
+        })
+        .join("\n");
+    ctx.plane.kubectl_as(&ctx.plane.admin_kubeconfig, &["create", "-f", "-"], Some(&manifest))?;
+    crate::scenarios::set_template(ctx, "restart-all.yaml", Some(RESTART_ALL)).await?;
+    let result = node_declared_features(ctx).await;
+    crate::scenarios::set_template(ctx, "restart-all.yaml", None).await?;
+    for (name, _) in DECLARING_NODES {
+        let _ = ctx.pods("e2e-shop").delete(&format!("on-{name}"), &DeleteParams::default()).await;
+    }
+    let names: Vec<&str> = DECLARING_NODES.iter().map(|(name, _)| *name).collect();
+    let _ = ctx.plane.kubectl(&[&["delete", "node", "--ignore-not-found"][..], &names].concat());
+    result
+}
+
+async fn node_declared_features(ctx: &mut Ctx) -> Result<()> {
+    use crate::scenarios::{admission_warnings, api_message, dry_run_until, pod};
+    // The API server keeps what the nodes declare (the field is GA in 1.37).
+    let stored = ctx.plane.kubectl(&["get", "node", "ndf-declaring", "-o", "jsonpath={.status.declaredFeatures}"])?;
+    ensure!(stored.contains("RestartAllContainersOnContainerExits"), "ndf-declaring stored with {stored:?}");
+    let on = |node: &str| {
+        let mut pod = pod(&format!("on-{node}"), json!({"tier": "restart-all"}), json!({}));
+        pod["spec"]["nodeSelector"] = json!({"pool": node});
+        pod["spec"]["tolerations"] = json!([{"key": "e2e/declared-features", "operator": "Exists"}]);
+        pod
+    };
+    let reloader = |pod: &Pod| crate::scenarios::init_names(pod).contains(&"reloader".to_owned());
+    dry_run_until(ctx, &on("ndf-declaring"), "the reloader template", reloader).await?;
+    let warned = |said: &str| said.contains("which needs nodes that offer RestartAllContainersOnContainerExits");
+    // The injector learns of the nodes through its watch: wait until it warns for the silent one.
+    let start = Instant::now();
+    while !warned(&admission_warnings(ctx, &on("ndf-silent"))?) {
+        ensure!(start.elapsed() < Duration::from_secs(30), "no warning for the node that declares nothing");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // (node, warned, how the warning says it was decided)
+    let cases = [
+        ("ndf-declaring", false, ""),
+        ("ndf-declaring-not", true, "by their status.declaredFeatures"),
+        ("ndf-silent", true, "a node that declares none offers none to the scheduler (1.36+)"),
+    ];
+    for (node, expect_warning, how) in cases {
+        let said = admission_warnings(ctx, &on(node))?;
+        ensure!(warned(&said) == expect_warning && said.contains(how), "{node}: warnings {said:?}");
+        let created =
+            ctx.create_pod("e2e-shop", on(node)).await.map_err(|e| anyhow::anyhow!("{node}: {}", api_message(&e)))?;
+        ensure!(reloader(&created), "{node}: the reloader was not injected");
+    }
+    // The scheduler's verdict on each: bound to the declaring node, the others left Pending
+    // because the nodes do not declare what the pod needs.
+    let start = Instant::now();
+    loop {
+        let mut verdicts = Vec::new();
+        for (node, expect_warning, _) in cases {
+            let pod = ctx.pods("e2e-shop").get(&format!("on-{node}")).await?;
+            let bound = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            let unschedulable = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|conditions| {
+                conditions.iter().any(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.message.as_deref().is_some_and(|m| m.contains("didn't match Pod's required features"))
+                })
+            });
+            let agrees = match expect_warning {
+                false => bound.as_deref() == Some(node),
+                true => bound.is_none() && unschedulable,
+            };
+            verdicts.push((node, agrees, bound, unschedulable));
+        }
+        if verdicts.iter().all(|(_, agrees, _, _)| *agrees) {
+            println!(
+                "      the scheduler agrees: bound where no warning, Pending for the required features where warned"
+            );
+            return Ok(());
+        }
+        ensure!(start.elapsed() < Duration::from_secs(60), "the scheduler's verdicts: {verdicts:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

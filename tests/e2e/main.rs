@@ -143,6 +143,7 @@ async fn run(root: &Path) -> Result<bool> {
         s38_namespace_unreadable,
         s39_claims_and_gates,
         s40_pod_security_levels,
+        s41_node_declared_features,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,

@@ -1508,7 +1508,7 @@ pub async fn s28_native_by_nodes(ctx: &mut Ctx) -> Result<()> {
 
 /// What `kubectl create --dry-run=server` prints on stderr for a pod of e2e-shop: the admission
 /// warnings, as its user sees them.
-fn admission_warnings(ctx: &Ctx, pod: &Value) -> Result<String> {
+pub(crate) fn admission_warnings(ctx: &Ctx, pod: &Value) -> Result<String> {
     let out = std::process::Command::new(ctx.plane.bin.join("kubectl"))
         .arg("--kubeconfig")
         .arg(&ctx.plane.admin_kubeconfig)

@@ -2057,3 +2057,28 @@ fn serving_the_secret(ctx: &Ctx) -> Result<bool> {
     });
     Ok(serving && !pods.is_empty())
 }
+
+/// 18. **Features the real kubelet declares**: the Node of kubelet 1.37.1 with its default
+///     feature gates lists `RestartAllContainersOnContainerExits` in `status.declaredFeatures`
+///     (printed: the list the docs give), and the engine reads that Node as offering it to a pod
+///     the node can run, so a template that restarts the whole pod is injected without the
+///     `node_feature_missing` warning there.
+pub fn n18_declared_features(ctx: &mut Ctx) -> Result<()> {
+    use sidecar_injector_engine::injection::node_features::{DeclaredBy, NodeFeature};
+    use sidecar_injector_engine::injection::nodes::{NodeFacts, NodeObject, NodePool};
+    let node: Value = serde_json::from_str(&ctx.kubectl(&["get", "node", crate::node::NODE_NAME, "-o", "json"])?)?;
+    let declared = &node["status"]["declaredFeatures"];
+    println!("      kubelet {} declares {declared}", node["status"]["nodeInfo"]["kubeletVersion"]);
+    let feature = NodeFeature::RestartAllContainers;
+    ensure!(
+        declared.as_array().is_some_and(|list| list.iter().any(|f| f == feature.declared_as())),
+        "the real node does not declare {}: {declared}",
+        feature.declared_as()
+    );
+    let read: NodeObject = serde_json::from_value(node)?;
+    let pool = NodePool::new([NodeFacts::of(&read)]);
+    let pod = json!({"spec": {"nodeName": crate::node::NODE_NAME}});
+    let reach = pool.facts_for(&pod, sidecar_injector_engine::ClusterFacts::default()).node_features;
+    ensure!(reach.offers(feature) && reach.by == DeclaredBy::All, "the engine reads the real node as {reach:?}");
+    Ok(())
+}
