@@ -1025,6 +1025,96 @@ fn pod_level_resources_are_padded_and_recorded_and_taken_back_exactly() {
     assert!(injection.patch.iter().all(|op| !op.path().to_string().starts_with("/spec/resources")));
 }
 
+/// An agent sized from the app it serves (issue 60 part 3).
+const SIZED: &str = r#"
+default: true
+sidecarMode: native
+inject:
+  sidecars:
+    - name: agent
+      image: agent:1
+      resources: {requests: {cpu: 10m, memory: 32Mi}, limits: {memory: 64Mi}}
+      sizing:
+        requests:
+          cpu: {from: sum, fraction: 0.1, min: 10m, max: "1"}
+          memory: {from: max, fraction: 0.25, min: 32Mi, round: 16Mi}
+        limits:
+          memory: {from: sum, fraction: 0.5, max: 1Gi, round: 1Mi}
+"#;
+
+#[test]
+fn an_agent_sized_from_the_app_pads_the_pod_with_its_computed_values_and_keeps_them_when_the_app_is_resized() {
+    let engine = engine(&[("agent", SIZED)]);
+    let pod = json!({"metadata": {"name": "p", "namespace": "shop"}, "spec": {
+    "resources": {"requests": {"cpu": "1500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+    "containers": [
+        {"name": "app", "image": "app:1", "resources": {"requests": {"cpu": 1, "memory": "600Mi"}, "limits": {"memory": "1Gi"}}},
+        {"name": "helper", "image": "helper:1", "resources": {"requests": {"cpu": "200m", "memory": "100Mi"}, "limits": {"memory": "500Mi"}}}
+    ]}});
+    let injection = inject(&engine, &pod);
+    let out = apply(&pod, &injection.patch);
+    let agent = out["spec"]["initContainers"].as_array().unwrap().iter().find(|c| c["name"] == "agent").unwrap();
+    // cpu: (1 + 200m) × 0.1 = 120m; memory request: 600Mi × 0.25 = 150Mi, up to 160Mi; limit:
+    // 1524Mi × 0.5 = 762Mi.
+    assert_eq!(
+        agent["resources"],
+        json!({"requests": {"cpu": "120m", "memory": "160Mi"}, "limits": {"memory": "762Mi"}})
+    );
+    // The pod-level padding is what the sized agent adds.
+    assert_eq!(
+        out["spec"]["resources"],
+        json!({"requests": {"cpu": "1620m", "memory": "1184Mi"}, "limits": {"memory": "2810Mi"}})
+    );
+    assert_eq!(
+        injection.notes.sized,
+        [
+            "agent: container agent: limits.memory = 762Mi (the sum of the app containers' limits.memory 1524Mi × 0.5, rounded up to 1Mi)",
+            "agent: container agent: requests.cpu = 120m (the sum of the app containers' requests.cpu 1200m × 0.1, rounded up to 1m)",
+            "agent: container agent: requests.memory = 160Mi (the largest of the app containers' requests.memory 600Mi × 0.25, rounded up to 16Mi)",
+        ]
+    );
+    let up_to_date = |pod: &Value| {
+        matches!(engine.evaluate(&request(pod.clone(), opted_in("shop", &[]))).outcome, Outcome::UpToDate(_))
+    };
+    assert!(up_to_date(&out), "the sized pod is up to date");
+    // The app resized in place: the agent keeps the size it was given. Without pod-level
+    // resources the pod stays up to date (its next pod is sized from the new values); with
+    // them, the claimed padding is no longer what the agent renders for this pod, so it is
+    // doubted and left as the pod's values (never taken back), with a warning.
+    let resize = |pod: &Value| {
+        let mut resized = pod.clone();
+        resized["spec"]["containers"][0]["resources"]["requests"] = json!({"cpu": "1200m", "memory": "700Mi"});
+        resized
+    };
+    let mut unpadded = pod.clone();
+    unpadded["spec"].as_object_mut().unwrap().remove("resources");
+    let unpadded = apply(&unpadded, &inject(&engine, &unpadded).patch);
+    assert!(up_to_date(&resize(&unpadded)), "a resized app does not make the agent stale");
+    let decision = engine.evaluate(&request(resize(&out), opted_in("shop", &[])));
+    let Outcome::Inject(rewritten) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    assert_eq!(apply(&resize(&out), &rewritten.patch)["spec"], resize(&out)["spec"], "nothing but the status changes");
+    assert!(rewritten.status.pod_resources.is_none(), "the padding is no longer claimed");
+    assert!(
+        decision.warnings.iter().any(|w| w.code == WarningCode::ClaimDoubted && w.message.contains("claimed padding"))
+    );
+    // A pod whose app sets nothing: the floors, and for the limit (an app without one may use
+    // the node) the ceiling.
+    let bare = json!({"metadata": {"name": "b", "namespace": "shop"}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}});
+    let out = apply(&bare, &inject(&engine, &bare).patch);
+    let agent = &out["spec"]["initContainers"][0];
+    assert_eq!(agent["resources"], json!({"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "1Gi"}}));
+    // The policy mode leaves it to the webhook, and the enforcement policy compares no floor.
+    let template = Template::load("agent", SIZED).unwrap();
+    assert!(policy::webhook_only_reason(&template, true).is_some_and(|r| r.contains("sizing:")));
+    // Rules are literal: one that reads the pod or values does not load.
+    let reading = SIZED.replace("fraction: 0.1,", "fraction: \"{{ values.share }}\",");
+    let error = Template::load("agent", &reading).unwrap_err().to_string();
+    assert!(error.contains("sizing must be literal"), "{error}");
+    let bad = SIZED.replace("from: max", "from: avg");
+    let error = Template::load("agent", &bad).unwrap_err().to_string();
+    assert!(error.contains("sizing.requests.memory: from must be sum or max, not \"avg\""), "{error}");
+}
+
 /// Issue 58 part 1: a quantity written as a number (`cpu: 1`, as people write YAML; the CLI's
 /// manifests keep it a number) is read as Kubernetes reads it, in the template and in the pod.
 #[test]
@@ -1810,7 +1900,7 @@ fn templates_sharing_an_image_volume_give_it_one_form() {
         injection.status.skipped.iter().map(|s| (s.name.as_str(), s.owner.as_str())).collect();
     assert_eq!(skipped, [("copy-agent", "template:agent"), ("agent", "template:agent")]);
     assert_eq!(injection.status.app_containers["web"].volume_mounts, ["/opt/agent", "/opt/tools"]);
-    let reason = injection.volume_notes.iter().find(|n| n.starts_with("agent:")).unwrap();
+    let reason = injection.notes.volumes.iter().find(|n| n.starts_with("agent:")).unwrap();
     assert!(reason.contains("containerd 2.1"), "{reason}");
     assert!(matches!(
         engine.evaluate(&PodRequest { pod: std::sync::Arc::new(injected), ..request }).outcome,

@@ -1050,3 +1050,82 @@ proptest! {
         }
     }
 }
+
+/// An app container's quantity as people write it: a YAML number of cores, millicores, or
+/// binary and decimal units.
+fn app_quantity() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        (1u32..64).prop_map(|n| json!(n)),
+        (1u32..5000).prop_map(|m| json!(format!("{m}m"))),
+        (1u32..4096).prop_map(|mi| json!(format!("{mi}Mi"))),
+        (1u32..16).prop_map(|gi| json!(format!("{gi}Gi"))),
+        (1u32..2000).prop_map(|m| json!(format!("{m}M"))),
+        (1u32..1000).prop_map(|h| json!(format!("0.{h:03}"))),
+    ]
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// A sized value is the smallest multiple of `round` that is at least the app's sum (or
+    /// largest) times the fraction, then held between min and max; a request never exceeds the
+    /// container's limit; it is written as Kubernetes writes it (it reads back to itself).
+    /// Checked by multiplication, against the engine's division.
+    #[test]
+    fn a_sized_value_is_the_app_value_times_the_fraction_rounded_up_and_bounded(
+        apps in proptest::collection::vec((proptest::option::of(app_quantity()), proptest::option::of(app_quantity())), 1..4),
+        from in proptest::sample::select(vec!["sum", "max"]),
+        fraction in (1u32..3000).prop_map(|f| format!("{}.{:03}", f / 1000, f % 1000)),
+        round in proptest::sample::select(vec!["1m", "5m", "1", "1Mi", "16Mi", "1k"]),
+        bounds in (proptest::option::of(app_quantity()), proptest::option::of(app_quantity())),
+    ) {
+        use sidecar_injector_engine::model::sizing::Sizing;
+        use sidecar_injector_engine::quantity;
+        let nanos = |v: &Value| quantity::of(v).unwrap();
+        let app: Vec<Value> = apps.iter().enumerate().map(|(i, (request, limit))| {
+            let mut resources = json!({});
+            if let Some(request) = request { resources["requests"] = json!({"cpu": request}); }
+            if let Some(limit) = limit { resources["limits"] = json!({"cpu": limit}); }
+            json!({"name": format!("app-{i}"), "resources": resources})
+        }).collect();
+        let mut rule = json!({"from": from, "fraction": fraction, "round": round});
+        let (min, max) = match bounds {
+            (Some(a), Some(b)) if nanos(&a) > nanos(&b) => (Some(b), Some(a)),
+            other => other,
+        };
+        if let Some(min) = &min { rule["min"] = min.clone(); }
+        if let Some(max) = &max { rule["max"] = max.clone(); }
+        let sizing = Sizing::parse(&json!({"requests": {"cpu": rule}})).unwrap();
+        let template_limit = 40 * 1_000_000_000i128;
+        let mut container = json!({"name": "agent", "resources": {"limits": {"cpu": "40"}}});
+        sizing.apply(&mut container, &app).unwrap();
+        let written = container["resources"]["requests"]["cpu"].as_str().map(str::to_owned);
+        // The app's value: requests default to limits; containers with neither count nothing.
+        let values: Vec<i128> = apps.iter().filter_map(|(r, l)| r.as_ref().or(l.as_ref()).map(nanos)).collect();
+        let Some(written) = written else {
+            prop_assert!(values.is_empty() && min.is_none(), "nothing written though there was something to size from");
+            return Ok(());
+        };
+        let value = quantity::parse(&written).unwrap();
+        prop_assert_eq!(quantity::format(value, &written), written.clone(), "written as stored");
+        if values.is_empty() {
+            prop_assert_eq!(Some(value), min.as_ref().map(|min| nanos(min).min(template_limit)));
+            return Ok(());
+        }
+        let app_value = match from { "sum" => values.iter().sum::<i128>(), _ => *values.iter().max().unwrap() };
+        let fraction_nanos = quantity::parse(&fraction).unwrap();
+        let round_nanos = quantity::parse(round).unwrap();
+        let target = app_value * fraction_nanos; // in nano-units × 10^9
+        // The rounded value before the bounds: the smallest multiple of round ≥ target.
+        let mut expected = {
+            let mut k = target / (round_nanos * 1_000_000_000);
+            while k * round_nanos * 1_000_000_000 < target { k += 1; }
+            while k > 0 && (k - 1) * round_nanos * 1_000_000_000 >= target { k -= 1; }
+            k * round_nanos
+        };
+        if let Some(min) = &min { expected = expected.max(nanos(min)); }
+        if let Some(max) = &max { expected = expected.min(nanos(max)); }
+        expected = expected.min(template_limit);
+        prop_assert_eq!(value, expected, "{} of {:?} × {} round {} min {:?} max {:?}", from, values, fraction, round, min, max);
+    }
+}

@@ -451,6 +451,8 @@ impl Requirements {
                     }
                 };
                 let resource_floor = match fields.get("resources") {
+                    // Sized from the app's containers: not the same for every pod.
+                    _ if item.sizing.is_some() => None,
                     None => Some(Vec::new()),
                     Some(Some(resources)) => {
                         // `requests.cpu=50m` in the params: names and quantities hold neither a

@@ -254,6 +254,7 @@ fn change_beyond_images(
             hash: String::new(),
             warnings: Vec::new(),
             value_sources: Vec::new(),
+            sized: Vec::new(),
             ..rendered.clone()
         };
         for container in rendered.init_containers.iter_mut().chain(&mut rendered.sidecars) {

@@ -7,7 +7,7 @@
 //!
 //! Kubelet 1.37.1 with its default feature gates declares `ExtendWebSocketsToKubelet`,
 //! `InPlacePodLevelResourcesVerticalScaling`, `InPlacePodVerticalScalingInitContainers` and
-//! `RestartAllContainersOnContainerExits` (seen on the real node: node-e2e `n1_`). Of the
+//! `RestartAllContainersOnContainerExits` (seen on the real node: node-e2e `n18`). Of the
 //! features in Kubernetes' registry, one is needed by what a template can inject into a new pod:
 //! a container whose `restartPolicyRules` use the action `RestartAllContainers`. The others are
 //! needed by updates of running pods (resizes of pod-level resources, of run-to-completion init

@@ -77,6 +77,9 @@ pub struct RenderedTemplate {
     /// Where each overridden value came from: `<value> from annotation <key>` (the pod's, or
     /// `<key> on namespace <name>`).
     pub value_sources: Vec<String>,
+    /// How each value `sizing:` computed was reached, `container <name>: <field>.<resource> =
+    /// <value> (...)` (for `explain`).
+    pub sized: Vec<String>,
     /// The form each image volume was given (`image_volumes`).
     pub volume_forms: Vec<ImageVolumeChoice>,
     /// The image volumes with a declared fallback that stay image volumes (what the status
@@ -272,21 +275,13 @@ fn render_items(
             _ => renderer.items(items).map_err(err)?,
         };
     }
-    let mut positions = BTreeMap::new();
-    let mut init_containers = renderer.containers(&spec.init_containers, &mut positions).map_err(err)?;
-    let mut sidecars = renderer.containers(&spec.sidecars, &mut positions).map_err(err)?;
-    // `podResources: share` in a pod that sets pod-level resources: the containers run inside the
-    // pod's budget, without requests or limits of their own.
+    let (mut positions, mut sized) = (BTreeMap::new(), Vec::new());
+    let app = app_containers(&subject.pod);
+    let mut init_containers =
+        renderer.containers(&spec.init_containers, &mut positions, app, &mut sized).map_err(err)?;
+    let mut sidecars = renderer.containers(&spec.sidecars, &mut positions, app, &mut sized).map_err(err)?;
     if template.pod_resources == PodResources::Share && sets_pod_level_resources(&subject.pod) {
-        for container in init_containers.iter_mut().chain(&mut sidecars) {
-            if let Some(Value::Object(resources)) = container.get_mut("resources") {
-                resources.remove("requests");
-                resources.remove("limits");
-                if resources.is_empty() {
-                    container.as_object_mut().map(|c| c.remove("resources"));
-                }
-            }
-        }
+        share_the_pods_budget(init_containers.iter_mut().chain(&mut sidecars));
     }
     let mut maps = PerMap::<BTreeMap<String, String>>::default();
     for (kind, rendered) in MAPS.iter().zip(&mut maps) {
@@ -321,9 +316,30 @@ fn render_items(
         sidecar_mode,
         warnings,
         value_sources,
+        sized,
         volume_forms,
         image_volumes,
     })
+}
+
+/// `podResources: share` in a pod that sets pod-level resources: the containers run inside the
+/// pod's budget, without requests or limits of their own.
+fn share_the_pods_budget<'c>(containers: impl Iterator<Item = &'c mut Value>) {
+    for container in containers {
+        if let Some(Value::Object(resources)) = container.get_mut("resources") {
+            resources.remove("requests");
+            resources.remove("limits");
+            if resources.is_empty() {
+                container.as_object_mut().map(|c| c.remove("resources"));
+            }
+        }
+    }
+}
+
+/// The pod's app containers (`spec.containers`) as JSON: what `sizing:` reads.
+fn app_containers(pod: &JinjaValue) -> &[Value] {
+    let pod = pod.downcast_object_ref::<JsonView>().map(JsonView::node);
+    pod.and_then(|p| p.get("spec")?.get("containers")?.as_array()).map_or(&[], Vec::as_slice)
 }
 
 /// A classic sidecar put first would be `kubectl logs`' and `exec`'s default container: the pod
@@ -627,18 +643,24 @@ impl Renderer<'_> {
         })
     }
 
-    /// Init containers or sidecars, noting the `position:` of those that have one by name.
+    /// Init containers or sidecars, noting the `position:` of those that have one by name, and
+    /// sized from `app` where they say `sizing:` (how, in `sized`).
     fn containers(
         &mut self,
         items: &[SeqItem],
         positions: &mut BTreeMap<String, ContainerPosition>,
+        app: &[Value],
+        sized: &mut Vec<String>,
     ) -> Result<Vec<Value>, TemplateError> {
         let mut out = Vec::with_capacity(items.len());
         for item in items {
             if !self.keeps(item)? {
                 continue;
             }
-            let rendered = self.piece(&item.piece)?;
+            let mut rendered = self.piece(&item.piece)?;
+            if let Some((line, sizing)) = item.sizing.as_deref() {
+                sized.extend(sizing.apply(&mut rendered, app).map_err(|why| self.err(*line, format!("sizing {why}")))?);
+            }
             if let (Some(position), Some(name)) = (item.position, rendered.get("name").and_then(Value::as_str)) {
                 positions.insert(name.to_owned(), position);
             }

@@ -43,6 +43,9 @@ pub struct Explanation {
     /// Where each overridden value came from (the pod's annotation, or its namespace's).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub value_sources: Vec<String>,
+    /// How each value a template's `sizing:` computed from the app containers was reached.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sized: Vec<String>,
     /// How each env var a template merges into an app container's own is put together.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub merge_notes: Vec<String>,
@@ -91,11 +94,12 @@ fn choice_json(choice: &Choice) -> Value {
 /// warning).
 pub fn one(found: PodDecision, labels_known: bool) -> Explanation {
     let decision = &found.decision;
-    let (merge_notes, value_sources, mut volume_forms) = match &decision.outcome {
+    let (merge_notes, value_sources, sized, mut volume_forms) = match &decision.outcome {
         Outcome::Inject(injection) => {
-            (injection.merge_notes.clone(), injection.value_sources.clone(), injection.volume_notes.clone())
+            let notes = &injection.notes;
+            (notes.merges.clone(), notes.value_sources.clone(), notes.sized.clone(), notes.volumes.clone())
         }
-        _ => (Vec::new(), Vec::new(), Vec::new()),
+        _ => (Vec::new(), Vec::new(), Vec::new(), Vec::new()),
     };
     if !volume_forms.is_empty() {
         volume_forms.push(format!("decided {}", found.cluster.rule.nodes()));
@@ -154,6 +158,7 @@ pub fn one(found: PodDecision, labels_known: bool) -> Explanation {
         status,
         removes,
         value_sources,
+        sized,
         merge_notes,
         volume_forms,
         sidecars,
@@ -243,6 +248,9 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>], webhook_only
             for source in &e.value_sources {
                 out.push_str(&format!("    value {source}\n"));
             }
+            for note in &e.sized {
+                out.push_str(&format!("    sized {note}\n"));
+            }
             for note in &e.merge_notes {
                 out.push_str(&format!("    merge into {note}\n"));
             }
@@ -311,6 +319,7 @@ pub fn explain(
             status: None,
             removes: None,
             value_sources: Vec::new(),
+            sized: Vec::new(),
             merge_notes: Vec::new(),
             volume_forms: Vec::new(),
             sidecars: None,

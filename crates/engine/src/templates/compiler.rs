@@ -2,6 +2,7 @@
 //! strictly (an unknown key is an error naming it), with its expressions compiled once and its
 //! content hash (of the parsed template, so comments and formatting do not count).
 
+use crate::model::sizing::Sizing;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube_core::Selector;
 use serde_json::Value;
@@ -602,7 +603,10 @@ impl<'a> Compiler<'a> {
             let mut seq_item = self.seq_item(item, keys)?;
             match keys {
                 ItemKeys::Env => seq_item.merge = self.env_merge(item)?,
-                ItemKeys::Container => seq_item.position = self.position(item)?,
+                ItemKeys::Container => {
+                    seq_item.position = self.position(item)?;
+                    seq_item.sizing = self.sizing(item)?;
+                }
                 ItemKeys::Volume => seq_item.fallback = self.volume_fallback(item)?,
                 ItemKeys::EnvFrom => seq_item.keys = self.env_from_keys(item)?,
                 ItemKeys::Plain => {}
@@ -617,14 +621,22 @@ impl<'a> Compiler<'a> {
     fn seq_item(&mut self, item: &SourceNode, keys: ItemKeys) -> Result<SeqItem, TemplateError> {
         let SourceValue::Map(entries) = &item.value else {
             let piece = self.piece(item)?;
-            return Ok(SeqItem { when: None, piece, merge: None, position: None, fallback: None, keys: Vec::new() });
+            return Ok(SeqItem {
+                when: None,
+                piece,
+                merge: None,
+                position: None,
+                fallback: None,
+                sizing: None,
+                keys: Vec::new(),
+            });
         };
         let mut when = None;
         let mut rest = Vec::with_capacity(entries.len());
         for entry in entries {
             let injectors = match keys {
                 ItemKeys::Env => entry.key == "merge",
-                ItemKeys::Container => entry.key == "position",
+                ItemKeys::Container => entry.key == "position" || entry.key == "sizing",
                 ItemKeys::Volume => entry.key == "fallback",
                 ItemKeys::EnvFrom => entry.key == "keys",
                 ItemKeys::Plain => false,
@@ -636,7 +648,7 @@ impl<'a> Compiler<'a> {
             }
         }
         let piece = self.piece(&SourceNode { line: item.line, value: SourceValue::Map(rest) })?;
-        Ok(SeqItem { when, piece, merge: None, position: None, fallback: None, keys: Vec::new() })
+        Ok(SeqItem { when, piece, merge: None, position: None, fallback: None, sizing: None, keys: Vec::new() })
     }
 
     /// The `fallback:` of a volume: only on an image volume, `{initContainer: <container>,
@@ -732,6 +744,18 @@ impl<'a> Compiler<'a> {
             return Err(self.err(entry.value.line, format!("{expected}: the list is empty")));
         }
         Ok(keys)
+    }
+
+    /// The `sizing:` of an init container or sidecar, literal (`sizing`).
+    fn sizing(&mut self, item: &SourceNode) -> Result<Option<Box<(u64, Sizing)>>, TemplateError> {
+        let SourceValue::Map(entries) = &item.value else { return Ok(None) };
+        let Some(entry) = entries.iter().find(|e| e.key == "sizing") else { return Ok(None) };
+        let sizing = entry.value.to_json();
+        if has_expression_inside(&sizing) {
+            return Err(self.err(entry.value.line, "sizing must be literal: its rules cannot read the pod or values"));
+        }
+        let sizing = Sizing::parse(&sizing).map_err(|why| self.err(entry.value.line, why))?;
+        Ok(Some(Box::new((entry.value.line, sizing))))
     }
 
     /// The `position:` of an init container or sidecar: `first` or `last`, literal.
@@ -874,4 +898,16 @@ pub(crate) fn content_hash(root: &SourceNode) -> String {
     let canonical = root.to_json().to_string();
     let digest = Sha256::digest(canonical.as_bytes());
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether a literal value holds a template expression anywhere.
+fn has_expression_inside(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(text) => expression::has_expression(text),
+        serde_json::Value::Array(items) => items.iter().any(has_expression_inside),
+        serde_json::Value::Object(entries) => {
+            entries.iter().any(|(k, v)| expression::has_expression(k) || has_expression_inside(v))
+        }
+        _ => false,
+    }
 }

@@ -11,6 +11,7 @@
 //! This module holds the compiled form ([`Template`] and its pieces); `compiler` makes it from the
 //! YAML, and `set` keeps the templates in service.
 
+use crate::model::sizing::Sizing;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -194,6 +195,8 @@ pub(crate) struct SeqItem {
     pub(crate) position: Option<ContainerPosition>,
     /// `fallback:` of an image volume (`image_volumes`); `None` elsewhere.
     pub(crate) fallback: Option<Box<VolumeFallback>>,
+    /// `sizing:` of an init container or sidecar (`sizing`), with its line; `None` elsewhere.
+    pub(crate) sizing: Option<Box<(u64, Sizing)>>,
     /// `keys:` of an `appContainers.envFrom` source of an enforced template: the keys of the
     /// source the app must get from it, which no `env` entry of the app container may replace
     /// (an `env` entry wins over `envFrom` in Kubernetes). Empty elsewhere.

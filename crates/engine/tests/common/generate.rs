@@ -295,6 +295,19 @@ pub fn template() -> impl Strategy<Value = String> {
                     "appContainers": {},
                 },
             });
+            // Sidecars of even-length names size themselves from the app (`sizing:`): a share of
+            // its CPU and memory, bounded, the memory limit a ceiling where an app sets none.
+            for sidecar in doc["inject"]["sidecars"].as_array_mut().unwrap() {
+                if sidecar["name"].as_str().unwrap().len() % 2 == 0 {
+                    sidecar["sizing"] = json!({
+                        "requests": {
+                            "cpu": {"from": "sum", "fraction": 0.05, "min": "5m", "max": "200m"},
+                            "memory": {"from": "max", "fraction": 0.1, "min": "8Mi", "round": "1Mi"},
+                        },
+                        "limits": {"memory": {"from": "sum", "fraction": 0.2, "max": "256Mi", "round": "1Mi"}},
+                    });
+                }
+            }
             // Every kind of app-container list, as its description samples it; a mount names the
             // template's volume.
             for (kind, identities) in APP_LISTS.iter().zip(&app_lists) {

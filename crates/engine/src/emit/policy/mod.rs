@@ -210,6 +210,13 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
     if spec.pod_lists.iter().flatten().any(|item| item.fallback.is_some()) {
         return Err("an image volume declares a fallback (fallback:), and which of the two a pod gets is decided from the nodes it can run on".to_owned());
     }
+    // Sized values are computed from the app containers' quantities, which CEL cannot round.
+    if spec.init_containers.iter().chain(&spec.sidecars).any(|item| item.sizing.is_some()) {
+        return Err(
+            "a container is sized from the app containers' resources (sizing:), which only the webhook computes"
+                .to_owned(),
+        );
+    }
     let overrides = template
         .overridable
         .iter()

@@ -67,11 +67,8 @@ pub struct Injection {
     /// What the patch removes: items an earlier injection provably added (empty on a first
     /// injection).
     pub removed: Box<InjectionStatus>,
-    /// For each env var a template merges into an app container: where the value it adds to
-    /// comes from, one sentence each as `container <name>: ...` (for `explain`).
-    pub merge_notes: Vec<String>,
-    /// The form each template's image volumes take, one sentence each (for `explain`).
-    pub volume_notes: Vec<String>,
+    /// How the injected values were arrived at, for `explain`.
+    pub notes: Box<Notes>,
     /// Warnings for the pod's creator: merges that rest on an `envFrom` source having the
     /// variable, which the API cannot show, and ports an added container shares with another
     /// (`ports`).
@@ -80,13 +77,25 @@ pub struct Injection {
     /// injected containers do not fit, the rules of `api_limits`), one sentence each: the pod is
     /// then left as it is.
     pub invalid: Vec<String>,
-    /// Where each overridden value came from, as `<template>.<value> from annotation <key>`
-    /// (for `explain`).
-    pub value_sources: Vec<String>,
     /// When the templates were not injected for a reason that counts as a skip (the injection
     /// would have made a pod the API server refuses), that reason: the patch then only records it
     /// in the status annotation.
     pub skipped_as: Option<crate::injection::select::OutOfScope>,
+}
+
+/// How an injection's values were arrived at, one sentence each (for `explain`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Notes {
+    /// For each env var a template merges into an app container: where the value it adds to
+    /// comes from, as `container <name>: ...`.
+    pub merges: Vec<String>,
+    /// The form each template's image volumes take.
+    pub volumes: Vec<String>,
+    /// Where each overridden value came from, as `<template>.<value> from annotation <key>`.
+    pub value_sources: Vec<String>,
+    /// How each value a template's `sizing:` computed was reached, as `<template>: container
+    /// <name>: <field>.<resource> = <value> (...)`.
+    pub sized: Vec<String>,
 }
 
 /// What an earlier injection left in the pod, as far as it is proven (see `ownership`; never the
@@ -124,6 +133,10 @@ pub fn plan(
     let value_sources = templates
         .iter()
         .flat_map(|t| t.rendered.value_sources.iter().map(|source| format!("{}.{source}", t.rendered.name)))
+        .collect();
+    let sized = templates
+        .iter()
+        .flat_map(|t| t.rendered.sized.iter().map(|note| format!("{}: {note}", t.rendered.name)))
         .collect();
     let volume_notes = templates
         .iter()
@@ -212,10 +225,8 @@ pub fn plan(
         patch,
         status,
         removed: Box::new(removed),
-        merge_notes: merges.notes,
-        volume_notes,
+        notes: Box::new(Notes { merges: merges.notes, volumes: volume_notes, value_sources, sized }),
         warnings,
-        value_sources,
         invalid,
         skipped_as: None,
     })
