@@ -251,6 +251,9 @@ impl ClusterExplanation {
             ));
         }
         out.push_str(&format!("  injector: {}\n", self.decision.message));
+        for note in &self.decision.sized {
+            out.push_str(&format!("    sized {note}\n"));
+        }
         if let Some(existing) = &self.existing_pod {
             let templates = existing
                 .status

@@ -1118,3 +1118,101 @@ async fn node_declared_features(ctx: &mut Ctx) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+/// An agent sized from the app it serves.
+const SIZED_AGENT: &str = r#"description: An agent sized from the app it serves
+default: true
+sidecarMode: native
+podSelector:
+  matchLabels: {tier: sized}
+inject:
+  sidecars:
+    - name: sized-agent
+      image: registry.example/agent:1
+      resources: {requests: {cpu: 10m, memory: 32Mi}, limits: {memory: 64Mi}}
+      sizing:
+        requests:
+          cpu: {from: sum, fraction: 0.1, min: 10m, max: "1"}
+          memory: {from: max, fraction: 0.25, min: 32Mi, round: 16Mi}
+        limits:
+          memory: {from: sum, fraction: 0.5, max: 1Gi, round: 1Mi}
+"#;
+
+/// Scenario 42: sidecars sized from the app. Through the webhook, pods whose app containers
+/// write their quantities as kubectl's YAML gives them (numbers, decimal and binary units) are
+/// stored with the agent's computed requests and limits **text for text** (the API server
+/// canonicalizes quantities: a value we wrote in another form would be stored differently), the
+/// pod-level values padded by exactly them and accepted; `explain --cluster` shows each
+/// computation.
+pub async fn s42_sized_from_the_app(ctx: &mut Ctx) -> Result<()> {
+    crate::scenarios::set_template(ctx, "sized-agent.yaml", Some(SIZED_AGENT)).await?;
+    let result = sized_from_the_app(ctx).await;
+    crate::scenarios::set_template(ctx, "sized-agent.yaml", None).await?;
+    for name in ["sized-two", "sized-large", "sized-bare"] {
+        let _ = ctx.pods("e2e-shop").delete(name, &DeleteParams::default()).await;
+    }
+    result
+}
+
+async fn sized_from_the_app(ctx: &mut Ctx) -> Result<()> {
+    use crate::scenarios::{api_message, cli, dry_run_until, pod};
+    let agent_resources = |pod: &Pod| -> Value {
+        let init = pod.spec.as_ref().and_then(|s| s.init_containers.clone()).unwrap_or_default();
+        let agent = init.into_iter().find(|c| c.name == "sized-agent");
+        serde_json::to_value(agent.and_then(|c| c.resources)).unwrap_or_default()
+    };
+    let with = |name: &str, spec: Value| {
+        let mut pod = pod(name, json!({"tier": "sized"}), json!({}));
+        pod["spec"] = spec;
+        pod
+    };
+    // (pod, the agent's resources as stored, the pod-level resources as stored)
+    let cases = [
+        (
+            with(
+                "sized-two",
+                json!({
+                "resources": {"requests": {"cpu": 1.5, "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+                "containers": [
+                    {"name": "app", "image": "registry.example/app:1", "resources": {"requests": {"cpu": 1, "memory": "600Mi"}, "limits": {"memory": "1Gi"}}},
+                    {"name": "helper", "image": "registry.example/helper:1", "resources": {"requests": {"cpu": "200m", "memory": 104857600}, "limits": {"memory": "500Mi"}}}
+                ]}),
+            ),
+            json!({"requests": {"cpu": "120m", "memory": "160Mi"}, "limits": {"memory": "762Mi"}}),
+            // Padded by the agent and by the namespace's log-shipper (10m, 32Mi, a 64Mi limit).
+            json!({"requests": {"cpu": "1630m", "memory": "1216Mi"}, "limits": {"memory": "2874Mi"}}),
+        ),
+        (
+            with(
+                "sized-large",
+                json!({"containers": [{"name": "app", "image": "registry.example/app:1",
+                "resources": {"requests": {"cpu": 64, "memory": "6Gi"}, "limits": {"memory": "8G"}}}]}),
+            ),
+            // 8G × 0.5 = 4G, past the 1Gi ceiling; 6Gi × 0.25 held at that limit.
+            json!({"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}),
+            Value::Null,
+        ),
+        (
+            with("sized-bare", json!({"containers": [{"name": "app", "image": "registry.example/app:1"}]})),
+            json!({"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "1Gi"}}),
+            Value::Null,
+        ),
+    ];
+    dry_run_until(ctx, &cases[2].0, "the sized agent", |p| agent_resources(p) != Value::Null).await?;
+    for (pod, agent, pod_level) in cases {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        let stored =
+            ctx.create_pod("e2e-shop", pod).await.map_err(|e| anyhow::anyhow!("{name}: {}", api_message(&e)))?;
+        ensure!(agent_resources(&stored) == agent, "{name}: the agent is stored with {}", agent_resources(&stored));
+        let stored_level =
+            serde_json::to_value(stored.spec.as_ref().and_then(|s| s.resources.clone())).unwrap_or_default();
+        ensure!(stored_level == pod_level, "{name}: pod-level resources stored as {stored_level}");
+    }
+    let text = cli(ctx, &["explain", "--cluster", "--namespace", "e2e-shop", "pod/sized-two"])?;
+    ensure!(
+        text.contains("sized sized-agent: container sized-agent: requests.cpu = 120m (the sum of the app containers' requests.cpu 1200m × 0.1, rounded up to 1m)"),
+        "explain does not show the computation:\n{text}"
+    );
+    println!("      three pods stored with the agent's computed values text for text, padded by them");
+    Ok(())
+}

@@ -144,6 +144,7 @@ async fn run(root: &Path) -> Result<bool> {
         s39_claims_and_gates,
         s40_pod_security_levels,
         s41_node_declared_features,
+        s42_sized_from_the_app,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,

@@ -16,7 +16,8 @@
 //! - the engine injects and the API server refuses the injected pod (while it accepts the author's);
 //! - the engine predicts that the API server would refuse the injected pod (and leaves the pod as
 //!   written) and the API server accepts the pod the injection would have made;
-//! - a quantity the engine computes (a padded pod-level value) is not stored as written (the
+//! - a quantity the engine computes (a padded pod-level value, a container's value `sizing:`
+//!   computes from the app's) is not stored as written (the
 //!   engine's canonical form differs from Kubernetes'), or any other quantity of the injected pod
 //!   (a template's own, in the containers it appends; the pod's own) is stored as another value;
 //! - Pod Security Admission's verdict on the injected pod differs from `checks::pod_security`'s;
@@ -99,6 +100,8 @@ struct Tally {
     level_decisions: u64,
     /// Of those, the ones where the engine left templates out to keep the level.
     level_left_out: u64,
+    /// Values `sizing:` computed, each stored text for text.
+    sized: usize,
     failures: Vec<String>,
 }
 
@@ -140,7 +143,7 @@ pub async fn s37_api_server_oracle(ctx: &mut Ctx) -> Result<()> {
     }
     let seconds = started.elapsed().as_secs_f64();
     println!(
-        "  oracle: {} cases in {seconds:.1} s ({:.1}/s, seed {seed}): {} injected, {} accepted by the API server, {} disagreements; {} not injected by the engine, {} predicted invalid (each refused by the API server too); {} Pod Security verdicts at baseline and restricted agree ({} refusals, in the same words); {} decisions for namespaces at baseline and restricted judged by the API server as predicted ({} with templates left out); {} author pods refused{}",
+        "  oracle: {} cases in {seconds:.1} s ({:.1}/s, seed {seed}): {} injected, {} accepted by the API server, {} disagreements; {} not injected by the engine, {} predicted invalid (each refused by the API server too); {} Pod Security verdicts at baseline and restricted agree ({} refusals, in the same words); {} decisions for namespaces at baseline and restricted judged by the API server as predicted ({} with templates left out); {} sized container values stored as computed; {} author pods refused{}",
         tally.cases,
         tally.cases as f64 / seconds.max(0.001),
         tally.injected,
@@ -152,6 +155,7 @@ pub async fn s37_api_server_oracle(ctx: &mut Ctx) -> Result<()> {
         tally.pod_security_refused,
         tally.level_decisions,
         tally.level_left_out,
+        tally.sized,
         tally.author_refused,
         tally.first_author_refusal.as_deref().map(|r| format!(" (first: {r})")).unwrap_or_default(),
     );
@@ -268,11 +272,15 @@ the pod not injected: {refused}",
             // text for text; every other quantity of the injected pod (a template's own, in the
             // sidecars the patch appends, the pod's own) passes through, equal in value. The API
             // server keeps the order of containers, so a quantity is found at its own pointer.
-            let computed: Vec<String> = quantities_written(&injection.patch)
+            let mut computed: Vec<String> = quantities_written(&injection.patch)
                 .into_iter()
                 .map(|(path, _)| path)
                 .filter(|path| path.starts_with("/spec/resources/"))
                 .collect();
+            // So are the values a container's `sizing:` computes from the app's.
+            computed.extend(sized_paths(&injected, &injection.notes.sized));
+            tally.sized +=
+                computed.iter().filter(|p| p.contains("/resources/") && !p.starts_with("/spec/resources/")).count();
             for (path, written) in quantities_in(&injected) {
                 let kept = stored.pointer(&path);
                 let same = match computed.contains(&path) {
@@ -290,6 +298,28 @@ the pod not injected: {refused}",
         }
     }
     Ok(())
+}
+
+/// Where the values `sizing:` computed are in the injected pod, from the injection's notes
+/// (`<template>: container <name>: <field>.<resource> = <value> (...)`).
+fn sized_paths(injected: &Value, notes: &[String]) -> Vec<String> {
+    let mut paths = Vec::new();
+    for note in notes {
+        let Some((_, rest)) = note.split_once(": container ") else { continue };
+        let Some((name, rest)) = rest.split_once(": ") else { continue };
+        let Some((at, _)) = rest.split_once(" = ") else { continue };
+        let Some((field, resource)) = at.split_once('.') else { continue };
+        for list in ["initContainers", "containers"] {
+            let containers = injected["spec"][list].as_array().into_iter().flatten();
+            if let Some(index) = containers.enumerate().find(|(_, c)| c["name"] == name).map(|(i, _)| i) {
+                paths.push(format!(
+                    "/spec/{list}/{index}/resources/{field}/{}",
+                    resource.replace('~', "~0").replace('/', "~1")
+                ));
+            }
+        }
+    }
+    paths
 }
 
 /// The injected pod in a namespace at each Pod Security level: the API server accepts it exactly

@@ -77,9 +77,9 @@ pub struct RenderedTemplate {
     /// Where each overridden value came from: `<value> from annotation <key>` (the pod's, or
     /// `<key> on namespace <name>`).
     pub value_sources: Vec<String>,
-    /// How each value `sizing:` computed was reached, `container <name>: <field>.<resource> =
-    /// <value> (...)` (for `explain`).
-    pub sized: Vec<String>,
+    /// How each value `sizing:` computed was reached, by container: `container <name>:
+    /// <field>.<resource> = <value> (...)` (for `explain`).
+    pub sized: Vec<(String, String)>,
     /// The form each image volume was given (`image_volumes`).
     pub volume_forms: Vec<ImageVolumeChoice>,
     /// The image volumes with a declared fallback that stay image volumes (what the status
@@ -650,7 +650,7 @@ impl Renderer<'_> {
         items: &[SeqItem],
         positions: &mut BTreeMap<String, ContainerPosition>,
         app: &[Value],
-        sized: &mut Vec<String>,
+        sized: &mut Vec<(String, String)>,
     ) -> Result<Vec<Value>, TemplateError> {
         let mut out = Vec::with_capacity(items.len());
         for item in items {
@@ -659,7 +659,9 @@ impl Renderer<'_> {
             }
             let mut rendered = self.piece(&item.piece)?;
             if let Some((line, sizing)) = item.sizing.as_deref() {
-                sized.extend(sizing.apply(&mut rendered, app).map_err(|why| self.err(*line, format!("sizing {why}")))?);
+                let notes = sizing.apply(&mut rendered, app).map_err(|why| self.err(*line, format!("sizing {why}")))?;
+                let name = rendered.get("name").and_then(Value::as_str).unwrap_or_default();
+                sized.extend(notes.into_iter().map(|note| (name.to_owned(), note)));
             }
             if let (Some(position), Some(name)) = (item.position, rendered.get("name").and_then(Value::as_str)) {
                 positions.insert(name.to_owned(), position);

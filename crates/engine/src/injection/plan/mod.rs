@@ -134,10 +134,6 @@ pub fn plan(
         .iter()
         .flat_map(|t| t.rendered.value_sources.iter().map(|source| format!("{}.{source}", t.rendered.name)))
         .collect();
-    let sized = templates
-        .iter()
-        .flat_map(|t| t.rendered.sized.iter().map(|note| format!("{}: {note}", t.rendered.name)))
-        .collect();
     let volume_notes = templates
         .iter()
         .flat_map(|t| {
@@ -221,6 +217,7 @@ pub fn plan(
 
     let (patch, map_removals) = write_patch(pod, &found, previous, own_values, additions, &app_containers);
     let removed = removed_items(previous, &found, &map_removals, &app_containers);
+    let sized = sized(&templates, &status);
     Ok(Injection {
         patch,
         status,
@@ -230,6 +227,17 @@ pub fn plan(
         invalid,
         skipped_as: None,
     })
+}
+
+/// How the values of the containers this injection adds were sized (`sizing:`), as
+/// `<template>: <note>`: a container the pod's own of that name displaces was not added.
+fn sized(templates: &[PlannedTemplate], status: &InjectionStatus) -> Vec<String> {
+    let added = |name: &str| status.containers.iter().chain(&status.init_containers).any(|n| n == name);
+    let notes = templates.iter().flat_map(|t| t.rendered.sized.iter().map(move |note| (&t.rendered.name, note)));
+    notes
+        .filter(|(_, (container, _))| added(container))
+        .map(|(template, (_, note))| format!("{template}: {note}"))
+        .collect()
 }
 
 /// The pod as `plan` reads it: its maps and lists, and the items an earlier injection provably
