@@ -342,6 +342,42 @@ inject:
         assert_eq!(checked.verdict, Verdict::Allowed(Vec::new()));
     }
 
+    /// An enforced agent sized from the app: its floor is the value sized for the pod.
+    #[test]
+    fn an_enforced_sized_sidecar_is_not_resized_below_its_size_for_the_pod() {
+        let sized = ENFORCED.replace(
+            "      resources: {requests: {cpu: 50m, memory: 32Mi}, limits: {memory: 64Mi}}\n",
+            "      sizing: {requests: {cpu: {from: sum, fraction: 0.5}}}\n",
+        );
+        let engine = engine(&[("enforced", &sized)]);
+        let stored = stored(&engine);
+        let agent = stored["spec"]["initContainers"].as_array().unwrap().iter().find(|c| c["name"] == "agent").unwrap();
+        assert_eq!(agent["resources"], json!({"requests": {"cpu": "100m"}}), "half the app's 200m");
+        // (new cpu request, refused)
+        for (cpu, refused) in [("50m", true), ("100m", false), ("150m", false)] {
+            let new = resize(&stored, "agent", &["requests", "cpu"], json!(cpu));
+            let checked = validate_pod_update(&engine, &stored, &request(new, opted_in("shop", &[])));
+            match (&checked.verdict, refused) {
+                (Verdict::Denied(message), true) => assert!(
+                    message.contains(
+                        "resources.requests.cpu is 50m after the resize, below the 100m template enforced sets"
+                    ),
+                    "{message}"
+                ),
+                (Verdict::Allowed(_), false) => {}
+                (verdict, _) => panic!("{cpu}: {verdict:?}"),
+            }
+        }
+        // The enforcement policy compares no floor for it (it is not the same for every pod).
+        let template = crate::templates::template::Template::load("enforced", &sized).unwrap();
+        let requirements = crate::checks::enforce::Requirements::of(&template, true);
+        assert!(
+            requirements.unchecked.iter().any(|u| u.contains("\"agent\": resources is not the same for every pod")),
+            "{:?}",
+            requirements.unchecked
+        );
+    }
+
     #[test]
     fn the_policy_gets_the_floor_that_is_the_same_for_every_pod() {
         // What the enforcement policy checks without the injector: the floor equal for every pod.

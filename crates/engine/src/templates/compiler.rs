@@ -2,7 +2,6 @@
 //! strictly (an unknown key is an error naming it), with its expressions compiled once and its
 //! content hash (of the parsed template, so comments and formatting do not count).
 
-use crate::model::sizing::Sizing;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube_core::Selector;
 use serde_json::Value;
@@ -10,6 +9,7 @@ use sha2::{Digest, Sha256};
 
 use crate::model::env::{EnvMerge, Position};
 use crate::model::kinds::{APP_LISTS, ContainerPosition, ENV, ENV_FROM, MAPS, POD_LISTS};
+use crate::model::sizing::Sizing;
 use crate::model::yaml::{MapEntry, SourceNode, SourceValue};
 use crate::templates::expression::{self, CompiledText};
 use crate::templates::template::*;
@@ -621,15 +621,7 @@ impl<'a> Compiler<'a> {
     fn seq_item(&mut self, item: &SourceNode, keys: ItemKeys) -> Result<SeqItem, TemplateError> {
         let SourceValue::Map(entries) = &item.value else {
             let piece = self.piece(item)?;
-            return Ok(SeqItem {
-                when: None,
-                piece,
-                merge: None,
-                position: None,
-                fallback: None,
-                sizing: None,
-                keys: Vec::new(),
-            });
+            return Ok(SeqItem::new(None, piece));
         };
         let mut when = None;
         let mut rest = Vec::with_capacity(entries.len());
@@ -648,7 +640,7 @@ impl<'a> Compiler<'a> {
             }
         }
         let piece = self.piece(&SourceNode { line: item.line, value: SourceValue::Map(rest) })?;
-        Ok(SeqItem { when, piece, merge: None, position: None, fallback: None, sizing: None, keys: Vec::new() })
+        Ok(SeqItem::new(when, piece))
     }
 
     /// The `fallback:` of a volume: only on an image volume, `{initContainer: <container>,

@@ -11,7 +11,6 @@
 //! This module holds the compiled form ([`Template`] and its pieces); `compiler` makes it from the
 //! YAML, and `set` keeps the templates in service.
 
-use crate::model::sizing::Sizing;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -22,6 +21,7 @@ use serde_json::Value;
 
 use crate::model::env::EnvMerge;
 use crate::model::kinds::{ContainerPosition, PerAppList, PerMap, PerPodList, VOLUMES};
+use crate::model::sizing::Sizing;
 use crate::templates::expression::{self, CompiledText};
 
 /// An error in a template, naming the template, the line (when known) and the problem.
@@ -201,6 +201,14 @@ pub(crate) struct SeqItem {
     /// source the app must get from it, which no `env` entry of the app container may replace
     /// (an `env` entry wins over `envFrom` in Kubernetes). Empty elsewhere.
     pub(crate) keys: Vec<String>,
+}
+
+impl SeqItem {
+    /// An item with its `when:` and none of the injector's own keys (the compiler adds those its
+    /// list has).
+    pub(crate) fn new(when: Option<CompiledText>, piece: Piece) -> Self {
+        SeqItem { when, piece, merge: None, position: None, fallback: None, sizing: None, keys: Vec::new() }
+    }
 }
 
 /// An image volume's `fallback:`: the emptyDir that stands in for the image where the nodes
