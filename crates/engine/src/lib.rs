@@ -707,13 +707,18 @@ fn image_volume_warnings(template: &Template, rendered: &RenderedTemplate, clust
 
 /// What the user should know about features a template's containers need of the node
 /// (`node_features`): where no node the pod can run on offers one, the scheduler never places it.
-fn node_feature_warnings(template: &Template, rendered: &RenderedTemplate, cluster: ClusterFacts) -> Vec<Warning> {
+/// By container: given only where the injection adds it.
+fn node_feature_warnings(
+    template: &Template,
+    rendered: &RenderedTemplate,
+    cluster: ClusterFacts,
+) -> Vec<(String, Warning)> {
     let containers = rendered.init_containers.iter().chain(&rendered.sidecars);
     let missing = injection::node_features::missing(containers, cluster.node_features);
     missing
         .into_iter()
         .map(|(feature, container)| {
-            Warning::new(
+            let warning = Warning::new(
                 WarningCode::NodeFeatureMissing,
                 format!(
                     "template {}: container {container} has {}, which needs nodes that offer {}: none where the pod can run does (decided {}, {}), so the scheduler leaves the pod Pending until one joins",
@@ -723,7 +728,8 @@ fn node_feature_warnings(template: &Template, rendered: &RenderedTemplate, clust
                     cluster.rule.nodes(),
                     cluster.node_features.how()
                 ),
-            )
+            );
+            (container.to_owned(), warning)
         })
         .collect()
 }
@@ -1027,7 +1033,6 @@ impl Engine {
             warnings.append(&mut rendered.warnings);
             warnings.extend(sidecar_mode_warnings(template, &rendered, cluster, &renderings.owner));
             warnings.extend(image_volume_warnings(template, &rendered, cluster));
-            warnings.extend(node_feature_warnings(template, &rendered, cluster));
             planned.push(planned_template(template, rendered, cluster));
         }
         Ok(planned)
@@ -1039,6 +1044,7 @@ fn planned_template(template: &Template, rendered: RenderedTemplate, cluster: Cl
     PlannedTemplate {
         native_sidecars: model::native::is_native(sidecar_mode(template, &rendered), cluster.native_sidecars),
         sidecar_resize_policy: cluster.sidecar_resize_policy,
+        if_added: node_feature_warnings(template, &rendered, cluster),
         rendered,
     }
 }

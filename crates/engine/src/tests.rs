@@ -1700,6 +1700,20 @@ fn a_container_needing_a_feature_no_node_the_pod_can_run_on_offers_is_injected_w
             assert!(message.contains(how) && message.contains("Pending"), "{message}");
         }
     }
+    // The pod's own container of that name displaces the template's: nothing to warn about.
+    let mut own = web_pod();
+    own["spec"]["containers"].as_array_mut().unwrap().push(json!({"name": "reloader", "image": "own:1"}));
+    let request = PodRequest {
+        cluster: ClusterFacts {
+            node_features: declaring(&["ExtendWebSocketsToKubelet"]),
+            ..ClusterFacts::api_server(true)
+        },
+        ..request(own, opted_in("shop", &[]))
+    };
+    let decision = engine.evaluate(&request);
+    let Outcome::Inject(injection) = &decision.outcome else { panic!("{:?}", decision.outcome) };
+    assert!(injection.status.skipped.iter().any(|s| s.name == "reloader"), "{:?}", injection.status);
+    assert!(decision.warnings.iter().all(|w| w.code != WarningCode::NodeFeatureMissing), "{:?}", decision.warnings);
 }
 
 /// A request on a cluster whose nodes mount image volumes or not.

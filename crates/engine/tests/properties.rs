@@ -7,7 +7,9 @@
 //!   earlier injection did not provably add is ever removed or changed;
 //! - an in-place update after a template edit exists when the edit changed only images, and gives
 //!   exactly what injecting the author's pod with the new versions gives;
-//! - a pod that meets its namespace's enforced Pod Security level still meets it injected.
+//! - a pod that meets its namespace's enforced Pod Security level still meets it injected;
+//! - a value `sizing:` computes is the app's value times the fraction, rounded up and bounded;
+//! - what the nodes declare changes only the `node_feature_missing` warning, never the patch.
 //!
 //! Deterministic in `make test`: every property runs [`FIXED_CASES`] cases from [`FIXED_SEED`],
 //! the same cases on every run, after every regression persisted in
@@ -1127,5 +1129,72 @@ proptest! {
         if let Some(max) = &max { expected = expected.min(nanos(max)); }
         expected = expected.min(template_limit);
         prop_assert_eq!(value, expected, "{} of {:?} × {} round {} min {:?} max {:?}", from, values, fraction, round, min, max);
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// What the nodes the pod can run on declare decides only the `node_feature_missing`
+    /// warning: the decision is otherwise the one for unknown nodes, and the warning comes exactly
+    /// when an injected container restarts the whole pod on exit and no such node offers that.
+    #[test]
+    fn what_the_nodes_declare_changes_only_the_warning(
+        pod in pod(),
+        template in template(),
+        restart_all in any::<proptest::sample::Index>(),
+        nodes in proptest::collection::vec((proptest::option::of(any::<bool>()), 30u32..38), 1..4),
+        scheduler_reads in any::<bool>(),
+    ) {
+        use sidecar_injector_engine::injection::node_features::{FeatureReach, NodeFeature, NodeFeatures};
+        // One sidecar of the template (if it has any) restarts the whole pod on exit code 42.
+        let mut doc: Value = manifest::read(&template).unwrap().remove(0);
+        let sidecars = doc["inject"]["sidecars"].as_array_mut().unwrap();
+        let with_rule = (!sidecars.is_empty()).then(|| restart_all.index(sidecars.len()));
+        if let Some(index) = with_rule {
+            sidecars[index]["restartPolicyRules"] =
+                json!([{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [42]}}]);
+        }
+        let engine = engine(&[manifest::write(&[doc.clone()])]);
+        // Each node declares the feature, declares others only, or nothing (by its kubelet).
+        let features = nodes.iter().map(|(declares, minor)| {
+            let declared: Option<Vec<String>> = declares.map(|yes| match yes {
+                true => vec![NodeFeature::RestartAllContainers.declared_as().to_owned()],
+                false => vec!["ExtendWebSocketsToKubelet".to_owned()],
+            });
+            NodeFeatures::of(declared.as_deref(), Some((1, *minor)))
+        });
+        let reach = FeatureReach::of(features, scheduler_reads);
+        let decide = |reach: FeatureReach| {
+            engine.evaluate(&PodRequest {
+                pod: Arc::new(pod.clone()),
+                namespace: shop(),
+                cluster: ClusterFacts { node_features: reach, ..cluster(true) },
+                workload: None,
+            })
+        };
+        let (known, unknown) = (decide(reach), decide(FeatureReach::UNKNOWN));
+        let missing = |d: &sidecar_injector_engine::Decision| d.warnings.iter().filter(|w| w.code == WarningCode::NodeFeatureMissing).count();
+        prop_assert_eq!(missing(&unknown), 0);
+        let others = |d: &sidecar_injector_engine::Decision| {
+            d.warnings.iter().filter(|w| w.code != WarningCode::NodeFeatureMissing).cloned().collect::<Vec<_>>()
+        };
+        prop_assert_eq!(others(&known), others(&unknown));
+        // The same outcome, but for the injection's warnings (of which the node one).
+        let without_warnings = |d: &sidecar_injector_engine::Decision| match &d.outcome {
+            Outcome::Inject(injection) => format!("{:?}", Outcome::Inject(sidecar_injector_engine::Injection { warnings: Vec::new(), ..injection.clone() })),
+            other => format!("{other:?}"),
+        };
+        prop_assert_eq!(without_warnings(&known), without_warnings(&unknown));
+        // The warning: exactly when the sidecar with the rule is injected and no node offers it.
+        let injected_with_rule = match (&known.outcome, with_rule) {
+            (Outcome::Inject(injection), Some(index)) => {
+                let name = doc["inject"]["sidecars"][index]["name"].as_str().unwrap();
+                injection.status.containers.iter().chain(&injection.status.init_containers).any(|n| n == name)
+            }
+            _ => false,
+        };
+        let expected = usize::from(injected_with_rule && !reach.offers(NodeFeature::RestartAllContainers));
+        prop_assert_eq!(missing(&known), expected, "{:?}", reach);
     }
 }

@@ -55,6 +55,9 @@ pub struct PlannedTemplate {
     /// Whether native sidecars get the default `resizePolicy` where the template gives none (the
     /// API server accepts one on them since 1.33: `ClusterFacts::sidecar_resize_policy`).
     pub sidecar_resize_policy: bool,
+    /// Warnings about one of its containers, given only where the injection adds that container
+    /// (a pod's own container of the name displaces it), by container name.
+    pub if_added: Vec<(String, Warning)>,
 }
 
 /// The result of planning: the patch and the status it writes.
@@ -200,7 +203,9 @@ pub fn plan(
     let uncertain_merges = merges.warnings.into_iter().map(|w| Warning::new(WarningCode::MergeSourceUncertain, w));
     let port_collisions = found.port_collisions(pod, &additions);
     let port_warnings = port_collisions.warned.into_iter().map(|w| Warning::new(WarningCode::PortCollision, w));
-    let warnings = uncertain_merges.chain(port_warnings).collect();
+    let added = |name: &str| status.containers.iter().chain(&status.init_containers).any(|n| n == name);
+    let of_added = templates.iter().flat_map(|t| &t.if_added).filter(|(name, _)| added(name)).map(|(_, w)| w.clone());
+    let warnings = uncertain_merges.chain(port_warnings).chain(of_added).collect();
     let mut invalid = match found.resize_pod_level(pod, previous, kept, &additions) {
         None => Vec::new(),
         Some(Ok(resized)) => {
