@@ -36,6 +36,8 @@ pub mod templates;
 pub mod workload;
 
 #[cfg(test)]
+mod rollout_tests;
+#[cfg(test)]
 mod test_support;
 #[cfg(test)]
 mod tests;
@@ -153,6 +155,8 @@ pub enum Denial {
         /// The templates that would be injected or whose namespaceSelector could not be judged.
         templates: Vec<String>,
     },
+    /// A `sidecar-injector.io/pins` annotation is malformed, or pins a version that is not kept.
+    Pin(String),
     /// An enforced template's injection would make a pod the API server refuses.
     WouldBeInvalid {
         /// The enforced template.
@@ -186,6 +190,7 @@ impl fmt::Display for Denial {
                 names::STATUS_ANNOTATION,
                 changes.join("; ")
             ),
+            Denial::Pin(message) => write!(f, "sidecar-injector: {message}"),
             Denial::WouldBeInvalid { template, reasons } => write!(
                 f,
                 "sidecar-injector: template {template} is enforced for this pod, but the API server would refuse the pod with it: {}",
@@ -920,6 +925,46 @@ impl Engine {
         Ok((annotations, choice))
     }
 
+    /// The version of each selected template this pod gets (see `templates::rollout`): the one
+    /// in service, unless a rollout under way or a pin decides otherwise (noted in the choice).
+    pub(crate) fn versions_for(
+        &self,
+        request: &PodRequest,
+        annotations: &BTreeMap<String, String>,
+        choice: &mut Choice,
+    ) -> Result<Vec<&Arc<Template>>, Denial> {
+        let pins = templates::rollout::Pins::of(annotations, &request.namespace.annotations).map_err(Denial::Pin)?;
+        let labels = pod::string_map(&request.pod, "labels").unwrap_or_default();
+        let workload = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(&request.pod));
+        let subject = templates::rollout::Subject {
+            namespace: &request.namespace.name,
+            workload: &workload,
+            labels: &labels,
+            pins: &pins,
+        };
+        let mut selected = Vec::new();
+        let mut versions = Vec::new();
+        let names: Vec<&str> = choice.selected().collect();
+        for name in names {
+            match self.templates.for_pod(name, subject) {
+                None => {}
+                Some(Err(message)) => return Err(Denial::Pin(message)),
+                Some(Ok((template, why))) => {
+                    if why != templates::rollout::Why::InService {
+                        versions.push(injection::select::ChosenVersion {
+                            template: template.name.clone(),
+                            hash: template.hash.clone(),
+                            why: why.describe(&workload),
+                        });
+                    }
+                    selected.push(template);
+                }
+            }
+        }
+        choice.versions = versions;
+        Ok(selected)
+    }
+
     fn decide(&self, request: &PodRequest, renderings: &mut Renderings<'_>) -> Decision {
         let mut warnings = Vec::new();
         let decision = |choice, outcome, warnings| Decision { choice, outcome, warnings, audited: Vec::new() };
@@ -928,7 +973,11 @@ impl Engine {
             Ok(chosen) => chosen,
             Err(decided) => return *decided,
         };
-        let selected: Vec<&Arc<Template>> = choice.selected().filter_map(|name| self.templates.get(name)).collect();
+        let mut choice = choice;
+        let selected = match self.versions_for(request, &annotations, &mut choice) {
+            Ok(selected) => selected,
+            Err(denial) => return decision(Some(choice), Outcome::Denied(denial), warnings),
+        };
         let claim = read_claim(&annotations, &mut warnings);
         let to_plan =
             |template: &Template, rendered: RenderedTemplate| planned_template(template, rendered, request.cluster);

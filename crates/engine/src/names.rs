@@ -35,6 +35,18 @@ pub const INJECTED_PARTIAL: &str = "partial";
 /// Label that marks template ConfigMaps in the injector's namespace.
 pub const TEMPLATES_CONFIGMAP_LABEL: &str = "sidecar-injector.io/templates";
 
+/// The value of [`TEMPLATES_CONFIGMAP_LABEL`] on the ConfigMap the injector keeps rollout state in
+/// ([`KEPT_CONFIGMAP`]): watched with the templates, never read as templates.
+pub const KEPT_LABEL_VALUE: &str = "kept";
+
+/// The ConfigMap, in the injector's namespace, where it keeps the versions a rollout rolls from
+/// and the rollouts' halts (`templates::rollout::Kept`).
+pub const KEPT_CONFIGMAP: &str = "sidecar-injector-versions";
+
+/// Pins, annotation on a namespace or a pod (the pod's entry wins): `template=<version hash>,...`
+/// keeps the pod on that version while it is kept (`templates::rollout::Pins`).
+pub const PINS_ANNOTATION: &str = "sidecar-injector.io/pins";
+
 /// Annotation the kubelet puts on mirror pods (static pods reflected into the API server).
 pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 

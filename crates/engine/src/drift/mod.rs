@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde::Serialize;
 
 use crate::model::status::InjectionStatus;
+use crate::templates::rollout::Pins;
 use crate::workload::{Restart, workload_kind};
 use crate::{Engine, NamespaceFacts, injection::select, names};
 
@@ -65,8 +66,8 @@ pub enum PodDrift {
 
 /// The pod annotations [`classify`] reads (besides them, only labels): what a cache of pods kept
 /// for drift needs of a pod's annotations.
-pub const ANNOTATIONS_READ: [&str; 3] =
-    [names::STATUS_ANNOTATION, names::TEMPLATES_ANNOTATION, names::MIRROR_POD_ANNOTATION];
+pub const ANNOTATIONS_READ: [&str; 4] =
+    [names::STATUS_ANNOTATION, names::TEMPLATES_ANNOTATION, names::MIRROR_POD_ANNOTATION, names::PINS_ANNOTATION];
 
 /// Classifies a pod from its labels and annotations.
 pub fn classify(
@@ -79,8 +80,16 @@ pub fn classify(
     else {
         return PodDrift::OutOfScope;
     };
-    let current: BTreeMap<&str, &str> =
-        choice.selected().filter_map(|name| engine.templates.get(name)).map(|t| (&*t.name, t.hash.as_str())).collect();
+    // While a rollout is under way, either version may be a pod's (its workload's bucket decides,
+    // which metadata alone does not tell): a pod is drifted only where it holds a version no new
+    // pod gets (`TemplateSet::serves`), and `current` names the version an unpinned pod outside
+    // the rollout's reach gets.
+    let pins = Pins::of(annotations, &namespace.annotations).unwrap_or_default();
+    let current: BTreeMap<&str, &str> = choice
+        .selected()
+        .filter_map(|name| engine.templates.default_version(name))
+        .map(|t| (&*t.name, t.hash.as_str()))
+        .collect();
     let status = annotations.get(names::STATUS_ANNOTATION).and_then(|s| InjectionStatus::parse(s).ok());
     let Some(status) = status else {
         return if current.is_empty() {
@@ -95,7 +104,10 @@ pub fn classify(
     names.dedup();
     let templates: Vec<StaleTemplate> = names
         .into_iter()
-        .filter(|n| injected.get(n) != current.get(n))
+        .filter(|n| match (injected.get(n), current.get(n)) {
+            (Some(hash), Some(_)) => !engine.templates.serves(n, hash, &pins),
+            (injected, current) => injected != current,
+        })
         .map(|n| StaleTemplate {
             name: n.to_owned(),
             injected: injected.get(n).map(|h| (*h).to_owned()),

@@ -213,6 +213,21 @@ pub struct Choice {
     pub source: ChoiceSource,
     /// Every template considered, in injection order for the selected ones.
     pub verdicts: Vec<(Arc<str>, TemplateVerdict)>,
+    /// For each selected template whose version a rollout or a pin decided: the version and why
+    /// (filled in by the decision; see `templates::rollout`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub versions: Vec<ChosenVersion>,
+}
+
+/// The version of a selected template a rollout or a pin decided on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChosenVersion {
+    /// The template.
+    pub template: Arc<str>,
+    /// The version's content hash.
+    pub hash: String,
+    /// Why, one sentence.
+    pub why: String,
 }
 
 impl Choice {
@@ -381,7 +396,7 @@ fn choose(
         }
         verdicts.push((template.name.clone(), enforced));
     }
-    Choice { source, verdicts }
+    Choice { source, verdicts, versions: Vec::new() }
 }
 
 #[cfg(test)]

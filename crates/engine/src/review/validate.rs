@@ -67,11 +67,15 @@ pub fn validate_pod(engine: &Engine, request: &PodRequest) -> Verdict {
     if let Err(message) = check_named_items(pod, &status) {
         return Verdict::Denied(message);
     }
-    let current: Vec<TemplateRef> = choice
-        .selected()
-        .filter_map(|n| engine.templates.get(n))
-        .map(|t| TemplateRef { name: t.name.to_string(), hash: t.hash.clone() })
-        .collect();
+    // The versions this pod gets (a rollout under way, or a pin, may decide another than the one
+    // in service): what its injection is compared with.
+    let mut choice = choice;
+    let selected = match engine.versions_for(request, &annotations, &mut choice) {
+        Ok(selected) => selected,
+        Err(denial) => return Verdict::Denied(denial.to_string()),
+    };
+    let current: Vec<TemplateRef> =
+        selected.iter().map(|t| TemplateRef { name: t.name.to_string(), hash: t.hash.clone() }).collect();
     if !status.is_current(current.iter().map(|t| (t.name.as_str(), t.hash.as_str()))) {
         return Verdict::Allowed(vec![format!(
             "the pod was injected with templates [{}] but this injector now serves [{}]; its sidecars were not compared with the templates",

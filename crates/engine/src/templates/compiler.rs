@@ -12,6 +12,7 @@ use crate::model::kinds::{APP_LISTS, ContainerPosition, ENV, ENV_FROM, MAPS, POD
 use crate::model::sizing::Sizing;
 use crate::model::yaml::{MapEntry, SourceNode, SourceValue};
 use crate::templates::expression::{self, CompiledText};
+use crate::templates::rollout::{HaltThresholds, Rollout};
 use crate::templates::template::*;
 
 /// The longest template name: `<template>.<value>` must fit the 63 characters of an annotation name.
@@ -110,6 +111,7 @@ impl<'a> Compiler<'a> {
             source: "".into(),
             inject: InjectSpec::default(),
             expressions: expression::Expressions::default(),
+            rollout: None,
         };
         let mut overridable_node = None;
         let mut own_process_namespace_line = 0;
@@ -183,11 +185,12 @@ impl<'a> Compiler<'a> {
                 "podChoices" => template.pod_choices = self.pod_choices(node)?,
                 "uncheckedFields" => template.unchecked_fields = self.unchecked_fields(node)?,
                 "inject" => template.inject = self.inject(node)?,
+                "rollout" => template.rollout = self.rollout(node)?,
                 other => {
                     return Err(self.err(
                         *key_line,
                         format!(
-                            "unknown key {other:?} (expected description, default, enforced, ownProcessNamespace, podSelector, namespaceSelector, sidecarMode, podResources, values, overridable, podChoices, uncheckedFields, inject)"
+                            "unknown key {other:?} (expected description, default, enforced, ownProcessNamespace, podSelector, namespaceSelector, sidecarMode, podResources, values, overridable, podChoices, uncheckedFields, inject, rollout)"
                         ),
                     ));
                 }
@@ -237,6 +240,70 @@ impl<'a> Compiler<'a> {
             SourceValue::Null => Ok(String::new()),
             _ => Err(self.err(node.line, format!("{key} must be a string, not {}", node.type_name()))),
         }
+    }
+
+    /// `rollout:` (see `rollout`): `share` (a whole percent, `25` or `"25%"`), `selector` (pod
+    /// labels), `halt: {failedPods, restarts}`.
+    fn rollout(&self, node: &SourceNode) -> Result<Option<Rollout>, TemplateError> {
+        if matches!(node.value, SourceValue::Null) {
+            return Ok(None);
+        }
+        let mut rollout = Rollout { share: 0, selector: None, halt: HaltThresholds::default() };
+        let mut share_given = false;
+        for MapEntry { key, key_line, value } in self.mapping(node, "rollout")? {
+            match key.as_str() {
+                "share" => {
+                    let percent = match &value.value {
+                        SourceValue::Number(n) => n.as_u64(),
+                        SourceValue::String(s) => s.strip_suffix('%').and_then(|p| p.trim().parse::<u64>().ok()),
+                        _ => None,
+                    };
+                    rollout.share =
+                        percent.filter(|p| *p <= 100).and_then(|p| u8::try_from(p).ok()).ok_or_else(|| {
+                            self.err(value.line, "rollout.share must be a whole percent from 0 to 100 (25 or \"25%\")")
+                        })?;
+                    share_given = true;
+                }
+                "selector" => rollout.selector = self.selector(value, "rollout.selector")?,
+                "halt" => {
+                    for MapEntry { key, key_line, value } in self.mapping(value, "rollout.halt")? {
+                        let number = match &value.value {
+                            SourceValue::Number(n) => {
+                                n.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|n| *n >= 1)
+                            }
+                            _ => None,
+                        };
+                        let number = || {
+                            number.ok_or_else(|| {
+                                self.err(value.line, format!("rollout.halt.{key} must be a whole number, 1 or more"))
+                            })
+                        };
+                        match key.as_str() {
+                            "failedPods" => rollout.halt.failed_pods = number()?,
+                            "restarts" => rollout.halt.restarts = number()?,
+                            other => {
+                                return Err(self.err(
+                                    *key_line,
+                                    format!("unknown key rollout.halt.{other} (expected failedPods, restarts)"),
+                                ));
+                            }
+                        }
+                    }
+                }
+                other => {
+                    return Err(
+                        self.err(*key_line, format!("unknown key rollout.{other} (expected share, selector, halt)"))
+                    );
+                }
+            }
+        }
+        if !share_given && rollout.selector.is_none() {
+            return Err(self.err(
+                node.line,
+                "rollout needs a share (a percent of workloads, 0 for none until promoted) or a selector",
+            ));
+        }
+        Ok(Some(rollout))
     }
 
     fn selector(&self, node: &SourceNode, key: &str) -> Result<Option<TemplateSelector>, TemplateError> {
@@ -886,8 +953,15 @@ impl<'a> Compiler<'a> {
     }
 }
 
+///
+/// `rollout:` does not count: it says how a version reaches pods, not what it injects, so
+/// promoting a version (deleting it) keeps the pods that got it up to date.
 pub(crate) fn content_hash(root: &SourceNode) -> String {
-    let canonical = root.to_json().to_string();
+    let mut json = root.to_json();
+    if let Value::Object(entries) = &mut json {
+        entries.remove("rollout");
+    }
+    let canonical = json.to_string();
     let digest = Sha256::digest(canonical.as_bytes());
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }

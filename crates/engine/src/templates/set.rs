@@ -7,8 +7,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use serde_json::Value;
+
 use crate::model::yaml::SourceNode;
 use crate::templates::compiler::content_hash;
+use crate::templates::rollout::{self, Active, KEPT_PER_TEMPLATE, Kept, Pins, Subject, Why};
 use crate::templates::template::*;
 
 /// A check that runs on new template text before it is compiled and test-rendered in this process.
@@ -49,6 +52,14 @@ pub struct TemplateSet {
     /// [`RETIRED_VERSIONS_KEPT`]: a pod injected with one of them can still prove which items are
     /// the injector's own (see `ownership`) and be re-injected cleanly after a template edit.
     retired: Vec<Arc<Template>>,
+    /// The versions the kept ConfigMap holds (`rollout::Kept`), which pins may name.
+    kept: Vec<Arc<Template>>,
+    /// The rollouts under way, by template name.
+    rollouts: BTreeMap<String, Active>,
+    /// What the kept ConfigMap should hold for these rollouts (the shell writes it).
+    kept_wanted: Kept,
+    /// Templates with `rollout:` whose version in service before is not known, with why.
+    rollout_notices: Vec<String>,
 }
 
 /// How many replaced template versions a [`TemplateSet`] remembers.
@@ -63,18 +74,36 @@ impl TemplateSet {
     /// The set that results from replacing this one's templates by `sources`: templates absent from
     /// `sources` are dropped, a template whose new text fails (the `precheck` or loading) keeps its
     /// last good version (and its error is returned), templates that load are replaced. Unchanged
-    /// templates are neither pre-checked nor recompiled.
+    /// templates are neither pre-checked nor recompiled. No version is kept for rollouts (see
+    /// [`TemplateSet::update_with_kept`]).
     pub fn update(
         &self,
         sources: impl IntoIterator<Item = TemplateSource>,
         precheck: &dyn PreCheck,
     ) -> (TemplateSet, Vec<TemplateError>) {
-        // Each source with the version in service when its text is unchanged (same content hash).
+        self.update_with_kept(sources, &Kept::default(), precheck)
+    }
+
+    /// [`TemplateSet::update`], with what the kept ConfigMap holds (`kept`): the versions rollouts
+    /// roll from, their halts. The set says what that ConfigMap should hold next
+    /// ([`TemplateSet::kept_wanted`]).
+    pub fn update_with_kept(
+        &self,
+        sources: impl IntoIterator<Item = TemplateSource>,
+        kept: &Kept,
+        precheck: &dyn PreCheck,
+    ) -> (TemplateSet, Vec<TemplateError>) {
+        // Each source with the version in service when its text is unchanged (same content hash,
+        // same `rollout:`).
         let sources: Vec<(TemplateSource, Option<&Arc<Template>>)> = sources
             .into_iter()
             .map(|source| {
-                let hash = hash_of_source(&source.text);
-                let unchanged = self.templates.get(&source.name).filter(|t| hash.as_ref() == Some(&t.hash));
+                let identity = identity_of_source(&source.text);
+                let unchanged = self.templates.get(&source.name).filter(|t| {
+                    identity.as_ref().is_some_and(|(hash, rollout)| {
+                        *hash == t.hash && identity_of_source(&t.source).is_some_and(|(_, r)| r == *rollout)
+                    })
+                });
                 (source, unchanged)
             })
             .collect();
@@ -124,7 +153,181 @@ impl TemplateSet {
             .take(RETIRED_VERSIONS_KEPT)
             .cloned()
             .collect();
-        (TemplateSet { templates, retired }, errors)
+        let (kept_versions, kept_errors) = self.load_kept(kept, precheck);
+        errors.extend(kept_errors);
+        let mut set = TemplateSet { templates, retired, kept: kept_versions, ..TemplateSet::default() };
+        set.start_rollouts(self, kept);
+        (set, errors)
+    }
+
+    /// The versions `kept` holds, compiled (those this set holds already are not compiled again);
+    /// a text whose content hash is not the one its key says is refused.
+    fn load_kept(&self, kept: &Kept, precheck: &dyn PreCheck) -> (Vec<Arc<Template>>, Vec<TemplateError>) {
+        let mut versions = Vec::new();
+        let mut to_load = Vec::new();
+        let mut errors = Vec::new();
+        for ((name, hash), text) in &kept.texts {
+            if let Some(known) = self.kept.iter().chain(&self.retired).find(|t| *t.name == **name && t.hash == *hash) {
+                versions.push(known.clone());
+            } else if identity_of_source(text).is_some_and(|(h, _)| h == *hash) {
+                to_load.push(TemplateSource { name: name.clone(), text: text.clone() });
+            } else {
+                errors.push(TemplateError {
+                    template: name.clone(),
+                    line: None,
+                    message: format!(
+                        "the version kept in {} as {hash} is not that version (its content hash differs): ignored",
+                        crate::names::KEPT_CONFIGMAP
+                    ),
+                });
+            }
+        }
+        let mut refused: BTreeMap<String, TemplateError> = match to_load.is_empty() {
+            true => BTreeMap::new(),
+            false => precheck.precheck(&to_load).into_iter().map(|e| (e.template.clone(), e)).collect(),
+        };
+        for source in to_load {
+            match refused.remove(&source.name).map_or_else(|| Template::load(&source.name, &source.text), Err) {
+                Ok(template) => versions.push(Arc::new(template)),
+                Err(error) => errors.push(TemplateError {
+                    message: format!("the version kept in {}: {}", crate::names::KEPT_CONFIGMAP, error.message),
+                    ..error
+                }),
+            }
+        }
+        (versions, errors)
+    }
+
+    /// The rollouts under way for the templates in service, and what the kept ConfigMap should
+    /// hold for them. The version rolled from is, in this order: the one the kept record names
+    /// (so every replica agrees, also one started since), the one `previous` rolled from, the
+    /// version `previous` served in full. A replica never forgets a record another wrote: where it
+    /// knows no version to roll from it leaves the record alone (and the rollout waits, with a
+    /// notice); only a template without `rollout:` (promoted) clears its record's rollout.
+    fn start_rollouts(&mut self, previous: &TemplateSet, kept: &Kept) {
+        let mut wanted = kept.clone();
+        for template in self.templates.values() {
+            let name = &*template.name;
+            let Some(spec) = &template.rollout else {
+                if let Some(record) = wanted.records.get_mut(name) {
+                    record.from = None;
+                    record.halted = None;
+                }
+                continue;
+            };
+            let record = wanted.records.get(name).cloned().unwrap_or_default();
+            let earlier = previous.templates.get(name).filter(|t| t.hash != template.hash);
+            let from_hash = record
+                .from
+                .clone()
+                .or_else(|| previous.rollouts.get(name).map(|a| a.from.hash.clone()))
+                .or_else(|| earlier.filter(|t| t.rollout.is_none()).map(|t| t.hash.clone()))
+                .filter(|hash| *hash != template.hash);
+            let from = from_hash.as_ref().and_then(|hash| {
+                self.kept
+                    .iter()
+                    .chain(previous.templates.values())
+                    .chain(previous.rollouts.values().map(|a| &a.from))
+                    .chain(&self.retired)
+                    .find(|t| *t.name == *name && t.hash == *hash)
+                    .cloned()
+            });
+            let Some(from) = from else {
+                self.rollout_notices.push(match from_hash {
+                    Some(hash) => format!(
+                        "template {name} has rollout:, but the version it rolls from ({hash}) is not kept: every pod gets version {}",
+                        template.hash
+                    ),
+                    None => format!(
+                        "template {name} has rollout:, but no version served before it is known (the injector did not see one since {} was written): every pod gets version {}",
+                        crate::names::KEPT_CONFIGMAP,
+                        template.hash
+                    ),
+                });
+                continue;
+            };
+            let record = wanted.records.entry(name.to_owned()).or_default();
+            record.from = Some(from.hash.clone());
+            record.kept.retain(|hash| *hash != from.hash);
+            record.kept.insert(0, from.hash.clone());
+            record.kept.truncate(KEPT_PER_TEMPLATE);
+            wanted.texts.insert((name.to_owned(), from.hash.clone()), from.source.to_string());
+            let halted = record.halted.clone().filter(|halt| halt.version == template.hash);
+            self.rollouts.insert(name.to_owned(), Active { spec: spec.clone(), from, halted });
+        }
+        // Only what the records list is kept: at most `KEPT_PER_TEMPLATE` per template.
+        let listed =
+            |name: &str, hash: &str| wanted.records.get(name).is_some_and(|r| r.kept.iter().any(|h| h == hash));
+        let texts = std::mem::take(&mut wanted.texts);
+        wanted.texts = texts.into_iter().filter(|((name, hash), _)| listed(name, hash)).collect();
+        wanted.records.retain(|_, record| *record != rollout::Record::default());
+        self.kept.retain(|t| wanted.texts.contains_key(&(t.name.to_string(), t.hash.clone())));
+        self.kept_wanted = wanted;
+    }
+
+    /// What the kept ConfigMap should hold (the shell writes what differs).
+    pub fn kept_wanted(&self) -> &Kept {
+        &self.kept_wanted
+    }
+
+    /// Templates with `rollout:` that serve every pod because the version before is not known.
+    pub fn rollout_notices(&self) -> &[String] {
+        &self.rollout_notices
+    }
+
+    /// The rollout under way for a template.
+    pub fn rollout(&self, name: &str) -> Option<&Active> {
+        self.rollouts.get(name)
+    }
+
+    /// The rollouts under way, by template name.
+    pub fn rollouts(&self) -> impl Iterator<Item = (&str, &Active)> {
+        self.rollouts.iter().map(|(name, active)| (name.as_str(), active))
+    }
+
+    /// The versions of a template that the kept ConfigMap holds, newest first.
+    pub fn kept_versions(&self, name: &str) -> Vec<&Arc<Template>> {
+        let order = self.kept_wanted.records.get(name).map(|r| r.kept.as_slice()).unwrap_or_default();
+        order.iter().filter_map(|hash| self.kept.iter().find(|t| *t.name == *name && t.hash == *hash)).collect()
+    }
+
+    /// The version of template `name` a pod gets (`rollout::choose`), and why; `None` where no
+    /// template has that name, an error where a pin names a version that is not kept.
+    pub fn for_pod(&self, name: &str, subject: Subject<'_>) -> Option<Result<(&Arc<Template>, Why), String>> {
+        let current = self.templates.get(name)?;
+        let kept: Vec<Arc<Template>> = self.kept_versions(name).into_iter().cloned().collect();
+        // `choose` borrows from the set; the kept versions are the set's own `Arc`s.
+        Some(rollout::choose(current, self.rollouts.get(name), &kept, subject).map(|(chosen, why)| {
+            let own = std::iter::once(current)
+                .chain(self.rollouts.get(name).map(|a| &a.from))
+                .chain(&self.kept)
+                .find(|t| t.hash == chosen.hash && *t.name == *name)
+                .unwrap_or(current);
+            (own, why)
+        }))
+    }
+
+    /// Whether version `hash` of template `name` is one some new pod may get: the version in
+    /// service (where a rollout under way reaches anyone), the version a rollout rolls from, or
+    /// the version `pins` name. A pod injected with one is not drifted, and `/validate` compares
+    /// it with its version.
+    pub fn serves(&self, name: &str, hash: &str, pins: &Pins) -> bool {
+        let Some(current) = self.templates.get(name) else { return false };
+        let pinned = pins.get(name).is_some_and(|(pin, _)| hash.starts_with(pin) && self.version(name, hash).is_some());
+        pinned
+            || match self.rollouts.get(name) {
+                None => current.hash == hash,
+                Some(active) => active.from.hash == hash || (active.reaches_anyone() && current.hash == hash),
+            }
+    }
+
+    /// The version a pod outside any rollout's reach gets (for messages): the version rolled from
+    /// while a rollout under way reaches nobody, else the version in service.
+    pub fn default_version(&self, name: &str) -> Option<&Arc<Template>> {
+        match self.rollouts.get(name) {
+            Some(active) if !active.reaches_anyone() => Some(&active.from),
+            _ => self.templates.get(name),
+        }
     }
 
     /// The template of that name.
@@ -135,7 +338,13 @@ impl TemplateSet {
     /// The template of that name with that content hash: the one in service, or a version that an
     /// earlier update replaced and this set still remembers.
     pub fn version(&self, name: &str, hash: &str) -> Option<&Arc<Template>> {
-        self.templates.get(name).into_iter().chain(&self.retired).find(|t| &*t.name == name && t.hash == hash)
+        self.templates
+            .get(name)
+            .into_iter()
+            .chain(self.rollouts.get(name).map(|a| &a.from))
+            .chain(&self.kept)
+            .chain(&self.retired)
+            .find(|t| &*t.name == name && t.hash == hash)
     }
 
     /// Templates in name order.
@@ -159,10 +368,12 @@ impl TemplateSet {
     }
 }
 
-/// The content hash a source would get, without compiling it (used to skip recompiling unchanged
-/// templates on every ConfigMap event).
-fn hash_of_source(text: &str) -> Option<String> {
-    SourceNode::parse(text).ok().map(|root| content_hash(&root))
+/// The content hash a source would get and its `rollout:` (which the hash leaves out), without
+/// compiling it: used to skip recompiling unchanged templates on every ConfigMap event.
+fn identity_of_source(text: &str) -> Option<(String, Value)> {
+    let root = SourceNode::parse(text).ok()?;
+    let rollout = root.to_json().get("rollout").cloned().unwrap_or(Value::Null);
+    Some((content_hash(&root), rollout))
 }
 
 /// The default templates, from `templates/` at build time.

@@ -367,6 +367,9 @@ pub struct Template {
     /// The YAML text it was loaded from: an earlier version differing only in images is rebuilt
     /// from it (`drift::in_place`).
     pub(crate) source: Arc<str>,
+    /// `rollout:`: while a rollout is under way, who gets this version rather than the one in
+    /// service before (see `rollout`). Not part of `hash`.
+    pub rollout: Option<Rollout>,
     pub(crate) inject: InjectSpec,
     pub(crate) expressions: expression::Expressions,
 }
@@ -456,6 +459,44 @@ fn item_name(item: &SeqItem, index: usize) -> String {
         _ => None,
     };
     name.map_or_else(|| format!("#{}", index + 1), |n| format!("{n:?}"))
+}
+
+/// Pods of the new version whose injected containers failed that halt a rollout, by default.
+pub const DEFAULT_FAILED_PODS: u32 = 2;
+/// Restarts of an injected container that make it count as failed, by default.
+pub const DEFAULT_RESTARTS: u32 = 3;
+
+/// A template's `rollout:` key: who gets its version while the previous one still serves others.
+#[derive(Debug, Clone)]
+pub struct Rollout {
+    /// Percent of workloads (0–100) that get the new version.
+    pub share: u8,
+    /// Workloads whose pods' labels it matches get the new version whatever their bucket.
+    pub selector: Option<TemplateSelector>,
+    /// When the new version's failures halt the rollout.
+    pub halt: HaltThresholds,
+}
+
+impl PartialEq for Rollout {
+    fn eq(&self, other: &Self) -> bool {
+        let text = |s: &Option<TemplateSelector>| s.as_ref().map(|s| s.text.clone());
+        self.share == other.share && text(&self.selector) == text(&other.selector) && self.halt == other.halt
+    }
+}
+
+/// `rollout.halt`: when the pods that got the new version have failed enough.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HaltThresholds {
+    /// Pods with a failed injected container that halt the rollout.
+    pub failed_pods: u32,
+    /// Restarts that make an injected container count as failed.
+    pub restarts: u32,
+}
+
+impl Default for HaltThresholds {
+    fn default() -> Self {
+        HaltThresholds { failed_pods: DEFAULT_FAILED_PODS, restarts: DEFAULT_RESTARTS }
+    }
 }
 
 #[cfg(test)]
