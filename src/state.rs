@@ -262,9 +262,24 @@ impl AppState {
     /// a broken template stays in service (see `TemplateSet::update`).
     /// Blocks (the sandbox waits for a child): call it on a blocking thread. Returns the errors.
     pub fn update_templates(&self, sources: Vec<crate::engine::TemplateSource>) -> Vec<crate::engine::TemplateError> {
+        self.update_templates_with_kept(sources, &crate::engine::templates::rollout::Kept::default())
+    }
+
+    /// [`AppState::update_templates`] with what the kept ConfigMap holds (the versions rollouts
+    /// roll from, their halts): see `TemplateSet::update_with_kept`. The engine's set then says
+    /// what that ConfigMap should hold (`TemplateSet::kept_wanted`).
+    pub fn update_templates_with_kept(
+        &self,
+        sources: Vec<crate::engine::TemplateSource>,
+        kept: &crate::engine::templates::rollout::Kept,
+    ) -> Vec<crate::engine::TemplateError> {
         let _one_at_a_time = self.template_work.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let current = self.engine.load();
-        let (templates, errors) = current.templates.update(sources, self.precheck.as_ref());
+        let (templates, errors) = current.templates.update_with_kept(sources, kept, self.precheck.as_ref());
+        for notice in templates.rollout_notices() {
+            tracing::warn!("{notice}");
+        }
+        self.metrics.set_rollouts(&templates);
         for error in &errors {
             self.metrics.template_reload_errors.inc();
             tracing::error!(template = %error.template, line = error.line, error = %error.message, "template not loaded; the last good version (if any) stays in service");

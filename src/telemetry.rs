@@ -106,6 +106,13 @@ pub struct Metrics {
     pub template_reload_errors: Counter,
     /// `sidecar_injector_templates_loaded`: templates in service.
     pub templates_loaded: Gauge,
+    /// `sidecar_injector_rollout_share{template}`: for each rollout under way, the percent of
+    /// workloads that get the new version (0 while halted).
+    pub rollout_share: Family<TemplateLabel, Gauge>,
+    /// `sidecar_injector_rollout_halted{template}`: 1 while a rollout is halted, else 0.
+    pub rollout_halted: Family<TemplateLabel, Gauge>,
+    /// `sidecar_injector_rollout_halts_total{template}`: rollouts this replica halted.
+    pub rollout_halts: Family<TemplateLabel, Counter>,
     /// `sidecar_injector_certificate_expiry_timestamp_seconds`: when the serving certificate expires.
     pub certificate_expiry: Gauge,
     /// `sidecar_injector_certificate_reload_errors_total`: certificate files or Secrets that failed to load.
@@ -195,6 +202,20 @@ impl Default for Metrics {
         );
         let templates_loaded = Gauge::default();
         registry.register("templates_loaded", "Templates in service", templates_loaded.clone());
+        let rollout_share = Family::<TemplateLabel, Gauge>::default();
+        registry.register(
+            "rollout_share",
+            "For each rollout under way, the percent of workloads that get the new version (0 while halted)",
+            rollout_share.clone(),
+        );
+        let rollout_halted = Family::<TemplateLabel, Gauge>::default();
+        registry.register("rollout_halted", "1 while a template's rollout is halted", rollout_halted.clone());
+        let rollout_halts = Family::<TemplateLabel, Counter>::default();
+        registry.register(
+            "rollout_halts",
+            "Rollouts this replica halted because pods of the new version failed",
+            rollout_halts.clone(),
+        );
         let certificate_expiry = Gauge::default();
         registry.register(
             "certificate_expiry_timestamp_seconds",
@@ -247,6 +268,9 @@ impl Default for Metrics {
             duration,
             template_reload_errors,
             templates_loaded,
+            rollout_share,
+            rollout_halted,
+            rollout_halts,
             certificate_expiry,
             certificate_reload_errors,
             namespace_cache_misses,
@@ -261,6 +285,22 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Sets the rollout gauges from the templates in service: a template whose rollout ended
+    /// (promoted, or its template gone) reads 0 on both, so an alert on a halt resolves.
+    pub fn set_rollouts(&self, templates: &crate::engine::TemplateSet) {
+        for template in templates.names() {
+            let label = TemplateLabel { template: template.to_owned() };
+            let active = templates.rollout(template);
+            let halted = active.is_some_and(|a| a.halted.is_some());
+            let share = active.filter(|_| !halted).map_or(0, |a| i64::from(a.spec.share));
+            // Only templates that ever rolled out get series.
+            if active.is_some() || self.rollout_share.get(&label).is_some() {
+                self.rollout_share.get_or_create(&label).set(share);
+                self.rollout_halted.get_or_create(&label).set(i64::from(halted));
+            }
+        }
+    }
+
     /// Counts `count` Kubernetes Events with `result`.
     pub fn event(&self, result: &str, count: u64) {
         if count > 0 {

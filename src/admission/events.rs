@@ -180,6 +180,12 @@ pub fn template_edit(regarding: ObjectReference, refused: bool, message: &str) -
     intent(&regarding, reason, "LoadTemplates", message.to_owned())
 }
 
+/// A rollout halted because pods that got its new version failed (on the template's ConfigMap and
+/// on the workloads of the failed pods).
+pub fn rollout_halted(regarding: &ObjectReference, message: &str) -> EventIntent {
+    intent(regarding, "RolloutHalted", "HaltRollout", message.to_owned())
+}
+
 fn intent(regarding: &ObjectReference, reason: &'static str, action: &'static str, mut note: String) -> EventIntent {
     if note.len() > MAX_NOTE_BYTES {
         let mut end = MAX_NOTE_BYTES - 3;

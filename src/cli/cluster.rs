@@ -51,12 +51,20 @@ fn labels_of(object: &Value, field: &str) -> BTreeMap<String, String> {
 /// The engine as the webhook has it now: templates from the ConfigMaps, the cluster's version.
 async fn live_engine(client: &Client, injector: &InjectorRef) -> Result<(Engine, ClusterFacts, Vec<String>)> {
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &injector.injector_namespace);
+    // The kept ConfigMap too: the versions rollouts roll from, their halts.
+    let selector = format!("{} in (true,{})", names::TEMPLATES_CONFIGMAP_LABEL, names::KEPT_LABEL_VALUE);
     let list = configmaps
-        .list(&ListParams::default().labels(&format!("{}=true", names::TEMPLATES_CONFIGMAP_LABEL)))
+        .list(&ListParams::default().labels(&selector))
         .await
         .with_context(|| format!("reading template ConfigMaps in {}", injector.injector_namespace))?;
     let items: Vec<Arc<ConfigMap>> = list.items.into_iter().map(Arc::new).collect();
-    let (templates, errors) = TemplateSet::load(crate::cluster::sources_of(&items));
+    let (kept, _) = crate::cluster::rollouts::kept_of(&items);
+    let items: Vec<Arc<ConfigMap>> = items.into_iter().filter(|cm| !crate::cluster::rollouts::is_kept(cm)).collect();
+    let (templates, errors) = TemplateSet::default().update_with_kept(
+        crate::cluster::sources_of(&items),
+        &kept,
+        &crate::engine::templates::set::InProcess,
+    );
     let cluster = crate::cluster::cluster_facts(client).await;
     let errors = errors.iter().map(ToString::to_string).collect();
     Ok((Engine::new(templates, vec![injector.injector_namespace.clone()]), cluster, errors))

@@ -14,6 +14,7 @@
 pub mod cert_secret;
 pub mod enforcement;
 pub mod events;
+pub mod rollouts;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -34,8 +35,8 @@ use crate::engine::{ClusterFacts, NamespaceFacts, TemplateSource, names};
 use crate::state::{AppState, Readiness};
 use crate::telemetry::Metrics;
 
-/// The reconnect backoff of both watches: 0.25 s doubling to 1 s, with jitter.
-fn backoff() -> watcher::ExponentialBackoff {
+/// The reconnect backoff of the watches: 0.25 s doubling to 1 s, with jitter.
+pub(crate) fn backoff() -> watcher::ExponentialBackoff {
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(250))
         .with_max_delay(Duration::from_secs(1))
@@ -180,11 +181,12 @@ async fn publish_nodes(mut known: KnownNodes, state: &Arc<AppState>) -> KnownNod
 /// Starts the template ConfigMap reflector; every change rebuilds the templates in service.
 pub fn watch_templates(client: Client, namespace: &str, state: Arc<AppState>) {
     let (reader, writer) = reflector::store::<ConfigMap>();
-    let config = watcher::Config::default().labels(&format!("{}=true", names::TEMPLATES_CONFIGMAP_LABEL));
-    let stream = watcher(Api::<ConfigMap>::namespaced(client, namespace), config)
-        .backoff(backoff())
-        .modify(|cm| cm.managed_fields_mut().clear())
-        .reflect(writer);
+    // The kept ConfigMap (`rollouts`) comes with the templates: one watch.
+    let selector = format!("{} in (true,{})", names::TEMPLATES_CONFIGMAP_LABEL, names::KEPT_LABEL_VALUE);
+    let config = watcher::Config::default().labels(&selector);
+    let api = Api::<ConfigMap>::namespaced(client, namespace);
+    let stream =
+        watcher(api.clone(), config).backoff(backoff()).modify(|cm| cm.managed_fields_mut().clear()).reflect(writer);
     tokio::spawn(async move {
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
@@ -193,8 +195,14 @@ pub fn watch_templates(client: Client, namespace: &str, state: Arc<AppState>) {
                 Ok(event) => {
                     let (state, reader) = (state.clone(), reader.clone());
                     let loaded = tokio::task::spawn_blocking(move || on_template_event(&state, &reader, &event));
-                    if let Err(error) = loaded.await {
-                        tracing::error!(%error, "loading templates failed");
+                    match loaded.await {
+                        Err(error) => tracing::error!(%error, "loading templates failed"),
+                        Ok(Some(write)) => {
+                            if let Err(error) = rollouts::write_kept(&api, &write).await {
+                                tracing::warn!(%error, "writing {} failed; retried on the next template event", names::KEPT_CONFIGMAP);
+                            }
+                        }
+                        Ok(None) => {}
                     }
                 }
                 Err(error) => tracing::warn!(%error, "template ConfigMap watch failed; retrying with backoff"),
@@ -205,12 +213,20 @@ pub fn watch_templates(client: Client, namespace: &str, state: Arc<AppState>) {
 
 /// Reacts to one template ConfigMap watch event (already applied to `store`): once the initial
 /// list is complete, and on every change after it, the templates in service are rebuilt from the
-/// whole store.
-pub fn on_template_event(state: &AppState, store: &Store<ConfigMap>, event: &watcher::Event<ConfigMap>) {
+/// whole store (the kept ConfigMap included: `rollouts`). Returns the write the kept ConfigMap
+/// then needs, if any.
+pub fn on_template_event(
+    state: &AppState,
+    store: &Store<ConfigMap>,
+    event: &watcher::Event<ConfigMap>,
+) -> Option<rollouts::KeptWrite> {
     if matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
-        return;
+        return None;
     }
-    let errors = state.update_templates(sources_of(&store.state()));
+    let all = store.state();
+    let (kept, exists) = rollouts::kept_of(&all);
+    let templates: Vec<Arc<ConfigMap>> = all.into_iter().filter(|cm| !rollouts::is_kept(cm)).collect();
+    let errors = state.update_templates_with_kept(sources_of(&templates), &kept);
     state.readiness.templates_synced.store(true, Ordering::Relaxed);
     // An edit that broke one of this ConfigMap's templates: the last good version stays in
     // service, and the ConfigMap says so (the validating webhook refuses such edits first, when
@@ -229,6 +245,7 @@ pub fn on_template_event(state: &AppState, store: &Store<ConfigMap>, event: &wat
             state.metrics.event("dropped", dropped as u64);
         }
     }
+    rollouts::kept_write(&state.engine.load().templates, &kept, exists)
 }
 
 /// Pods per page of a paged pod list. The API server's watch cache copies out every pod after a
@@ -380,6 +397,8 @@ pub async fn cluster_facts(client: &Client) -> ClusterFacts {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::engine::Engine;
     use kube::runtime::reflector::store::Writer;
@@ -415,6 +434,60 @@ mod tests {
             data: Some(data.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_rollout_has_the_version_it_rolls_from_kept_once_and_every_replica_reads_it_back() {
+        let v1 = "default: true\ninject:\n  labels: {a: b}\n";
+        let v2 = "default: true\nrollout: {share: 30}\ninject:\n  labels: {a: c}\n";
+        let state = state();
+        let mut writer = Writer::<ConfigMap>::default();
+        let store = writer.as_reader();
+        let mut apply = |event: watcher::Event<ConfigMap>| {
+            writer.apply_watcher_event(&event);
+            on_template_event(&state, &store, &event)
+        };
+        apply(watcher::Event::Init);
+        apply(watcher::Event::InitApply(configmap("sidecar-templates", &[("logs.yaml", v1)])));
+        assert_eq!(apply(watcher::Event::InitDone), None, "no rollout, nothing written");
+        let write = apply(watcher::Event::Apply(configmap("sidecar-templates", &[("logs.yaml", v2)])))
+            .expect("the version rolled from is written");
+        assert!(!write.exists);
+        let data = write.patch["data"].as_object().unwrap();
+        let old = crate::engine::Template::load("logs", v1).unwrap().hash;
+        assert_eq!(data[&format!("logs.{old}.yaml")], json!(v1));
+        assert!(data["logs.json"].as_str().unwrap().contains(&old));
+        // The kept ConfigMap as written comes back through the same watch: nothing more to write.
+        let mut kept = configmap(names::KEPT_CONFIGMAP, &[]);
+        kept.metadata.labels =
+            Some([(names::TEMPLATES_CONFIGMAP_LABEL.to_owned(), names::KEPT_LABEL_VALUE.to_owned())].into());
+        kept.data = Some(data.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned())).collect());
+        assert_eq!(apply(watcher::Event::Apply(kept.clone())), None);
+        assert_eq!(state.engine.load().templates.names().collect::<Vec<_>>(), vec!["logs"], "not read as templates");
+        assert_eq!(state.engine.load().templates.rollout("logs").map(|a| a.from.hash.clone()), Some(old.clone()));
+        assert_eq!(
+            state
+                .metrics
+                .rollout_share
+                .get_or_create(&crate::telemetry::TemplateLabel { template: "logs".into() })
+                .get(),
+            30
+        );
+
+        // A replica started now reads the same rollout from the two ConfigMaps.
+        let fresh = super::tests::state();
+        let mut writer = Writer::<ConfigMap>::default();
+        let store = writer.as_reader();
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(configmap("sidecar-templates", &[("logs.yaml", v2)])),
+            watcher::Event::InitApply(kept),
+            watcher::Event::InitDone,
+        ] {
+            writer.apply_watcher_event(&event);
+            assert_eq!(on_template_event(&fresh, &store, &event), None);
+        }
+        assert_eq!(fresh.engine.load().templates.rollout("logs").map(|a| a.from.hash.clone()), Some(old));
     }
 
     const GOOD: &str = "default: true\ninject:\n  labels: {a: b}\n";

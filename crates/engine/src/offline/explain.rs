@@ -84,6 +84,9 @@ fn choice_json(choice: &Choice) -> Value {
         "verdicts": choice.verdicts.iter().map(|(name, verdict)| {
             let mut v = serde_json::to_value(verdict).expect("verdicts serialize");
             v["name"] = json!(name);
+            if let Some(chosen) = choice.versions.iter().find(|c| c.template == *name) {
+                v["version"] = json!({"hash": chosen.hash, "why": chosen.why});
+            }
             v
         }).collect::<Vec<_>>(),
     })
@@ -236,6 +239,9 @@ fn text(explanations: &[Explanation], decisions: &[Option<Choice>], webhook_only
                 out.push_str(&format!("    {name:width$}  {verdict}\n"));
                 if let Some(reason) = webhook_only.get(&**name).filter(|_| verdict.is_chosen()) {
                     out.push_str(&format!("    {:width$}  (policy mode: webhook-only, {reason})\n", ""));
+                }
+                for chosen in choice.versions.iter().filter(|v| v.template == *name) {
+                    out.push_str(&format!("    {:width$}  version {}: {}\n", "", chosen.hash, chosen.why));
                 }
             }
         }

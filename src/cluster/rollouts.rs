@@ -1,0 +1,245 @@
+//! The rollouts' shell (see `templates::rollout` for the decisions): keeps the kept ConfigMap
+//! (`sidecar-injector-versions`, in the injector's namespace) holding what the templates in service
+//! want, and, while a rollout reaches pods, watches the pods that got its new version and halts
+//! it when their injected containers fail (the threshold is the template's `rollout.halt`).
+//!
+//! Every replica does both: the writes are idempotent merge patches of the same data (a halt
+//! written twice says the same), so no leader is needed, and a replica started later reads what
+//! the others wrote. The pod watch runs only while some rollout reaches pods (so a cluster without
+//! rollouts pays nothing), selects injected pods by label, and keeps only the failures of pods of
+//! a new version, never the pods themselves.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::Value;
+
+use crate::engine::model::status::InjectionStatus;
+use crate::engine::templates::rollout::{self, Halt, Kept};
+use crate::engine::{TemplateSet, names};
+use crate::state::AppState;
+
+/// How often the failures of a rollout's pods are weighed against its threshold.
+const HALT_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// How often a replica with no rollout reaching pods looks again.
+const IDLE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Whether a ConfigMap of the template watch is the kept one (the others are templates).
+pub fn is_kept(configmap: &ConfigMap) -> bool {
+    configmap.name_any() == names::KEPT_CONFIGMAP
+        && configmap.labels().get(names::TEMPLATES_CONFIGMAP_LABEL).map(String::as_str) == Some(names::KEPT_LABEL_VALUE)
+}
+
+/// What the kept ConfigMap among `configmaps` holds, and whether there is one.
+pub fn kept_of(configmaps: &[Arc<ConfigMap>]) -> (Kept, bool) {
+    let Some(configmap) = configmaps.iter().find(|cm| is_kept(cm)) else { return (Kept::default(), false) };
+    let (kept, errors) = Kept::from_data(&configmap.data.clone().unwrap_or_default());
+    for error in errors {
+        tracing::warn!("{error}");
+    }
+    (kept, true)
+}
+
+/// A write the kept ConfigMap needs: a merge patch of its data, or its creation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeptWrite {
+    /// Whether the ConfigMap exists (else it is created with the patch's data).
+    pub exists: bool,
+    /// The merge patch (`{"data": {...}}`; `null` removes a key).
+    pub patch: Value,
+}
+
+/// The write that makes the kept ConfigMap (`now`) hold what `templates` want, if any.
+pub fn kept_write(templates: &TemplateSet, now: &Kept, exists: bool) -> Option<KeptWrite> {
+    now.merge_patch_to(templates.kept_wanted()).map(|patch| KeptWrite { exists, patch })
+}
+
+/// Applies a [`KeptWrite`] (a ConfigMap another replica created meanwhile is patched instead).
+pub async fn write_kept(api: &Api<ConfigMap>, write: &KeptWrite) -> kube::Result<()> {
+    if !write.exists {
+        let data: BTreeMap<String, String> = write.patch["data"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+            .collect();
+        let configmap = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(names::KEPT_CONFIGMAP.to_owned()),
+                labels: Some(BTreeMap::from([(
+                    names::TEMPLATES_CONFIGMAP_LABEL.to_owned(),
+                    names::KEPT_LABEL_VALUE.to_owned(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            data: Some(data),
+            ..ConfigMap::default()
+        };
+        match api.create(&PostParams::default(), &configmap).await {
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            other => return other.map(drop),
+        }
+    }
+    api.patch(names::KEPT_CONFIGMAP, &PatchParams::default(), &Patch::Merge(&write.patch)).await.map(drop)
+}
+
+/// A failed pod of a rollout's new version.
+#[derive(Debug, Clone)]
+struct Failed {
+    /// `(template, version)` of every rollout under way whose new version the pod has.
+    versions: Vec<(String, String)>,
+    /// What failed.
+    what: String,
+    /// The pod's controller, for the Event.
+    owner: Option<ObjectReference>,
+}
+
+/// The rollouts under way whose new version reaches pods, with that version.
+fn live_rollouts(templates: &TemplateSet) -> Vec<(String, String, rollout::HaltThresholds)> {
+    templates
+        .rollouts()
+        .filter(|(_, active)| active.reaches_anyone())
+        .filter_map(|(name, active)| {
+            let current = templates.get(name)?;
+            Some((name.to_owned(), current.hash.clone(), active.spec.halt))
+        })
+        .collect()
+}
+
+/// What failed in a pod that has the new version of a live rollout, if anything.
+fn failure_of(pod: &Pod, live: &[(String, String, rollout::HaltThresholds)]) -> Option<Failed> {
+    let status = InjectionStatus::parse(pod.annotations().get(names::STATUS_ANNOTATION)?).ok()?;
+    let versions: Vec<(String, String, rollout::HaltThresholds)> = live
+        .iter()
+        .filter(|(name, hash, _)| status.templates.iter().any(|t| t.name == *name && t.hash == *hash))
+        .cloned()
+        .collect();
+    let thresholds = versions.iter().map(|(_, _, t)| *t).min_by_key(|t| t.restarts)?;
+    let containers: Vec<&str> = status.containers.iter().chain(&status.init_containers).map(String::as_str).collect();
+    let pod_status = serde_json::to_value(pod.status.as_ref()?).ok()?;
+    let what = rollout::container_failure(&pod_status, &containers, thresholds)?;
+    let pod_json = serde_json::to_value(pod).ok()?;
+    Some(Failed {
+        versions: versions.into_iter().map(|(n, h, _)| (n, h)).collect(),
+        what,
+        owner: crate::admission::events::owner_of(&pod_json, &pod.namespace().unwrap_or_default()),
+    })
+}
+
+/// Starts the halt watch (see the module's doc).
+pub fn watch_rollouts(client: Client, namespace: String, state: Arc<AppState>) {
+    tokio::spawn(async move {
+        loop {
+            if live_rollouts(&state.engine.load().templates).is_empty() {
+                tokio::time::sleep(IDLE_INTERVAL).await;
+                continue;
+            }
+            tracing::info!("a rollout reaches pods: watching the pods of its new version");
+            watch_while_live(&client, &namespace, &state).await;
+        }
+    });
+}
+
+/// Watches injected pods and halts rollouts whose new version fails, until no rollout reaches pods.
+async fn watch_while_live(client: &Client, namespace: &str, state: &Arc<AppState>) {
+    let config = watcher::Config::default().labels(names::INJECTED_LABEL);
+    let stream = watcher(Api::<Pod>::all(client.clone()), config).backoff(super::backoff());
+    futures::pin_mut!(stream);
+    let mut failed: BTreeMap<(String, String), Failed> = BTreeMap::new();
+    let mut halted_here: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut tick = tokio::time::interval(HALT_CHECK_INTERVAL);
+    loop {
+        tokio::select! {
+            event = stream.next() => {
+                let live = live_rollouts(&state.engine.load().templates);
+                match event {
+                    Some(Ok(watcher::Event::Init)) => failed.clear(),
+                    Some(Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod))) => {
+                        let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+                        match failure_of(&pod, &live) {
+                            Some(failure) => drop(failed.insert(key, failure)),
+                            None => drop(failed.remove(&key)),
+                        }
+                    }
+                    Some(Ok(watcher::Event::Delete(pod))) => drop(failed.remove(&(pod.namespace().unwrap_or_default(), pod.name_any()))),
+                    Some(Ok(watcher::Event::InitDone)) => {}
+                    Some(Err(error)) => tracing::warn!(%error, "rollout pod watch failed; retrying with backoff"),
+                    None => return,
+                }
+            }
+            _ = tick.tick() => {
+                let templates = state.engine.load().templates.clone();
+                let live = live_rollouts(&templates);
+                if live.is_empty() {
+                    return;
+                }
+                for (name, version, thresholds) in live {
+                    if halted_here.contains(&(name.clone(), version.clone())) {
+                        continue;
+                    }
+                    let of_version: Vec<(&(String, String), &Failed)> =
+                        failed.iter().filter(|(_, f)| f.versions.iter().any(|v| v.0 == name && v.1 == version)).collect();
+                    let failures: Vec<(String, String)> =
+                        of_version.iter().map(|((ns, pod), f)| (format!("{ns}/{pod}"), f.what.clone())).collect();
+                    let Some(reason) = rollout::halt_reason(&version, &failures, thresholds) else { continue };
+                    let owners: Vec<ObjectReference> = of_version.iter().filter_map(|(_, f)| f.owner.clone()).collect();
+                    match halt(client, namespace, state, &templates, &name, &version, &reason, owners).await {
+                        Ok(()) => drop(halted_here.insert((name, version))),
+                        Err(error) => tracing::error!(template = name, %error, "halting the rollout failed; trying again"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Halts a rollout: the kept record says so (every replica then serves the earlier version), an
+/// Event on the template's ConfigMap and on the failed pods' workloads, a metric, a log line.
+#[allow(clippy::too_many_arguments)]
+async fn halt(
+    client: &Client,
+    namespace: &str,
+    state: &AppState,
+    templates: &TemplateSet,
+    name: &str,
+    version: &str,
+    reason: &str,
+    owners: Vec<ObjectReference>,
+) -> kube::Result<()> {
+    let at = jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .map_or_else(|_| jiff::Timestamp::now().to_string(), |t| t.to_string());
+    let mut wanted = templates.kept_wanted().clone();
+    let record = wanted.records.entry(name.to_owned()).or_default();
+    record.halted = Some(Halt { version: version.to_owned(), reason: reason.to_owned(), at: at.clone() });
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    if let Some(patch) = templates.kept_wanted().merge_patch_to(&wanted) {
+        write_kept(&api, &KeptWrite { exists: true, patch }).await?;
+    }
+    state.metrics.rollout_halts.get_or_create(&crate::telemetry::TemplateLabel { template: name.to_owned() }).inc();
+    let from = templates.rollout(name).map(|a| a.from.hash.clone()).unwrap_or_default();
+    let message = format!(
+        "rollout of template {name} version {version} halted: {reason}. New pods get version {from} again; `sidecar-injector drift` lists the pods that got {version}, and `drift --in-place` or `--restart` brings them back"
+    );
+    tracing::error!(template = name, version, "{message}");
+    let mut regarding: Vec<ObjectReference> = owners;
+    regarding.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    regarding.dedup_by(|a, b| a.uid == b.uid);
+    let listed = api.list(&ListParams::default().labels(&format!("{}=true", names::TEMPLATES_CONFIGMAP_LABEL))).await;
+    let holder = listed.ok().and_then(|list| {
+        list.items.into_iter().find(|cm| cm.data.as_ref().is_some_and(|d| d.contains_key(&format!("{name}.yaml"))))
+    });
+    if let Some(configmap) = holder {
+        regarding.insert(0, crate::admission::events::configmap(namespace, &configmap.name_any(), configmap.uid()));
+    }
+    let intents = regarding.iter().map(|r| crate::admission::events::rollout_halted(r, &message)).collect();
+    let dropped = state.events.send(intents);
+    state.metrics.event("dropped", dropped as u64);
+    Ok(())
+}
