@@ -16,6 +16,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::engine::injection::nodes::NodePool;
 use crate::engine::offline::{self, Manifests, OfflineFacts, explain::Format, parse_key_values};
+use crate::engine::templates::rollout::Kept;
 use crate::engine::templates::set::PreCheck;
 use crate::engine::templates::set::embedded_sources;
 use crate::engine::{ClusterFacts, TemplateError, TemplateSet, TemplateSource};
@@ -252,6 +253,28 @@ pub fn load_templates_checked(dir: Option<&Path>, precheck: &dyn PreCheck) -> Re
         Some(dir) => template_sources_from(dir)?,
         None => embedded_sources(),
     };
-    let (set, errors) = TemplateSet::default().update(sources, precheck);
+    let kept = match dir {
+        Some(dir) => kept_from(&dir.join("kept"))?,
+        None => Kept::default(),
+    };
+    let (set, errors) = TemplateSet::default().update_with_kept(sources, &kept, precheck);
     if errors.is_empty() { Ok(set) } else { Err(errors.into()) }
+}
+
+/// What a templates directory's `kept/` holds: the kept ConfigMap's data (`sidecar-injector-versions`,
+/// one file per key), so that offline commands choose versions as the webhook does during a
+/// rollout. No such directory: nothing kept.
+pub fn kept_from(dir: &Path) -> Result<Kept, CliError> {
+    if !dir.is_dir() {
+        return Ok(Kept::default());
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| CliError::one(format!("{}: {e}", dir.display())))?;
+    let mut data = BTreeMap::new();
+    for path in entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_file()) {
+        let key = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        let text = std::fs::read_to_string(&path).map_err(|e| CliError::one(format!("{}: {e}", path.display())))?;
+        data.insert(key, text);
+    }
+    let (kept, errors) = Kept::from_data(&data);
+    if errors.is_empty() { Ok(kept) } else { Err(CliError::one(format!("{}: {}", dir.display(), errors.join("; ")))) }
 }

@@ -16,6 +16,9 @@ pub fn exported() -> BTreeMap<String, String> {
     metrics.injections.get_or_create(&template).inc();
     metrics.injection_conflicts.get_or_create(&template).inc();
     metrics.enforcement_audit.get_or_create(&template).inc();
+    metrics.rollout_share.get_or_create(&template).set(25);
+    metrics.rollout_halted.get_or_create(&template).set(0);
+    metrics.rollout_halts.get_or_create(&template).inc();
     metrics.decision_warnings.get_or_create(&CodeLabel { code: "override_ignored" }).inc();
     metrics.event("published", 1);
     metrics.duration.get_or_create(&EndpointLabel { endpoint: "mutate".into() }).observe(0.001);

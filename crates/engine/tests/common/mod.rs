@@ -2,11 +2,14 @@
 //! with, one `--flag=value` per line) read as the offline commands' inputs, and a directory of
 //! templates loaded as the CLI loads it.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
 use sidecar_injector_engine::offline::{OfflineFacts, node_pool, parse_key_values};
+use sidecar_injector_engine::templates::rollout::Kept;
+use sidecar_injector_engine::templates::set::InProcess;
 use sidecar_injector_engine::{ClusterFacts, TemplateSet, TemplateSource};
 
 /// A case's flags: its templates (the `--templates` value, resolved by each test) and the facts.
@@ -56,7 +59,19 @@ pub fn load_templates(dir: &Path) -> TemplateSet {
         })
         .collect();
     sources.sort_by(|a, b| a.name.cmp(&b.name));
-    let (set, errors) = TemplateSet::load(sources);
+    // `kept/`: the kept ConfigMap's data, a file per key (as the CLI reads it).
+    let kept_dir = dir.join("kept");
+    let data: BTreeMap<String, String> = match kept_dir.is_dir() {
+        true => fs::read_dir(&kept_dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|path| (path.file_name().unwrap().to_string_lossy().into_owned(), fs::read_to_string(&path).unwrap()))
+            .collect(),
+        false => BTreeMap::new(),
+    };
+    let (kept, kept_errors) = Kept::from_data(&data);
+    assert!(kept_errors.is_empty(), "{}: {kept_errors:?}", kept_dir.display());
+    let (set, errors) = TemplateSet::default().update_with_kept(sources, &kept, &InProcess);
     assert!(errors.is_empty(), "{}: {errors:?}", dir.display());
     set
 }

@@ -156,6 +156,10 @@ pub fn compile(templates: &TemplateSet, native_sidecars: bool, excluded_namespac
                 {"name": "no-status-or-templates-annotation", "expression": format!(
                     "!has(object.metadata.annotations) || !({} in object.metadata.annotations || {} in object.metadata.annotations)",
                     lit(names::STATUS_ANNOTATION), lit(names::TEMPLATES_ANNOTATION))},
+                // Pins (on the pod or its namespace) choose kept versions, which only the webhook has.
+                {"name": "no-pins", "expression": format!(
+                    "!(has(object.metadata.annotations) && {pins} in object.metadata.annotations) && !(has(namespaceObject.metadata.annotations) && {pins} in namespaceObject.metadata.annotations)",
+                    pins = lit(names::PINS_ANNOTATION))},
             ],
             "variables": program.variables,
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": program.patch}}],
@@ -209,6 +213,11 @@ fn compile_template(template: &Template, native_sidecars: bool, selected: &str) 
     // The form of such a volume is chosen per pod from the nodes it can run on: the webhook's.
     if spec.pod_lists.iter().flatten().any(|item| item.fallback.is_some()) {
         return Err("an image volume declares a fallback (fallback:), and which of the two a pod gets is decided from the nodes it can run on".to_owned());
+    }
+    // Which version a pod gets rests on its workload's bucket, its pins and a halt kept in a
+    // ConfigMap of the injector's: the webhook's.
+    if template.rollout.is_some() {
+        return Err("a new version rolls out (rollout:), and which version a pod gets depends on its workload, its pins and the rollout's halt, which only the webhook reads".to_owned());
     }
     // Sized values are computed from the app containers' quantities, which CEL cannot round.
     if spec.init_containers.iter().chain(&spec.sidecars).any(|item| item.sizing.is_some()) {
