@@ -1198,3 +1198,70 @@ proptest! {
         prop_assert_eq!(missing(&known), expected, "{:?}", reach);
     }
 }
+
+/// The pod as a replica of Deployment `w<workload>` makes it (no name yet, its ReplicaSet as
+/// owner), under `name_seed` to tell replicas apart.
+fn replica_of(pod: &Value, workload: u32, name_seed: u32) -> Value {
+    let mut pod = pod.clone();
+    let metadata = pod["metadata"].as_object_mut().unwrap();
+    metadata.remove("name");
+    metadata.insert("generateName".into(), json!(format!("w{workload}-5d8f7c-{name_seed}")));
+    metadata.insert(
+        "ownerReferences".into(),
+        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("w{workload}-5d8f7c"), "uid": "u", "controller": true}]),
+    );
+    let labels = metadata.entry("labels").or_insert_with(|| json!({}));
+    labels["pod-template-hash"] = json!("5d8f7c");
+    pod
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// While a template's new version rolls out (`rollout: {share}` on the edit, the version
+    /// before remembered as a running replica remembers it), a pod gets exactly what one of the
+    /// two versions alone would inject — the same one for every replica of its workload — and
+    /// with two versions in service its injection re-admits up to date and is not drifted.
+    #[test]
+    fn two_versions_in_service_each_inject_as_alone_and_every_replica_agrees(
+        pod in pod(),
+        old in template(),
+        new in template(),
+        share in 0u8..=100,
+        workload in 0u32..10_000,
+        native in any::<bool>(),
+    ) {
+        let old_engine = engine(std::slice::from_ref(&old));
+        let new_engine = engine(std::slice::from_ref(&new));
+        let (old_hash, new_hash) = (old_engine.templates.get("t0").unwrap().hash.clone(), new_engine.templates.get("t0").unwrap().hash.clone());
+        let rolled = edited(&old_engine, &[format!("rollout: {{share: {share}}}\n{new}")]);
+        let pod = replica_of(&pod, workload, 1);
+        let decision = rolled.evaluate(&PodRequest { pod: Arc::new(pod.clone()), namespace: shop(), cluster: cluster(native), workload: None });
+        let chosen = match decision.choice.as_ref().and_then(|c| c.versions.first()) {
+            Some(version) => version.hash.clone(),
+            // Out of scope, or the versions are one (the edit changed nothing).
+            None => {
+                prop_assert!(old_hash == new_hash || decision.choice.is_none() || decision.choice.as_ref().is_some_and(|c| c.selected().next().is_none()));
+                return Ok(());
+            }
+        };
+        let alone = match chosen == old_hash {
+            true => &old_engine,
+            false => { prop_assert_eq!(&chosen, &new_hash); &new_engine }
+        };
+        let expected = evaluate(alone, &pod, native);
+        prop_assert_eq!(format!("{:?}", decision.outcome), format!("{expected:?}"));
+        // Another replica of the workload gets the same version.
+        let sibling = rolled.evaluate(&PodRequest { pod: Arc::new(replica_of(&pod, workload, 2)), namespace: shop(), cluster: cluster(native), workload: None });
+        prop_assert_eq!(sibling.choice.unwrap().versions.first().map(|v| v.hash.clone()), Some(chosen));
+        if let Outcome::Inject(_) = expected {
+            let (injected, _) = patched(&pod, decision.outcome);
+            let again = evaluate(&rolled, &injected, native);
+            prop_assert!(matches!(again, Outcome::UpToDate(_)), "{:?}", again);
+            let labels = sidecar_injector_engine::pod::string_map(&injected, "labels").unwrap();
+            let annotations = sidecar_injector_engine::pod::string_map(&injected, "annotations").unwrap();
+            let drift = sidecar_injector_engine::drift::classify(&rolled, &labels, &annotations, &shop());
+            prop_assert!(!matches!(drift, sidecar_injector_engine::drift::PodDrift::Stale { .. }), "{:?}", drift);
+        }
+    }
+}
