@@ -11,7 +11,15 @@ use crate::engine::templates::template::SidecarMode;
 
 /// Loads every template under `path`; returns a summary line per template, or every error.
 pub fn check_templates(path: &Path) -> Result<String, CliError> {
-    let (set, errors) = TemplateSet::load(template_sources_from(path)?);
+    let kept = match path.is_dir() {
+        true => super::kept_from(&path.join("kept"))?,
+        false => Default::default(),
+    };
+    let (set, errors) = TemplateSet::default().update_with_kept(
+        template_sources_from(path)?,
+        &kept,
+        &crate::engine::templates::set::InProcess,
+    );
     if !errors.is_empty() {
         return Err(errors.into());
     }
@@ -49,7 +57,38 @@ pub fn check_templates(path: &Path) -> Result<String, CliError> {
             Level::Privileged => format!("pod security: {}: privileged (baseline refuses: {why})\n", t.name),
         })
     });
-    Ok(summary.chain(warnings).chain(auto).chain(image_volumes).chain(policy).chain(pod_security).collect())
+    // Rollouts (`engine::templates::rollout`): who gets which version, from the directory's `kept/`.
+    let rollouts = set.iter().filter_map(|t| {
+        let spec = t.rollout.as_ref()?;
+        let who = match &spec.selector {
+            Some(selector) => format!("{}% of workloads and those whose pods match {}", spec.share, selector.text),
+            None => format!("{}% of workloads", spec.share),
+        };
+        let halt = format!("halts after {} failed pods (restarts >= {})", spec.halt.failed_pods, spec.halt.restarts);
+        Some(match set.rollout(&t.name) {
+            Some(active) => match &active.halted {
+                Some(h) => format!(
+                    "rollout: {}: {} HALTED at {} ({}): every pod gets {}\n",
+                    t.name, t.hash, h.at, h.reason, active.from.hash
+                ),
+                None => {
+                    format!("rollout: {}: {} to {who}, the others keep {}; {halt}\n", t.name, t.hash, active.from.hash)
+                }
+            },
+            None => format!(
+                "rollout: {}: no version before it is kept (kept/ of this directory): every pod gets {}\n",
+                t.name, t.hash
+            ),
+        })
+    });
+    Ok(summary
+        .chain(warnings)
+        .chain(auto)
+        .chain(image_volumes)
+        .chain(policy)
+        .chain(pod_security)
+        .chain(rollouts)
+        .collect())
 }
 
 #[cfg(test)]
@@ -137,5 +176,21 @@ mod tests {
         let labels = "labels: {team: a}\n";
         std::fs::write(dir.path().join("agent.yaml"), format!("inject:\n  {labels}")).unwrap();
         assert!(!check_templates(dir.path()).unwrap().contains("pod security"), "no containers, no level");
+    }
+
+    #[test]
+    fn a_rollout_says_who_gets_which_version_from_the_directorys_kept_versions() {
+        let golden =
+            Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/crates/engine/tests/golden/cases/rollout/templates"));
+        let text = check_templates(golden).unwrap();
+        assert!(
+            text.contains("rollout: agent: 47d25d3f592a9611 to 25% of workloads and those whose pods match rollout=canary, the others keep 1f456f3191b145b3; halts after 2 failed pods (restarts >= 3)"),
+            "{text}"
+        );
+        assert!(text.contains("webhook-only: agent: a new version rolls out (rollout:)"), "{text}");
+        let alone = tempfile::tempdir().unwrap();
+        std::fs::copy(golden.join("agent.yaml"), alone.path().join("agent.yaml")).unwrap();
+        let text = check_templates(alone.path()).unwrap();
+        assert!(text.contains("rollout: agent: no version before it is kept"), "{text}");
     }
 }

@@ -99,10 +99,17 @@ async fn reachability(client: &Client, configuration: Option<&MutatingWebhookCon
 }
 
 /// A pod's (or pod template's) JSON for a target like `deployment/web`, `pod/web-1`, or none.
-async fn target_pod(client: &Client, namespace: &str, target: Option<&str>) -> Result<(String, Value, Option<Value>)> {
+/// The target's label, its pod (template), the pod itself when the target is one, and the workload
+/// a new pod of it belongs to (for a workload's pod template, which names none).
+#[allow(clippy::type_complexity)]
+async fn target_pod(
+    client: &Client,
+    namespace: &str,
+    target: Option<&str>,
+) -> Result<(String, Value, Option<Value>, Option<workload::Workload>)> {
     let Some(target) = target else {
         let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a-new-pod", "namespace": namespace}, "spec": {"containers": [{"name": "app", "image": "app"}]}});
-        return Ok((format!("namespace/{namespace} (a new pod without labels)"), pod, None));
+        return Ok((format!("namespace/{namespace} (a new pod without labels)"), pod, None, None));
     };
     let (kind, name) =
         target.split_once('/').with_context(|| format!("{target:?}: write KIND/NAME, e.g. deployment/web"))?;
@@ -120,7 +127,7 @@ async fn target_pod(client: &Client, namespace: &str, target: Option<&str>) -> R
     json["kind"] = json!(kind);
     let pod = workload::pod_of(&json).context("no pod template in it")?;
     let existing = (kind == "Pod").then(|| json.clone());
-    Ok((format!("{}/{name}", kind.to_lowercase()), pod, existing))
+    Ok((format!("{}/{name}", kind.to_lowercase()), pod, existing, workload::Workload::of_document(&json)))
 }
 
 /// What `explain --cluster` found.
@@ -168,7 +175,7 @@ pub async fn explain(
     let configuration =
         Api::<MutatingWebhookConfiguration>::all(client.clone()).get_opt(&injector.webhook_configuration).await?;
     let reachable = reachability(client, configuration.as_ref()).await;
-    let (label, pod, existing) = target_pod(client, namespace, target).await?;
+    let (label, pod, existing, owner) = target_pod(client, namespace, target).await?;
 
     // A new pod like this one: an existing pod is judged without what was injected into it.
     let fresh = match existing
@@ -195,7 +202,7 @@ pub async fn explain(
         Ok(pool) => pool.facts_for(&fresh, cluster),
         Err(_) => cluster,
     };
-    let request = PodRequest { pod: Arc::new(fresh), namespace: facts.clone(), cluster, workload: None };
+    let request = PodRequest { pod: Arc::new(fresh), namespace: facts.clone(), cluster, workload: owner };
     let found = crate::engine::offline::PodDecision {
         cluster,
         label: label.clone(),
@@ -259,6 +266,15 @@ impl ClusterExplanation {
             ));
         }
         out.push_str(&format!("  injector: {}\n", self.decision.message));
+        // The version a rollout or a pin decided, for each template (see `templates::rollout`).
+        let verdicts = self.decision.templates.as_ref().and_then(|t| t["verdicts"].as_array());
+        for verdict in verdicts.into_iter().flatten() {
+            if let (Some(name), Some(hash), Some(why)) =
+                (verdict["name"].as_str(), verdict["version"]["hash"].as_str(), verdict["version"]["why"].as_str())
+            {
+                out.push_str(&format!("    {name} version {hash}: {why}\n"));
+            }
+        }
         for note in &self.decision.sized {
             out.push_str(&format!("    sized {note}\n"));
         }

@@ -109,7 +109,10 @@ pub fn keep_current(client: Client, own_namespace: String, state: Arc<AppState>,
                 .iter()
                 .filter(|t| modes.enforcement && (t.enforced || t.audit))
                 .map(|t| {
-                    (t.name.to_string(), enforce::policy_objects(t, native, &own_namespace, may_precede.as_deref()))
+                    let versions: Vec<&crate::engine::Template> =
+                        engine.templates.versions_in_service(&t.name).into_iter().map(|t| &**t).collect();
+                    let objects = enforce::policy_objects(&versions, native, &own_namespace, may_precede.as_deref());
+                    (t.name.to_string(), objects)
                 })
                 .collect();
             // Compiled again only when the templates in service (or the sidecar mode) change, and

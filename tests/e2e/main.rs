@@ -14,6 +14,7 @@ mod metrics;
 mod namespaces;
 mod oracle;
 mod policy;
+mod rollouts;
 mod scale;
 mod scenarios;
 
@@ -102,6 +103,7 @@ async fn run(root: &Path) -> Result<bool> {
     use namespaces::s38_namespace_unreadable;
     use oracle::s37_api_server_oracle;
     use policy::s23_policy_mode;
+    use rollouts::s43_progressive_rollout;
     use scale::scale as scale_run_scenario;
     use scenarios::*;
     let all = scenarios![
@@ -145,6 +147,7 @@ async fn run(root: &Path) -> Result<bool> {
         s40_pod_security_levels,
         s41_node_declared_features,
         s42_sized_from_the_app,
+        s43_progressive_rollout,
         // Before the API server restart, which sets its counters back to zero.
         s24_monitoring_uses_real_api_server_metrics,
         s12_api_server_outage,

@@ -207,6 +207,7 @@ fn run(root: &Path, dir: &Path) -> Result<usize> {
         ("n16_scheduling_gate", n16_scheduling_gate),
         ("n17_pod_security", n17_pod_security),
         ("n18_declared_features", n18_declared_features),
+        ("n19_rollout_halt", n19_rollout_halt),
         ("n4_drift_restart", n4_drift_restart),
         ("n5_injector_down", n5_injector_down),
         ("n6_attacks_on_the_pod", n6_attacks_on_the_pod),

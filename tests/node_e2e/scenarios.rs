@@ -2082,3 +2082,155 @@ pub fn n18_declared_features(ctx: &mut Ctx) -> Result<()> {
     ensure!(reach.offers(feature) && reach.by == DeclaredBy::All, "the engine reads the real node as {reach:?}");
     Ok(())
 }
+
+/// 19. A rollout that halts itself on the real kubelet: a template's new version (with `rollout:`
+///     to every workload) whose agent exits at once crash-loops in the pods that got it; the injector
+///     replicas see it in the pods' container statuses and halt the rollout (the kept ConfigMap says
+///     so, an Event goes on the template's ConfigMap), and new pods get the version before again,
+///     which runs. Then a fixed version is promoted (one edit without `rollout:`): new pods get it and
+///     run, and `drift` lists the pods of the halted version. Prints the time from the first crash to
+///     the halt and how many pods got the bad version.
+pub fn n19_rollout_halt(ctx: &mut Ctx) -> Result<()> {
+    let result = rollout_halt(ctx);
+    let _ = ctx.kubectl(&[
+        "-n",
+        SHOP,
+        "delete",
+        "deployment",
+        "halt-web",
+        "halt-late",
+        "--ignore-not-found",
+        "--wait=false",
+    ]);
+    let _ = ctx.kubectl(&[
+        "-n",
+        INJECTOR_NS,
+        "delete",
+        "configmap",
+        "rollout-templates",
+        "sidecar-injector-versions",
+        "--ignore-not-found",
+    ]);
+    result
+}
+
+fn rollout_halt(ctx: &mut Ctx) -> Result<()> {
+    const RUNS: &str = r#"[/bin/sh, -c, 'trap "exit 0" TERM; while true; do sleep 1; done']"#;
+    const CRASHES: &str = r#"[/bin/sh, -c, 'echo the new agent fails to start; exit 3']"#;
+    let templates = |command: &str, rollout: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: rollout-templates
+  namespace: {INJECTOR_NS}
+  labels: {{sidecar-injector.io/templates: "true"}}
+data:
+  halt-agent.yaml: |
+    description: An agent rolled out in steps
+    default: true
+    podSelector:
+      matchLabels: {{tier: halt}}
+{rollout}    inject:
+      sidecars:
+        - name: halt-agent
+          image: {BUSYBOX}
+          imagePullPolicy: Never
+          command: {command}
+          resources:
+            requests: {{cpu: 10m, memory: 16Mi}}
+            limits: {{cpu: 50m, memory: 32Mi}}
+"#
+        )
+    };
+    let deployment = |name: &str, replicas: u32| {
+        format!(
+            r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: {SHOP}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}, tier: halt}}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: app
+          image: {BUSYBOX}
+          imagePullPolicy: Never
+          command: [/bin/sh, -c, 'trap "exit 0" TERM; while true; do sleep 1; done']
+"#
+        )
+    };
+    let probe = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: probe, labels: {{tier: halt}}}}\nspec:\n  containers: [{{name: app, image: {BUSYBOX}}}]\n"
+    );
+    let agent_command = |pod: &Value| -> String {
+        all_containers(pod).find(|c| c["name"] == "halt-agent").map(|c| c["command"].to_string()).unwrap_or_default()
+    };
+    let crashes = |pod: &Value| agent_command(pod).contains("exit 3");
+    let runs = |pod: &Value| agent_command(pod).contains("sleep 1");
+
+    ctx.apply(&templates(RUNS, ""))?;
+    ctx.every_replica_serving("every replica serving the first version", SHOP, &probe, runs)?;
+    // The edit: a version that crashes, to every workload at once (the share is what reaches).
+    let rollout = "    rollout: {share: 100, halt: {failedPods: 2, restarts: 2}}\n";
+    ctx.apply(&templates(CRASHES, rollout))?;
+    ctx.every_replica_serving("every replica serving the new version", SHOP, &probe, crashes)?;
+    ctx.apply(&deployment("halt-web", 3))?;
+
+    // The first crash, then the halt (the kept record names the version halted).
+    let halted_record = || -> Result<Option<Value>> {
+        let Ok(kept) = ctx.json(&["-n", INJECTOR_NS, "get", "configmap", "sidecar-injector-versions"]) else {
+            return Ok(None);
+        };
+        let record: Value = serde_json::from_str(kept["data"]["halt-agent.json"].as_str().unwrap_or("{}"))?;
+        Ok(record.get("halted").cloned())
+    };
+    let first_crash = eventually("the new agent's first crash", Duration::from_secs(90), || {
+        let pods = ctx.pods(SHOP, "app=halt-web")?;
+        let crashed = pods.iter().any(|p| status_of(p, "halt-agent")["lastState"]["terminated"].is_object());
+        Ok(crashed.then(Instant::now))
+    })?;
+    let halt = eventually("the rollout's halt", Duration::from_secs(180), halted_record)?;
+    let took = first_crash.elapsed();
+    let pods = ctx.pods(SHOP, "app=halt-web")?;
+    let bad: Vec<String> = pods.iter().filter(|p| crashes(p)).map(name).collect();
+    println!(
+        "      halted {:.1} s after the first crash; {} pods got the bad version; the halt says: {}",
+        took.as_secs_f64(),
+        bad.len(),
+        halt["reason"]
+    );
+    ensure!(halt["reason"].as_str().is_some_and(|r| r.contains("container halt-agent")), "{halt}");
+
+    // New pods get the version before again, and it runs.
+    ctx.every_replica_serving("every replica serving the version before", SHOP, &probe, runs)?;
+    ctx.apply(&deployment("halt-late", 1))?;
+    ctx.kubectl(&["-n", SHOP, "wait", "--for=condition=Ready", "pod", "-l", "app=halt-late", "--timeout=90s"])?;
+    let late = ctx.pods(SHOP, "app=halt-late")?;
+    ensure!(late.iter().all(runs), "a pod created after the halt got the bad version");
+    let events =
+        ctx.kubectl(&["-n", INJECTOR_NS, "get", "events", "--field-selector", "reason=RolloutHalted", "-o", "name"])?;
+    ensure!(!events.trim().is_empty(), "no RolloutHalted Event in {INJECTOR_NS}");
+    let drift = ctx.cli(&["drift", "--namespace", SHOP])?;
+    ensure!(drift.contains("halt-web"), "drift does not list the pods of the halted version:\n{drift}");
+
+    // A fixed version, promoted with one edit.
+    let fixed = r#"[/bin/sh, -c, 'echo fixed; trap "exit 0" TERM; while true; do sleep 1; done']"#;
+    ctx.apply(&templates(fixed, ""))?;
+    ctx.every_replica_serving("every replica serving the fixed version", SHOP, &probe, |p| {
+        agent_command(p).contains("fixed")
+    })?;
+    ctx.kubectl(&["-n", SHOP, "rollout", "restart", "deployment/halt-web"])?;
+    ctx.kubectl(&["-n", SHOP, "rollout", "status", "deployment/halt-web", "--timeout=120s"])?;
+    let fixed_pods = ctx.pods(SHOP, "app=halt-web")?;
+    let running: Vec<&Value> = fixed_pods.iter().filter(|p| p["metadata"]["deletionTimestamp"].is_null()).collect();
+    ensure!(
+        running.iter().all(|p| agent_command(p).contains("fixed") && ready(p)),
+        "after promotion and a restart the pods do not all run the fixed agent"
+    );
+    println!("      the fixed version, promoted by one edit, runs in the restarted Deployment's pods");
+    Ok(())
+}

@@ -354,3 +354,49 @@ fn why_names_the_workload_and_the_share() {
     let text = Why::OutsideShare { bucket: 9_912, share: 25 }.describe(&workload);
     assert!(text.contains("Deployment web falls at 99.12% of workloads, outside the 25%"), "{text}");
 }
+
+#[test]
+fn the_enforcement_policy_admits_both_versions_while_a_rollout_is_under_way_and_only_the_new_after() {
+    let enforced = |image: &str, rollout: &str| {
+        format!(
+            "enforced: true\n{rollout}inject:\n  sidecars:\n    - name: agent\n      image: {image}\n      args: [--fast]\n  volumes:\n    - {{name: spool, emptyDir: {{}}}}\n"
+        )
+    };
+    let (first, _) =
+        TemplateSet::default().update_with_kept(sources(&enforced("agent:1", "")), &Kept::default(), &InProcess);
+    let (rolled, kept) = {
+        let (set, _) = first.update_with_kept(
+            sources(&enforced("agent:2", "rollout: {share: 50}\n")),
+            &Kept::default(),
+            &InProcess,
+        );
+        let kept = set.kept_wanted().clone();
+        (set, kept)
+    };
+    let versions: Vec<&Template> = rolled.versions_in_service("agent").into_iter().map(|t| &**t).collect();
+    assert_eq!(versions.len(), 2);
+    let common = crate::checks::enforce::Requirements::common(&versions, true);
+    let agent = &common.init_containers[0];
+    assert_eq!((agent.image.as_deref(), agent.args.clone()), (None, Some(vec!["--fast".to_owned()])));
+    assert_eq!(common.volumes, vec!["spool".to_owned()]);
+    assert!(
+        common.unchecked.iter().any(|u| u.contains("container \"agent\" image: the versions in service differ")),
+        "{:?}",
+        common.unchecked
+    );
+    // Promoted: only the new version, its image required again.
+    let (promoted, _) = rolled.update_with_kept(sources(&enforced("agent:2", "")), &kept, &InProcess);
+    let versions: Vec<&Template> = promoted.versions_in_service("agent").into_iter().map(|t| &**t).collect();
+    assert_eq!(versions.len(), 1);
+    let alone = crate::checks::enforce::Requirements::common(&versions, true);
+    assert_eq!(alone.init_containers[0].image.as_deref(), Some("agent:2"));
+    // A pin to the kept version before is refused for an enforced template after promotion.
+    let old = test_support::template("agent", &enforced("agent:1", "")).hash;
+    let engine = Engine::new(promoted, Vec::new());
+    let mut pod = deployment_pod("web", json!({}));
+    pod["metadata"]["annotations"] = json!({ names::PINS_ANNOTATION: format!("agent={old}") });
+    let Outcome::Denied(Denial::Pin(message)) = engine.evaluate(&request(pod, opted_in("shop", &[]))).outcome else {
+        panic!("a pin of an enforced template to a version out of service was admitted")
+    };
+    assert!(message.contains("the template is enforced, so a pin may name only a version in service"), "{message}");
+}

@@ -397,6 +397,71 @@ pub struct RequiredContainer {
 pub const LIST_SEPARATOR: char = '\u{1f}';
 
 impl Requirements {
+    /// What every version in `versions` requires (the first is the one in service): while a
+    /// rollout or a pin keeps other versions of a template in service
+    /// (`TemplateSet::versions_in_service`), the policy must admit a pod of any of them, so it
+    /// checks what they share, and says what it leaves to the webhook.
+    pub fn common(versions: &[&Template], native_sidecars: bool) -> Requirements {
+        let mut all = versions.iter().map(|t| Requirements::of(t, native_sidecars));
+        let Some(mut common) = all.next() else { return Requirements::default() };
+        for other in all {
+            common.intersect(other);
+        }
+        common
+    }
+
+    /// Keeps only what `other` requires too.
+    fn intersect(&mut self, other: Requirements) {
+        let differs =
+            |field: &str| format!("{field}: the versions in service differ, so the policy leaves it to the webhook");
+        let mut unchecked = Vec::new();
+        let pairs = [(&mut self.containers, &other.containers), (&mut self.init_containers, &other.init_containers)];
+        for (mine, theirs) in pairs {
+            mine.retain_mut(|container| {
+                let Some(their) = theirs.iter().find(|c| c.name == container.name) else {
+                    unchecked.push(differs(&format!("container {:?}", container.name)));
+                    return false;
+                };
+                container.native &= their.native;
+                container.runs_first &= their.runs_first;
+                for (field, same) in [
+                    ("image", container.image == their.image),
+                    ("command", container.command == their.command),
+                    ("args", container.args == their.args),
+                    ("resources", container.resource_floor == their.resource_floor),
+                ] {
+                    if !same {
+                        unchecked.push(differs(&format!("container {:?} {field}", container.name)));
+                        match field {
+                            "image" => container.image = None,
+                            "command" => container.command = None,
+                            "args" => container.args = None,
+                            _ => container.resource_floor = None,
+                        }
+                    }
+                }
+                true
+            });
+        }
+        self.volumes.retain(|v| other.volumes.contains(v));
+        self.own_process_namespace &= other.own_process_namespace;
+        self.host_names.retain(|h| other.host_names.contains(h));
+        self.selector_labels.retain(|l| other.selector_labels.contains(l));
+        if self.app_targets == other.app_targets {
+            self.env_from_keys.retain(|k| other.env_from_keys.contains(k));
+            self.mount_paths.retain(|p| other.mount_paths.contains(p));
+        } else {
+            unchecked.push(differs("the app containers it targets (and their envFrom keys and mounts)"));
+            self.env_from_keys.clear();
+            self.mount_paths.clear();
+        }
+        for item in other.unchecked.into_iter().chain(unchecked) {
+            if !self.unchecked.contains(&item) {
+                self.unchecked.push(item);
+            }
+        }
+    }
+
     /// What `template` requires of every pod it is enforced for, on a cluster whose nodes run
     /// native sidecars or not (`native_sidecars`; the template's sidecar mode decides, as for an
     /// injection).
@@ -643,19 +708,21 @@ impl Requirements {
 
 /// The objects the injector keeps in the cluster for one enforced template: the params ConfigMap
 /// (in `own_namespace`) and the binding of the enforcement policy to the pods the template is
-/// enforced for. Both are plain JSON for server-side apply. For an `enforced: audit` template the
+/// enforced for (`versions`: the template in service first, then the other versions a pod may
+/// have: see [`Requirements::common`]). Both are plain JSON for server-side apply. For an `enforced: audit` template the
 /// binding warns the client and writes the audit log instead of refusing (`Warn`, `Audit`).
 /// `may_precede` ([`may_precede`]) lets the policy check where the template's init containers
 /// and native sidecars run (`runFirst`); `None` leaves that to the webhook.
 pub fn policy_objects(
-    template: &Template,
+    versions: &[&Template],
     native: bool,
     own_namespace: &str,
     may_precede: Option<&[String]>,
 ) -> (Value, Value) {
+    let template = versions[0];
     let name = format!("{}{}", names::ENFORCED_OBJECT_PREFIX, template.name);
     let labels = json!({ names::ENFORCED_TEMPLATE_LABEL: &*template.name });
-    let mut data = Requirements::of(template, native).params_data();
+    let mut data = Requirements::common(versions, native).params_data();
     if let Some(names) = may_precede {
         data.insert("mayPrecede".to_owned(), names.join(" "));
     }
@@ -1285,7 +1352,7 @@ inject:
         assert_eq!((data["runFirst"].as_str(), classic["runFirst"].as_str()), ("audit", ""));
         assert_eq!(may_precede(&engine.templates), Some(vec!["audit".to_owned(), "logs".to_owned()]));
         let (params, _) =
-            policy_objects(engine.templates.get("audit").unwrap(), true, "ns", Some(&["a".into(), "b".into()]));
+            policy_objects(&[engine.templates.get("audit").unwrap()], true, "ns", Some(&["a".into(), "b".into()]));
         assert_eq!(params["data"]["mayPrecede"], "a b");
         let aliases = "enforced: true\ninject:\n  hostAliases:\n    - {ip: 10.0.0.1, hostnames: [A.internal, b]}\n    - {ip: 10.0.0.2, hostnames: [\"{{ namespace.name }}.c\"]}\n";
         let requirements = Requirements::of(engine_with(aliases).templates.get("t").unwrap(), true);
@@ -1369,10 +1436,10 @@ inject:
         assert!(matches!(decision.outcome, Outcome::Inject(_)));
         assert!(decision.audited.is_empty() && decision.warnings.is_empty(), "{:?}", decision.warnings);
         // The policy binding warns and audits instead of denying.
-        let (_, binding) = policy_objects(engine.templates.get("audit").unwrap(), true, "sidecar-injector", None);
+        let (_, binding) = policy_objects(&[engine.templates.get("audit").unwrap()], true, "sidecar-injector", None);
         assert_eq!(binding["spec"]["validationActions"], json!(["Warn", "Audit"]));
         let (_, binding) =
-            policy_objects(audit_engine().templates.get("audit").unwrap(), true, "sidecar-injector", None);
+            policy_objects(&[audit_engine().templates.get("audit").unwrap()], true, "sidecar-injector", None);
         assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
     }
 

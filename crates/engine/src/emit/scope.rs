@@ -319,7 +319,7 @@ mod tests {
             "enforced: true\nnamespaceSelector: {matchLabels: {env: prod}}\npodSelector: {matchLabels: {app: web}}\ninject:\n  sidecars:\n    - {name: e, image: i}\n",
         )]);
         let (_, binding) = crate::checks::enforce::policy_objects(
-            enforced.templates.get("e").unwrap(),
+            &[enforced.templates.get("e").unwrap()],
             true,
             names::INJECTOR_NAMESPACE,
             None,

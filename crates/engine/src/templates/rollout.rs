@@ -312,6 +312,9 @@ pub fn choose<'t>(
     subject: Subject<'_>,
 ) -> Result<(&'t Arc<Template>, Why), String> {
     if let Some((pin, source)) = subject.pins.get(&current.name) {
+        // An enforced template's pods must have a version the enforcement policy admits: the
+        // versions in service, not any kept one.
+        let kept: &[Arc<Template>] = if current.enforced { &[] } else { kept };
         let known = std::iter::once(current).chain(active.map(|a| &a.from)).chain(kept);
         let mut matching: Vec<&Arc<Template>> = known.filter(|t| t.hash.starts_with(pin)).collect();
         matching.dedup_by(|a, b| a.hash == b.hash);
@@ -325,13 +328,22 @@ pub fn choose<'t>(
                     .collect();
                 versions.sort_unstable();
                 versions.dedup();
-                Err(format!(
-                    "the {} annotation of the {} pins template {} to version {pin}, which is not kept: the versions kept are {} (a pin holds only while its version is kept, the {KEPT_PER_TEMPLATE} newest)",
-                    names::PINS_ANNOTATION,
-                    source.describe(),
-                    current.name,
-                    versions.join(", ")
-                ))
+                Err(match current.enforced {
+                    true => format!(
+                        "the {} annotation of the {} pins template {} to version {pin}, which is not in service: the template is enforced, so a pin may name only a version in service ({})",
+                        names::PINS_ANNOTATION,
+                        source.describe(),
+                        current.name,
+                        versions.join(", ")
+                    ),
+                    false => format!(
+                        "the {} annotation of the {} pins template {} to version {pin}, which is not kept: the versions kept are {} (a pin holds only while its version is kept, the {KEPT_PER_TEMPLATE} newest)",
+                        names::PINS_ANNOTATION,
+                        source.describe(),
+                        current.name,
+                        versions.join(", ")
+                    ),
+                })
             }
             _ => Err(format!(
                 "the {} annotation of the {} pins template {} to version {pin}, which more than one kept version starts with: write more of its hash",

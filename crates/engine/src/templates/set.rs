@@ -285,6 +285,14 @@ impl TemplateSet {
         self.rollouts.iter().map(|(name, active)| (name.as_str(), active))
     }
 
+    /// The versions of template `name` a pod may have and still be what the injector gives: the
+    /// one in service, and while a rollout is under way (halted too: pods of either exist) the
+    /// one it rolls from. What the enforcement policy admits (`Requirements::common`); an enforced
+    /// template's pins may name only these.
+    pub fn versions_in_service(&self, name: &str) -> Vec<&Arc<Template>> {
+        self.templates.get(name).into_iter().chain(self.rollouts.get(name).map(|a| &a.from)).collect()
+    }
+
     /// The versions of a template that the kept ConfigMap holds, newest first.
     pub fn kept_versions(&self, name: &str) -> Vec<&Arc<Template>> {
         let order = self.kept_wanted.records.get(name).map(|r| r.kept.as_slice()).unwrap_or_default();
