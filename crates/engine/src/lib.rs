@@ -934,6 +934,10 @@ impl Engine {
         choice: &mut Choice,
     ) -> Result<Vec<&Arc<Template>>, Denial> {
         let pins = templates::rollout::Pins::of(annotations, &request.namespace.annotations).map_err(Denial::Pin)?;
+        // Nothing to choose between (the common case): the versions in service, no work per pod.
+        if pins.is_empty() && !self.templates.has_rollouts() {
+            return Ok(choice.selected().filter_map(|name| self.templates.get(name)).collect());
+        }
         let labels = pod::string_map(&request.pod, "labels").unwrap_or_default();
         let workload = request.workload.clone().unwrap_or_else(|| workload::Workload::of_pod(&request.pod));
         let subject = templates::rollout::Subject {

@@ -122,6 +122,20 @@ fn a_running_replica_rolls_from_the_version_it_served_and_keeps_it() {
 }
 
 #[test]
+fn a_rollout_key_written_before_the_edit_rolls_the_edit_out() {
+    let (first, _) =
+        TemplateSet::default().update_with_kept(sources(&version("agent:1", "")), &Kept::default(), &InProcess);
+    // The operator prepares the rollout (no new version: nothing to roll out yet), then edits.
+    let (prepared, _) =
+        first.update_with_kept(sources(&version("agent:1", "rollout: {share: 10}\n")), &Kept::default(), &InProcess);
+    assert!(prepared.rollout("agent").is_none());
+    let (edited, _) =
+        prepared.update_with_kept(sources(&version("agent:2", "rollout: {share: 10}\n")), &Kept::default(), &InProcess);
+    let old = test_support::template("agent", &version("agent:1", "")).hash;
+    assert_eq!(edited.rollout("agent").map(|a| a.from.hash.clone()), Some(old));
+}
+
+#[test]
 fn a_replica_started_since_chooses_exactly_as_the_one_that_saw_the_edit() {
     let (running, kept) = rolled("rollout: {share: 50}\n");
     let (fresh, errors) = TemplateSet::default().update_with_kept(

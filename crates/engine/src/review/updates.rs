@@ -88,12 +88,14 @@ pub fn shortfalls(engine: &Engine, request: &PodRequest, old: &Value, status: &I
     found
 }
 
-/// The enforced (or audit) templates in service that `status` names.
+/// The enforced (or audit) templates that `status` names: the version it names where the set has
+/// it (two versions serve while a rollout is under way), else the one in service.
 pub fn enforced_templates<'e>(engine: &'e Engine, status: &InjectionStatus) -> Vec<&'e Template> {
     status
         .templates
         .iter()
-        .filter_map(|t| engine.templates.get(&t.name).map(|t| &**t))
+        .filter_map(|t| engine.templates.version(&t.name, &t.hash).or_else(|| engine.templates.get(&t.name)))
+        .map(|t| &**t)
         .filter(|t| t.enforced || t.audit)
         .collect()
 }

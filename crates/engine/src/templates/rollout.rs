@@ -206,6 +206,11 @@ impl Pins {
         Ok(pins)
     }
 
+    /// Whether nothing is pinned.
+    pub fn is_empty(&self) -> bool {
+        self.by_template.is_empty()
+    }
+
     /// The pin of a template, if any.
     pub fn get(&self, template: &str) -> Option<(&str, PinSource)> {
         self.by_template.get(template).map(|(hash, source)| (hash.as_str(), *source))

@@ -221,7 +221,9 @@ impl TemplateSet {
                 .from
                 .clone()
                 .or_else(|| previous.rollouts.get(name).map(|a| a.from.hash.clone()))
-                .or_else(|| earlier.filter(|t| t.rollout.is_none()).map(|t| t.hash.clone()))
+                // Without a rollout under way (none, or one with nothing to roll from) the earlier
+                // version served every pod.
+                .or_else(|| earlier.map(|t| t.hash.clone()))
                 .filter(|hash| *hash != template.hash);
             let from = from_hash.as_ref().and_then(|hash| {
                 self.kept
@@ -278,6 +280,11 @@ impl TemplateSet {
     /// The rollout under way for a template.
     pub fn rollout(&self, name: &str) -> Option<&Active> {
         self.rollouts.get(name)
+    }
+
+    /// Whether any rollout is under way.
+    pub fn has_rollouts(&self) -> bool {
+        !self.rollouts.is_empty()
     }
 
     /// The rollouts under way, by template name.
