@@ -64,7 +64,10 @@ pub fn check_templates(path: &Path) -> Result<String, CliError> {
             Some(selector) => format!("{}% of workloads and those whose pods match {}", spec.share, selector.text),
             None => format!("{}% of workloads", spec.share),
         };
-        let halt = format!("halts after {} failed pods (restarts >= {})", spec.halt.failed_pods, spec.halt.restarts);
+        let halt = format!(
+            "halts after {} failed pods (restarts >= {}, or unready for {} s)",
+            spec.halt.failed_pods, spec.halt.restarts, spec.halt.unready_seconds
+        );
         Some(match set.rollout(&t.name) {
             Some(active) => match &active.halted {
                 Some(h) => format!(
@@ -184,7 +187,7 @@ mod tests {
             Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/crates/engine/tests/golden/cases/rollout/templates"));
         let text = check_templates(golden).unwrap();
         assert!(
-            text.contains("rollout: agent: 47d25d3f592a9611 to 25% of workloads and those whose pods match rollout=canary, the others keep 1f456f3191b145b3; halts after 2 failed pods (restarts >= 3)"),
+            text.contains("rollout: agent: 47d25d3f592a9611 to 25% of workloads and those whose pods match rollout=canary, the others keep 1f456f3191b145b3; halts after 2 failed pods (restarts >= 3, or unready for 300 s)"),
             "{text}"
         );
         assert!(text.contains("webhook-only: agent: a new version rolls out (rollout:)"), "{text}");

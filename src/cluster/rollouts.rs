@@ -6,8 +6,9 @@
 //! Every replica does both: the writes are idempotent merge patches of the same data (a halt
 //! written twice says the same), so no leader is needed, and a replica started later reads what
 //! the others wrote. The pod watch runs only while some rollout reaches pods (so a cluster without
-//! rollouts pays nothing), selects injected pods by label, and keeps only the failures of pods of
-//! a new version, never the pods themselves.
+//! rollouts pays nothing), selects injected pods by label, and keeps of the pods of a new version
+//! only their injected containers' statuses (readiness fails by lasting, so each check judges
+//! them again at its own time).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -89,15 +90,28 @@ pub async fn write_kept(api: &Api<ConfigMap>, write: &KeptWrite) -> kube::Result
     api.patch(names::KEPT_CONFIGMAP, &PatchParams::default(), &Patch::Merge(&write.patch)).await.map(drop)
 }
 
-/// A failed pod of a rollout's new version.
+/// A pod of a live rollout's new version, as the halt watch keeps it: what it needs to judge the
+/// pod's injected containers at every check (readiness fails by lasting, without a new event).
 #[derive(Debug, Clone)]
-struct Failed {
-    /// `(template, version)` of every rollout under way whose new version the pod has.
+struct Tracked {
+    /// `(template, version)` of every live rollout whose new version the pod has.
     versions: Vec<(String, String)>,
-    /// What failed.
-    what: String,
+    /// The strictest thresholds among them.
+    thresholds: rollout::HaltThresholds,
+    /// The injected containers' names.
+    containers: Vec<String>,
+    /// The statuses of those containers only (`initContainerStatuses`, `containerStatuses`).
+    statuses: Value,
     /// The pod's controller, for the Event.
     owner: Option<ObjectReference>,
+}
+
+impl Tracked {
+    /// What failed in the pod at `now`, if anything.
+    fn failure(&self, now: jiff::Timestamp) -> Option<String> {
+        let containers: Vec<&str> = self.containers.iter().map(String::as_str).collect();
+        rollout::container_failure(&self.statuses, &containers, self.thresholds, now)
+    }
 }
 
 /// The rollouts under way whose new version reaches pods, with that version.
@@ -112,23 +126,39 @@ fn live_rollouts(templates: &TemplateSet) -> Vec<(String, String, rollout::HaltT
         .collect()
 }
 
-/// What failed in a pod that has the new version of a live rollout, if anything.
-fn failure_of(pod: &Pod, live: &[(String, String, rollout::HaltThresholds)]) -> Option<Failed> {
+/// A pod to keep watching: one that has the new version of a live rollout.
+fn tracked(pod: &Pod, live: &[(String, String, rollout::HaltThresholds)]) -> Option<Tracked> {
     let status = InjectionStatus::parse(pod.annotations().get(names::STATUS_ANNOTATION)?).ok()?;
-    let versions: Vec<(String, String, rollout::HaltThresholds)> = live
+    let versions: Vec<&(String, String, rollout::HaltThresholds)> = live
         .iter()
         .filter(|(name, hash, _)| status.templates.iter().any(|t| t.name == *name && t.hash == *hash))
-        .cloned()
         .collect();
-    let thresholds = versions.iter().map(|(_, _, t)| *t).min_by_key(|t| t.restarts)?;
-    let containers: Vec<&str> = status.containers.iter().chain(&status.init_containers).map(String::as_str).collect();
+    let thresholds = rollout::HaltThresholds {
+        failed_pods: versions.iter().map(|v| v.2.failed_pods).min()?,
+        restarts: versions.iter().map(|v| v.2.restarts).min()?,
+        unready_seconds: versions.iter().map(|v| v.2.unready_seconds).min()?,
+    };
+    let containers: Vec<String> = status.containers.iter().chain(&status.init_containers).cloned().collect();
     let pod_status = serde_json::to_value(pod.status.as_ref()?).ok()?;
-    let what = rollout::container_failure(&pod_status, &containers, thresholds)?;
-    let pod_json = serde_json::to_value(pod).ok()?;
-    Some(Failed {
-        versions: versions.into_iter().map(|(n, h, _)| (n, h)).collect(),
-        what,
-        owner: crate::admission::events::owner_of(&pod_json, &pod.namespace().unwrap_or_default()),
+    let ours = |field: &str| -> Value {
+        let list = pod_status.get(field).and_then(Value::as_array).into_iter().flatten();
+        Value::Array(
+            list.filter(|s| s.get("name").and_then(Value::as_str).is_some_and(|n| containers.iter().any(|c| c == n)))
+                .cloned()
+                .collect(),
+        )
+    };
+    let statuses = serde_json::json!({
+        "initContainerStatuses": ours("initContainerStatuses"),
+        "containerStatuses": ours("containerStatuses"),
+    });
+    let owner_json = serde_json::json!({"metadata": {"ownerReferences": pod.metadata.owner_references}});
+    Some(Tracked {
+        versions: versions.into_iter().map(|(n, h, _)| (n.clone(), h.clone())).collect(),
+        thresholds,
+        containers,
+        statuses,
+        owner: crate::admission::events::owner_of(&owner_json, &pod.namespace().unwrap_or_default()),
     })
 }
 
@@ -151,7 +181,7 @@ async fn watch_while_live(client: &Client, namespace: &str, state: &Arc<AppState
     let config = watcher::Config::default().labels(names::INJECTED_LABEL);
     let stream = watcher(Api::<Pod>::all(client.clone()), config).backoff(super::backoff());
     futures::pin_mut!(stream);
-    let mut failed: BTreeMap<(String, String), Failed> = BTreeMap::new();
+    let mut watched: BTreeMap<(String, String), Tracked> = BTreeMap::new();
     let mut halted_here: BTreeSet<(String, String)> = BTreeSet::new();
     let mut tick = tokio::time::interval(HALT_CHECK_INTERVAL);
     loop {
@@ -159,15 +189,15 @@ async fn watch_while_live(client: &Client, namespace: &str, state: &Arc<AppState
             event = stream.next() => {
                 let live = live_rollouts(&state.engine.load().templates);
                 match event {
-                    Some(Ok(watcher::Event::Init)) => failed.clear(),
+                    Some(Ok(watcher::Event::Init)) => watched.clear(),
                     Some(Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod))) => {
                         let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-                        match failure_of(&pod, &live) {
-                            Some(failure) => drop(failed.insert(key, failure)),
-                            None => drop(failed.remove(&key)),
+                        match tracked(&pod, &live) {
+                            Some(pod) => drop(watched.insert(key, pod)),
+                            None => drop(watched.remove(&key)),
                         }
                     }
-                    Some(Ok(watcher::Event::Delete(pod))) => drop(failed.remove(&(pod.namespace().unwrap_or_default(), pod.name_any()))),
+                    Some(Ok(watcher::Event::Delete(pod))) => drop(watched.remove(&(pod.namespace().unwrap_or_default(), pod.name_any()))),
                     Some(Ok(watcher::Event::InitDone)) => {}
                     Some(Err(error)) => tracing::warn!(%error, "rollout pod watch failed; retrying with backoff"),
                     None => return,
@@ -183,12 +213,14 @@ async fn watch_while_live(client: &Client, namespace: &str, state: &Arc<AppState
                     if halted_here.contains(&(name.clone(), version.clone())) {
                         continue;
                     }
-                    let of_version: Vec<(&(String, String), &Failed)> =
-                        failed.iter().filter(|(_, f)| f.versions.iter().any(|v| v.0 == name && v.1 == version)).collect();
-                    let failures: Vec<(String, String)> =
-                        of_version.iter().map(|((ns, pod), f)| (format!("{ns}/{pod}"), f.what.clone())).collect();
+                    let now = jiff::Timestamp::now();
+                    let of_version = watched.iter().filter(|(_, t)| t.versions.iter().any(|v| v.0 == name && v.1 == version));
+                    let failed: Vec<(String, String, Option<ObjectReference>)> = of_version
+                        .filter_map(|((ns, pod), t)| t.failure(now).map(|what| (format!("{ns}/{pod}"), what, t.owner.clone())))
+                        .collect();
+                    let failures: Vec<(String, String)> = failed.iter().map(|(pod, what, _)| (pod.clone(), what.clone())).collect();
                     let Some(reason) = rollout::halt_reason(&version, &failures, thresholds) else { continue };
-                    let owners: Vec<ObjectReference> = of_version.iter().filter_map(|(_, f)| f.owner.clone()).collect();
+                    let owners: Vec<ObjectReference> = failed.into_iter().filter_map(|(_, _, owner)| owner).collect();
                     match halt(client, namespace, state, &templates, &name, &version, &reason, owners).await {
                         Ok(()) => drop(halted_here.insert((name, version))),
                         Err(error) => tracing::error!(template = name, %error, "halting the rollout failed; trying again"),

@@ -87,10 +87,12 @@ fn rollout_keys_are_checked_with_their_line() {
     let percent =
         test_support::template("agent", &version("agent:2", "rollout: {share: \"40%\", halt: {restarts: 5}}\n"));
     let spec = percent.rollout.expect("a rollout");
-    assert_eq!(
-        (spec.share, spec.halt),
-        (40, HaltThresholds { failed_pods: rollout::DEFAULT_FAILED_PODS, restarts: 5 })
-    );
+    let halt = HaltThresholds {
+        failed_pods: rollout::DEFAULT_FAILED_PODS,
+        restarts: 5,
+        unready_seconds: rollout::DEFAULT_UNREADY_SECONDS,
+    };
+    assert_eq!((spec.share, spec.halt), (40, halt));
 }
 
 #[test]
@@ -325,7 +327,8 @@ fn both_versions_are_up_to_date_drift_free_and_valid_while_the_rollout_is_under_
 
 #[test]
 fn failures_of_injected_containers_halt_past_the_threshold() {
-    let thresholds = HaltThresholds { failed_pods: 2, restarts: 3 };
+    let thresholds = HaltThresholds { failed_pods: 2, restarts: 3, unready_seconds: 300 };
+    let now: jiff::Timestamp = "2026-11-28T12:10:00Z".parse().unwrap();
     let status = |agent: Value| json!({"containerStatuses": [{"name": "app", "restartCount": 9}], "initContainerStatuses": [agent]});
     let cases: &[(Value, Option<&str>)] = &[
         (json!({"name": "agent", "restartCount": 0, "state": {"running": {}}}), None),
@@ -344,10 +347,17 @@ fn failures_of_injected_containers_halt_past_the_threshold() {
         ),
         (json!({"name": "agent", "state": {"waiting": {"reason": "ContainerCreating"}}}), None),
         (json!({"name": "other", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}), None),
+        // Unready: past the threshold, within it, and ready.
+        (
+            json!({"name": "agent", "ready": false, "state": {"running": {"startedAt": "2026-11-28T12:00:00Z"}}}),
+            Some("container agent: running but not ready for 600 s"),
+        ),
+        (json!({"name": "agent", "ready": false, "state": {"running": {"startedAt": "2026-11-28T12:08:00Z"}}}), None),
+        (json!({"name": "agent", "ready": true, "state": {"running": {"startedAt": "2026-11-28T00:00:00Z"}}}), None),
     ];
     for (agent, expected) in cases {
         assert_eq!(
-            rollout::container_failure(&status(agent.clone()), &["agent"], thresholds).as_deref(),
+            rollout::container_failure(&status(agent.clone()), &["agent"], thresholds, now).as_deref(),
             *expected,
             "{agent}"
         );

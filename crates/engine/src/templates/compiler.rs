@@ -243,7 +243,7 @@ impl<'a> Compiler<'a> {
     }
 
     /// `rollout:` (see `rollout`): `share` (a whole percent, `25` or `"25%"`), `selector` (pod
-    /// labels), `halt: {failedPods, restarts}`.
+    /// labels), `halt: {failedPods, restarts, unreadySeconds}`.
     fn rollout(&self, node: &SourceNode) -> Result<Option<Rollout>, TemplateError> {
         if matches!(node.value, SourceValue::Null) {
             return Ok(None);
@@ -281,10 +281,11 @@ impl<'a> Compiler<'a> {
                         match key.as_str() {
                             "failedPods" => rollout.halt.failed_pods = number()?,
                             "restarts" => rollout.halt.restarts = number()?,
+                            "unreadySeconds" => rollout.halt.unready_seconds = number()?,
                             other => {
                                 return Err(self.err(
                                     *key_line,
-                                    format!("unknown key rollout.halt.{other} (expected failedPods, restarts)"),
+                                    format!("unknown key rollout.halt.{other} (expected failedPods, restarts, unreadySeconds)"),
                                 ));
                             }
                         }

@@ -24,7 +24,9 @@ use sha2::{Digest, Sha256};
 
 use crate::names;
 use crate::templates::template::Template;
-pub use crate::templates::template::{DEFAULT_FAILED_PODS, DEFAULT_RESTARTS, HaltThresholds, Rollout};
+pub use crate::templates::template::{
+    DEFAULT_FAILED_PODS, DEFAULT_RESTARTS, DEFAULT_UNREADY_SECONDS, HaltThresholds, Rollout,
+};
 use crate::workload::Workload;
 
 /// Versions kept per template (the oldest beyond this are forgotten, pins to them refused).
@@ -374,9 +376,14 @@ pub fn choose<'t>(
 }
 
 /// What failed in one of a pod's injected containers (`containers`), read from the pod's
-/// `status`, if anything: a waiting reason that means it cannot run as configured, or `restarts`
-/// restarts or more.
-pub fn container_failure(pod_status: &Value, containers: &[&str], thresholds: HaltThresholds) -> Option<String> {
+/// `status` at `now`, if anything: a waiting reason that means it cannot run as configured,
+/// `restarts` restarts or more, or running unready for `unready_seconds` or more.
+pub fn container_failure(
+    pod_status: &Value,
+    containers: &[&str],
+    thresholds: HaltThresholds,
+    now: jiff::Timestamp,
+) -> Option<String> {
     let statuses = ["initContainerStatuses", "containerStatuses"]
         .into_iter()
         .filter_map(|field| pod_status.get(field).and_then(Value::as_array))
@@ -399,6 +406,15 @@ pub fn container_failure(pod_status: &Value, containers: &[&str], thresholds: Ha
         let restarts = status.get("restartCount").and_then(Value::as_u64).unwrap_or(0);
         if restarts >= u64::from(thresholds.restarts) {
             return Some(format!("container {name}: restarted {restarts} times"));
+        }
+        let running_since = status.get("state").and_then(|s| s.get("running")).and_then(|r| r.get("startedAt"));
+        let since = running_since.and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok());
+        let unready = status.get("ready") == Some(&Value::Bool(false));
+        if let (true, Some(since)) = (unready, since) {
+            let seconds = now.as_second().saturating_sub(since.as_second());
+            if seconds >= i64::from(thresholds.unready_seconds) {
+                return Some(format!("container {name}: running but not ready for {seconds} s"));
+            }
         }
     }
     None

@@ -182,12 +182,11 @@ impl TemplateSet {
                 });
             }
         }
-        let mut refused: BTreeMap<String, TemplateError> = match to_load.is_empty() {
-            true => BTreeMap::new(),
-            false => precheck.precheck(&to_load).into_iter().map(|e| (e.template.clone(), e)).collect(),
-        };
+        // One pre-check each: versions of one template share its name, which is how the pre-check
+        // names what it refuses.
         for source in to_load {
-            match refused.remove(&source.name).map_or_else(|| Template::load(&source.name, &source.text), Err) {
+            let refused = precheck.precheck(std::slice::from_ref(&source)).into_iter().next();
+            match refused.map_or_else(|| Template::load(&source.name, &source.text), Err) {
                 Ok(template) => versions.push(Arc::new(template)),
                 Err(error) => errors.push(TemplateError {
                     message: format!("the version kept in {}: {}", crate::names::KEPT_CONFIGMAP, error.message),
@@ -202,8 +201,9 @@ impl TemplateSet {
     /// hold for them. The version rolled from is, in this order: the one the kept record names
     /// (so every replica agrees, also one started since), the one `previous` rolled from, the
     /// version `previous` served in full. A replica never forgets a record another wrote: where it
-    /// knows no version to roll from it leaves the record alone (and the rollout waits, with a
-    /// notice); only a template without `rollout:` (promoted) clears its record's rollout.
+    /// knows no version to roll from it leaves the record alone (and serves the version in service
+    /// to every pod, with a notice); only a template without `rollout:` (promoted) clears its
+    /// record's rollout.
     fn start_rollouts(&mut self, previous: &TemplateSet, kept: &Kept) {
         let mut wanted = kept.clone();
         for template in self.templates.values() {

@@ -465,6 +465,9 @@ fn item_name(item: &SeqItem, index: usize) -> String {
 pub const DEFAULT_FAILED_PODS: u32 = 2;
 /// Restarts of an injected container that make it count as failed, by default.
 pub const DEFAULT_RESTARTS: u32 = 3;
+/// How long an injected container may run unready before it counts as failed, by default: long
+/// enough for an agent that starts slowly (a readiness probe's own delays and failures included).
+pub const DEFAULT_UNREADY_SECONDS: u32 = 300;
 
 /// A template's `rollout:` key: who gets its version while the previous one still serves others.
 #[derive(Debug, Clone)]
@@ -491,11 +494,17 @@ pub struct HaltThresholds {
     pub failed_pods: u32,
     /// Restarts that make an injected container count as failed.
     pub restarts: u32,
+    /// Seconds an injected container may run unready before it counts as failed.
+    pub unready_seconds: u32,
 }
 
 impl Default for HaltThresholds {
     fn default() -> Self {
-        HaltThresholds { failed_pods: DEFAULT_FAILED_PODS, restarts: DEFAULT_RESTARTS }
+        HaltThresholds {
+            failed_pods: DEFAULT_FAILED_PODS,
+            restarts: DEFAULT_RESTARTS,
+            unready_seconds: DEFAULT_UNREADY_SECONDS,
+        }
     }
 }
 
