@@ -126,7 +126,8 @@ impl Starting {
         });
         if let Some(client) = &client {
             cluster::watch_templates(client.clone(), &own_namespace, state.clone());
-            cluster::rollouts::watch_rollouts(client.clone(), own_namespace.clone(), state.clone());
+            let watch_pods = settings.cluster.watch_pods;
+            cluster::rollouts::watch_rollouts(client.clone(), own_namespace.clone(), state.clone(), watch_pods);
             if settings.cluster.watch_nodes {
                 cluster::watch_nodes(client.clone(), state.clone(), settings.cluster.streaming_lists);
             }

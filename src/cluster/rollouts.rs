@@ -162,11 +162,26 @@ fn tracked(pod: &Pod, live: &[(String, String, rollout::HaltThresholds)]) -> Opt
     })
 }
 
-/// Starts the halt watch (see the module's doc).
-pub fn watch_rollouts(client: Client, namespace: String, state: Arc<AppState>) {
+/// Starts the halt watch (see the module's doc). Without the pod watch (`cluster.watch_pods:
+/// false`, the `no-drift-metrics` component, which also takes the permission away) no rollout
+/// halts by itself: each one that reaches pods is logged as such, once.
+pub fn watch_rollouts(client: Client, namespace: String, state: Arc<AppState>, watch_pods: bool) {
     tokio::spawn(async move {
+        let mut told: BTreeSet<(String, String)> = BTreeSet::new();
         loop {
-            if live_rollouts(&state.engine.load().templates).is_empty() {
+            let live = live_rollouts(&state.engine.load().templates);
+            if live.is_empty() || !watch_pods {
+                for (name, version, _) in live {
+                    if told.contains(&(name.clone(), version.clone())) {
+                        continue;
+                    }
+                    tracing::warn!(
+                        template = name,
+                        version,
+                        "a rollout reaches pods, but the pod watch is off (cluster.watch_pods: false): it will not halt by itself; watch the new version's pods yourself"
+                    );
+                    told.insert((name, version));
+                }
                 tokio::time::sleep(IDLE_INTERVAL).await;
                 continue;
             }

@@ -156,10 +156,11 @@ pub fn compile(templates: &TemplateSet, native_sidecars: bool, excluded_namespac
                 {"name": "no-status-or-templates-annotation", "expression": format!(
                     "!has(object.metadata.annotations) || !({} in object.metadata.annotations || {} in object.metadata.annotations)",
                     lit(names::STATUS_ANNOTATION), lit(names::TEMPLATES_ANNOTATION))},
-                // Pins (on the pod or its namespace) choose kept versions, which only the webhook has.
+                // A pod's pins choose kept versions, which only the webhook has (its namespace's
+                // pins: `variables.handled`; match conditions cannot read the namespace).
                 {"name": "no-pins", "expression": format!(
-                    "!(has(object.metadata.annotations) && {pins} in object.metadata.annotations) && !(has(namespaceObject.metadata.annotations) && {pins} in namespaceObject.metadata.annotations)",
-                    pins = lit(names::PINS_ANNOTATION))},
+                    "!has(object.metadata.annotations) || !({} in object.metadata.annotations)",
+                    lit(names::PINS_ANNOTATION))},
             ],
             "variables": program.variables,
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": program.patch}}],

@@ -419,8 +419,10 @@ impl<'p> ProgramBuilder<'p> {
             "variables.namespaceAnnotations.exists(k, k.matches({}))",
             lit(&format!("^{}[a-z0-9-]+[.]", names::PREFIX.replace('.', "[.]")))
         );
+        // So are the namespace's pins (`templates::rollout::Pins`), which name kept versions.
+        let namespace_pins = format!("{} in variables.namespaceAnnotations", lit(names::PINS_ANNOTATION));
         format!(
-            "{} && !{namespace_defaults} && !{} && !{} && !{} && !{} && !object.spec.?resources.hasValue()",
+            "{} && !{namespace_defaults} && !({namespace_pins}) && !{} && !{} && !{} && !{} && !object.spec.?resources.hasValue()",
             any(self.selected.iter().cloned()),
             any(leave_to_webhook.iter().map(|c| format!("({c})"))),
             any(enforced_conflicts),
