@@ -933,6 +933,10 @@ impl Engine {
         annotations: &BTreeMap<String, String>,
         choice: &mut Choice,
     ) -> Result<Vec<&Arc<Template>>, Denial> {
+        // A pod that gets no template is not refused for its (or its namespace's) pins.
+        if choice.selected().next().is_none() {
+            return Ok(Vec::new());
+        }
         let pins = templates::rollout::Pins::of(annotations, &request.namespace.annotations).map_err(Denial::Pin)?;
         // Nothing to choose between (the common case): the versions in service, no work per pod.
         if pins.is_empty() && !self.templates.has_rollouts() {

@@ -293,6 +293,13 @@ fn pins_hold_a_kept_version_and_a_pin_to_anything_else_is_refused() {
         let Outcome::Denied(Denial::Pin(message)) = pinned(Some(pin), None).outcome else { panic!("{pin}: admitted") };
         assert!(message.contains(expected), "{pin}: {message}");
     }
+    // A pod that gets no template is not refused for a malformed pin of its namespace.
+    let mut none = deployment_pod("web", json!({}));
+    none["metadata"]["annotations"] = json!({ names::TEMPLATES_ANNOTATION: "" });
+    let mut namespace = opted_in("shop", &[]);
+    namespace.annotations.insert(names::PINS_ANNOTATION.into(), "agent".into());
+    let outcome = engine.evaluate(&request(none, namespace)).outcome;
+    assert!(!matches!(outcome, Outcome::Denied(_)), "{outcome:?}");
 }
 
 #[test]
