@@ -52,14 +52,14 @@ fn labels_of(object: &Value, field: &str) -> BTreeMap<String, String> {
 async fn live_engine(client: &Client, injector: &InjectorRef) -> Result<(Engine, ClusterFacts, Vec<String>)> {
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &injector.injector_namespace);
     // The kept ConfigMap too: the versions rollouts roll from, their halts.
-    let selector = format!("{} in (true,{})", names::TEMPLATES_CONFIGMAP_LABEL, names::KEPT_LABEL_VALUE);
     let list = configmaps
-        .list(&ListParams::default().labels(&selector))
+        .list(&ListParams::default().labels(&crate::cluster::rollouts::watch_selector()))
         .await
         .with_context(|| format!("reading template ConfigMaps in {}", injector.injector_namespace))?;
     let items: Vec<Arc<ConfigMap>> = list.items.into_iter().map(Arc::new).collect();
     let (kept, _) = crate::cluster::rollouts::kept_of(&items);
-    let items: Vec<Arc<ConfigMap>> = items.into_iter().filter(|cm| !crate::cluster::rollouts::is_kept(cm)).collect();
+    let items: Vec<Arc<ConfigMap>> =
+        items.into_iter().filter(|cm| crate::cluster::rollouts::is_templates(cm)).collect();
     let (templates, errors) = TemplateSet::default().update_with_kept(
         crate::cluster::sources_of(&items),
         &kept,

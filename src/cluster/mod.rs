@@ -182,8 +182,7 @@ async fn publish_nodes(mut known: KnownNodes, state: &Arc<AppState>) -> KnownNod
 pub fn watch_templates(client: Client, namespace: &str, state: Arc<AppState>) {
     let (reader, writer) = reflector::store::<ConfigMap>();
     // The kept ConfigMap (`rollouts`) comes with the templates: one watch.
-    let selector = format!("{} in (true,{})", names::TEMPLATES_CONFIGMAP_LABEL, names::KEPT_LABEL_VALUE);
-    let config = watcher::Config::default().labels(&selector);
+    let config = watcher::Config::default().labels(&rollouts::watch_selector());
     let api = Api::<ConfigMap>::namespaced(client, namespace);
     let stream =
         watcher(api.clone(), config).backoff(backoff()).modify(|cm| cm.managed_fields_mut().clear()).reflect(writer);
@@ -225,7 +224,7 @@ pub fn on_template_event(
     }
     let all = store.state();
     let (kept, exists) = rollouts::kept_of(&all);
-    let templates: Vec<Arc<ConfigMap>> = all.into_iter().filter(|cm| !rollouts::is_kept(cm)).collect();
+    let templates: Vec<Arc<ConfigMap>> = all.into_iter().filter(|cm| rollouts::is_templates(cm)).collect();
     let errors = state.update_templates_with_kept(sources_of(&templates), &kept);
     state.readiness.templates_synced.store(true, Ordering::Relaxed);
     // An edit that broke one of this ConfigMap's templates: the last good version stays in
@@ -429,6 +428,7 @@ mod tests {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("sidecar-injector".into()),
+                labels: Some([(names::TEMPLATES_CONFIGMAP_LABEL.to_owned(), "true".to_owned())].into()),
                 ..Default::default()
             },
             data: Some(data.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()),
@@ -464,6 +464,12 @@ mod tests {
         kept.data = Some(data.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned())).collect());
         assert_eq!(apply(watcher::Event::Apply(kept.clone())), None);
         assert_eq!(state.engine.load().templates.names().collect::<Vec<_>>(), vec!["logs"], "not read as templates");
+        assert_eq!(state.engine.load().templates.rollout("logs").map(|a| a.from.hash.clone()), Some(old.clone()));
+        // A ConfigMap labelled `kept` under another name is neither templates nor the state.
+        let mut stray = configmap("stray", &[("evil.yaml", v1), ("logs.json", "{\"from\": \"0000000000000000\"}")]);
+        stray.metadata.labels = kept.metadata.labels.clone();
+        assert_eq!(apply(watcher::Event::Apply(stray)), None);
+        assert_eq!(state.engine.load().templates.names().collect::<Vec<_>>(), vec!["logs"]);
         assert_eq!(state.engine.load().templates.rollout("logs").map(|a| a.from.hash.clone()), Some(old.clone()));
         assert_eq!(
             state

@@ -31,10 +31,25 @@ const HALT_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// How often a replica with no rollout reaching pods looks again.
 const IDLE_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Whether a ConfigMap of the template watch is the kept one (the others are templates).
+/// The label selector of the template watch: the template ConfigMaps and the kept one come in
+/// one watch.
+pub fn watch_selector() -> String {
+    format!("{} in (true,{})", names::TEMPLATES_CONFIGMAP_LABEL, names::KEPT_LABEL_VALUE)
+}
+
+fn label(configmap: &ConfigMap) -> Option<&str> {
+    configmap.labels().get(names::TEMPLATES_CONFIGMAP_LABEL).map(String::as_str)
+}
+
+/// Whether a ConfigMap of the template watch is the kept one.
 pub fn is_kept(configmap: &ConfigMap) -> bool {
-    configmap.name_any() == names::KEPT_CONFIGMAP
-        && configmap.labels().get(names::TEMPLATES_CONFIGMAP_LABEL).map(String::as_str) == Some(names::KEPT_LABEL_VALUE)
+    configmap.name_any() == names::KEPT_CONFIGMAP && label(configmap) == Some(names::KEPT_LABEL_VALUE)
+}
+
+/// Whether a ConfigMap of the template watch holds templates: labelled `true`. One labelled
+/// `kept` under another name is neither templates nor the kept state, and is ignored.
+pub fn is_templates(configmap: &ConfigMap) -> bool {
+    label(configmap) == Some("true")
 }
 
 /// What the kept ConfigMap among `configmaps` holds, and whether there is one.

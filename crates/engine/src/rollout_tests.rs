@@ -190,6 +190,64 @@ fn a_kept_text_that_is_not_its_version_is_refused() {
 }
 
 #[test]
+fn the_kept_configmap_forgets_the_oldest_versions_to_stay_under_its_size_limit() {
+    // Five versions of about 250 KB each, every one rolled out and promoted in turn: four would
+    // be kept by count, but they would not fit in one ConfigMap.
+    fn large(image: &str, rollout: &str) -> String {
+        format!("description: {}\n{}", image.repeat(250_000 / image.len()), version(image, rollout))
+    }
+    let (mut set, _) =
+        TemplateSet::default().update_with_kept(sources(&large("agent:1", "")), &Kept::default(), &InProcess);
+    let mut hashes = vec![set.get("agent").unwrap().hash.clone()];
+    for n in 2..=5 {
+        let image = format!("agent:{n}");
+        let text = |rollout: &str| large(&image, rollout);
+        let kept = set.kept_wanted().clone();
+        let (rolling, errors) = set.update_with_kept(sources(&text("rollout: {share: 50}\n")), &kept, &InProcess);
+        assert!(errors.is_empty(), "{errors:?}");
+        let kept = rolling.kept_wanted().clone();
+        assert!(kept.weight() <= rollout::KEPT_BYTES, "version {n}: {} bytes kept", kept.weight());
+        let (promoted, _) = rolling.update_with_kept(sources(&text("")), &kept, &InProcess);
+        hashes.push(promoted.get("agent").unwrap().hash.clone());
+        if n == 5 {
+            assert!(
+                rolling.rollout_notices().iter().any(|n| n.contains(&hashes[0]) && n.contains("no longer kept")),
+                "{:?}",
+                rolling.rollout_notices()
+            );
+            let expected: Vec<String> = hashes[1..4].iter().rev().cloned().collect();
+            assert_eq!(kept.records["agent"].kept, expected, "the three newest, the version rolled from first");
+            assert_eq!(rolling.rollout("agent").map(|a| &a.from.hash), Some(&hashes[3]));
+            assert_eq!(kept.texts.len(), 3);
+        }
+        set = promoted;
+    }
+}
+
+#[test]
+fn the_version_a_rollout_rolls_from_is_kept_whatever_it_weighs() {
+    let mut kept = Kept::default();
+    for (name, hash) in [("a", "1111111111111111"), ("b", "2222222222222222")] {
+        kept.records.insert(
+            name.into(),
+            rollout::Record {
+                from: Some(hash.into()),
+                halted: None,
+                kept: vec![hash.into(), "3333333333333333".into()],
+            },
+        );
+        kept.texts.insert((name.into(), hash.into()), "x".repeat(1000));
+        kept.texts.insert((name.into(), "3333333333333333".into()), "y".repeat(10));
+    }
+    let forgotten = kept.fit(100);
+    assert_eq!(forgotten.len(), 2, "{forgotten:?}");
+    assert!(forgotten.iter().all(|(_, hash)| hash == "3333333333333333"));
+    assert_eq!(kept.records["a"].kept, vec!["1111111111111111".to_owned()]);
+    assert_eq!(kept.texts.len(), 2);
+    assert!(kept.clone().fit(usize::MAX).is_empty());
+}
+
+#[test]
 fn promotion_keeps_the_version_the_same_and_ends_the_rollout() {
     let (set, kept) = rolled("rollout: {share: 50}\n");
     let new_hash = set.get("agent").unwrap().hash.clone();

@@ -31,6 +31,9 @@ use crate::workload::Workload;
 
 /// Versions kept per template (the oldest beyond this are forgotten, pins to them refused).
 pub const KEPT_PER_TEMPLATE: usize = 4;
+/// The most the kept ConfigMap's data may weigh (keys and values). The API server refuses a
+/// ConfigMap over 1 MiB; the rest is left for its metadata and a margin.
+pub const KEPT_BYTES: usize = 900 * 1024;
 /// Buckets a workload falls in: a share is a whole percent, so 100 buckets per percent leave the
 /// hash's spread intact.
 pub const BUCKETS: u32 = 10_000;
@@ -130,6 +133,37 @@ impl Kept {
             data.insert(key.clone(), Value::String(value.clone()));
         }
         (!data.is_empty()).then(|| serde_json::json!({ "data": data }))
+    }
+
+    /// What the ConfigMap's data weighs: its keys and values, in bytes.
+    pub fn weight(&self) -> usize {
+        self.to_data().iter().map(|(key, value)| key.len() + value.len()).sum()
+    }
+
+    /// Forgets kept versions, oldest first and from the template keeping the most, until the data
+    /// weighs at most `budget` bytes; a version a rollout rolls from is never forgotten (pods
+    /// that are not in the share get it). Returns the (template, version) pairs forgotten.
+    pub fn fit(&mut self, budget: usize) -> Vec<(String, String)> {
+        let mut forgotten = Vec::new();
+        let mut weight = self.weight();
+        while weight > budget {
+            let forgettable = |record: &Record| record.kept.iter().filter(|h| record.from.as_ref() != Some(*h)).count();
+            let most = self
+                .records
+                .iter_mut()
+                .filter(|(_, record)| forgettable(record) > 0)
+                .max_by(|(a_name, a), (b_name, b)| forgettable(a).cmp(&forgettable(b)).then(b_name.cmp(a_name)));
+            let Some((name, record)) = most else { break };
+            let Some(at) = record.kept.iter().rposition(|h| record.from.as_ref() != Some(h)) else { break };
+            let hash = record.kept.remove(at);
+            let key = (name.clone(), hash);
+            if let Some(text) = self.texts.remove(&key) {
+                weight -= text_key(&key.0, &key.1).len() + text.len();
+            }
+            forgotten.push(key);
+        }
+        self.records.retain(|_, record| *record != Record::default());
+        forgotten
     }
 }
 

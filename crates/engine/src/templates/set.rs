@@ -263,6 +263,13 @@ impl TemplateSet {
         let texts = std::mem::take(&mut wanted.texts);
         wanted.texts = texts.into_iter().filter(|((name, hash), _)| listed(name, hash)).collect();
         wanted.records.retain(|_, record| *record != rollout::Record::default());
+        for (name, hash) in wanted.fit(rollout::KEPT_BYTES) {
+            self.rollout_notices.push(format!(
+                "version {hash} of template {name} is no longer kept: {} would weigh more than {} KiB (a pin to it is refused)",
+                crate::names::KEPT_CONFIGMAP,
+                rollout::KEPT_BYTES / 1024
+            ));
+        }
         self.kept.retain(|t| wanted.texts.contains_key(&(t.name.to_string(), t.hash.clone())));
         self.kept_wanted = wanted;
     }
