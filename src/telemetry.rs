@@ -111,6 +111,8 @@ pub struct Metrics {
     pub rollout_share: Family<TemplateLabel, Gauge>,
     /// `sidecar_injector_rollout_halted{template}`: 1 while a rollout is halted, else 0.
     pub rollout_halted: Family<TemplateLabel, Gauge>,
+    /// The templates with rollout series (a family cannot list its own).
+    rollout_series: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// `sidecar_injector_rollout_halts_total{template}`: rollouts this replica halted.
     pub rollout_halts: Family<TemplateLabel, Counter>,
     /// `sidecar_injector_certificate_expiry_timestamp_seconds`: when the serving certificate expires.
@@ -270,6 +272,7 @@ impl Default for Metrics {
             templates_loaded,
             rollout_share,
             rollout_halted,
+            rollout_series: Default::default(),
             rollout_halts,
             certificate_expiry,
             certificate_reload_errors,
@@ -288,16 +291,16 @@ impl Metrics {
     /// Sets the rollout gauges from the templates in service: a template whose rollout ended
     /// (promoted, or its template gone) reads 0 on both, so an alert on a halt resolves.
     pub fn set_rollouts(&self, templates: &crate::engine::TemplateSet) {
-        for template in templates.names() {
-            let label = TemplateLabel { template: template.to_owned() };
+        let mut series = self.rollout_series.lock().expect("rollout series lock");
+        // Only templates that ever rolled out get series.
+        series.extend(templates.rollouts().map(|(name, _)| name.to_owned()));
+        for template in series.iter() {
+            let label = TemplateLabel { template: template.clone() };
             let active = templates.rollout(template);
             let halted = active.is_some_and(|a| a.halted.is_some());
             let share = active.filter(|_| !halted).map_or(0, |a| i64::from(a.spec.share));
-            // Only templates that ever rolled out get series.
-            if active.is_some() || self.rollout_share.get(&label).is_some() {
-                self.rollout_share.get_or_create(&label).set(share);
-                self.rollout_halted.get_or_create(&label).set(i64::from(halted));
-            }
+            self.rollout_share.get_or_create(&label).set(share);
+            self.rollout_halted.get_or_create(&label).set(i64::from(halted));
         }
     }
 
@@ -395,6 +398,30 @@ pub fn init(settings: &TelemetrySettings) -> anyhow::Result<TelemetryGuard> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_halted_rollout_reads_0_once_its_template_is_gone() {
+        use crate::engine::templates::rollout::{Halt, Kept};
+        use crate::engine::templates::set::{InProcess, TemplateSet};
+        let source = |text: &str| vec![crate::engine::TemplateSource { name: "agent".into(), text: text.into() }];
+        let v1 = "default: true\ninject:\n  labels: {a: b}\n";
+        let v2 = "default: true\nrollout: {share: 30}\ninject:\n  labels: {a: c}\n";
+        let (first, _) = TemplateSet::default().update_with_kept(source(v1), &Kept::default(), &InProcess);
+        let (rolling, _) = first.update_with_kept(source(v2), &Kept::default(), &InProcess);
+        let mut kept = rolling.kept_wanted().clone();
+        let version = rolling.get("agent").unwrap().hash.clone();
+        kept.records.get_mut("agent").unwrap().halted =
+            Some(Halt { version, reason: "2 pods failed".into(), at: "2026-11-29T00:00:00Z".into() });
+        let (halted, _) = TemplateSet::default().update_with_kept(source(v2), &kept, &InProcess);
+        let metrics = Metrics::default();
+        let label = TemplateLabel { template: "agent".into() };
+        metrics.set_rollouts(&halted);
+        assert_eq!(metrics.rollout_halted.get_or_create(&label).get(), 1);
+        let (gone, _) = halted.update_with_kept(Vec::new(), &kept, &InProcess);
+        metrics.set_rollouts(&gone);
+        assert_eq!(metrics.rollout_halted.get_or_create(&label).get(), 0, "the alert resolves");
+        assert_eq!(metrics.rollout_share.get_or_create(&label).get(), 0);
+    }
 
     #[test]
     fn metrics_are_exposed_with_the_prefix() {

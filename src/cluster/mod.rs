@@ -192,13 +192,14 @@ pub fn watch_templates(client: Client, namespace: &str, state: Arc<AppState>) {
             match event {
                 // Loading templates runs the sandbox and waits for it: not on an async worker.
                 Ok(event) => {
-                    let (state, reader) = (state.clone(), reader.clone());
-                    let loaded = tokio::task::spawn_blocking(move || on_template_event(&state, &reader, &event));
+                    let (on_state, on_reader) = (state.clone(), reader.clone());
+                    let loaded = tokio::task::spawn_blocking(move || on_template_event(&on_state, &on_reader, &event));
                     match loaded.await {
                         Err(error) => tracing::error!(%error, "loading templates failed"),
                         Ok(Some(write)) => {
                             if let Err(error) = rollouts::write_kept(&api, &write).await {
-                                tracing::warn!(%error, "writing {} failed; retried on the next template event", names::KEPT_CONFIGMAP);
+                                tracing::warn!(%error, "writing {} failed; retrying", names::KEPT_CONFIGMAP);
+                                rollouts::retry_kept_write(api.clone(), state.clone(), reader.clone());
                             }
                         }
                         Ok(None) => {}

@@ -12,19 +12,23 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 
+use crate::engine::injection::select;
+use crate::engine::model::kinds::CONTAINER_LISTS;
 use crate::engine::model::status::InjectionStatus;
 use crate::engine::templates::rollout::{self, Halt, Kept};
-use crate::engine::{TemplateSet, names};
-use crate::state::AppState;
+use crate::engine::{Engine, NamespaceFacts, TemplateSet, names};
+use crate::state::{AppState, Namespaces};
 
 /// How often the failures of a rollout's pods are weighed against its threshold.
 const HALT_CHECK_INTERVAL: Duration = Duration::from_secs(2);
@@ -105,6 +109,34 @@ pub async fn write_kept(api: &Api<ConfigMap>, write: &KeptWrite) -> kube::Result
     api.patch(names::KEPT_CONFIGMAP, &PatchParams::default(), &Patch::Merge(&write.patch)).await.map(drop)
 }
 
+/// Retries a failed write of the kept ConfigMap until it holds what the templates in service
+/// want (recomputed at each try from what the watch last read, so a later event's write is never
+/// undone by an older one): the version a rollout rolls from must outlive this replica. One
+/// retrying task per replica; a template event's own write goes on meanwhile.
+pub fn retry_kept_write(api: Api<ConfigMap>, state: Arc<AppState>, store: Store<ConfigMap>) {
+    static RETRYING: AtomicBool = AtomicBool::new(false);
+    if RETRYING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut delay = Duration::from_secs(2);
+        loop {
+            tokio::time::sleep(delay).await;
+            let (kept, exists) = kept_of(&store.state());
+            let Some(write) = kept_write(&state.engine.load().templates, &kept, exists) else { break };
+            match write_kept(&api, &write).await {
+                Ok(()) => {
+                    tracing::info!("{} written", names::KEPT_CONFIGMAP);
+                    break;
+                }
+                Err(error) => tracing::warn!(%error, "writing {} failed; retrying in {delay:?}", names::KEPT_CONFIGMAP),
+            }
+            delay = (delay * 2).min(Duration::from_secs(60));
+        }
+        RETRYING.store(false, Ordering::Release);
+    });
+}
+
 /// A pod of a live rollout's new version, as the halt watch keeps it: what it needs to judge the
 /// pod's injected containers at every check (readiness fails by lasting, without a new event).
 #[derive(Debug, Clone)]
@@ -129,31 +161,61 @@ impl Tracked {
     }
 }
 
-/// The rollouts under way whose new version reaches pods, with that version.
-fn live_rollouts(templates: &TemplateSet) -> Vec<(String, String, rollout::HaltThresholds)> {
+/// A rollout under way whose new version reaches pods.
+struct Live {
+    template: String,
+    /// The new version.
+    version: String,
+    halt: rollout::HaltThresholds,
+    /// The containers the new version injects (`None`: a name is computed).
+    containers: Option<Vec<String>>,
+}
+
+/// The rollouts under way whose new version reaches pods.
+fn live_rollouts(templates: &TemplateSet) -> Vec<Live> {
     templates
         .rollouts()
         .filter(|(_, active)| active.reaches_anyone())
         .filter_map(|(name, active)| {
             let current = templates.get(name)?;
-            Some((name.to_owned(), current.hash.clone(), active.spec.halt))
+            Some(Live {
+                template: name.to_owned(),
+                version: current.hash.clone(),
+                halt: active.spec.halt,
+                containers: rollout::container_names(current),
+            })
         })
         .collect()
 }
 
-/// A pod to keep watching: one that has the new version of a live rollout.
-fn tracked(pod: &Pod, live: &[(String, String, rollout::HaltThresholds)]) -> Option<Tracked> {
+/// A pod to keep watching: one whose status names the new version of a live rollout, of a
+/// template the injector gives it now (`engine`'s choice for its labels, annotations and
+/// namespace, `namespace`: `None` where the cache does not know it). The label and the status are
+/// the pod's claims, which any pod may make: a pod the injector does not serve with that template
+/// (a namespace not opted in, a pod opted out) cannot halt its rollout. Of the pod's injected
+/// containers, only those the new versions inject are judged (another template's failing sidecar
+/// halts nothing).
+fn tracked(pod: &Pod, live: &[Live], engine: &Engine, namespace: Option<&NamespaceFacts>) -> Option<Tracked> {
     let status = InjectionStatus::parse(pod.annotations().get(names::STATUS_ANNOTATION)?).ok()?;
-    let versions: Vec<&(String, String, rollout::HaltThresholds)> = live
-        .iter()
-        .filter(|(name, hash, _)| status.templates.iter().any(|t| t.name == *name && t.hash == *hash))
-        .collect();
+    let claimed = |l: &&Live| status.templates.iter().any(|t| t.name == l.template && t.hash == l.version);
+    let mut versions: Vec<&Live> = live.iter().filter(claimed).collect();
+    if versions.is_empty() {
+        return None;
+    }
+    let choice =
+        select::select(&engine.templates, pod.labels(), pod.annotations(), namespace?, &engine.excluded_namespaces);
+    let choice = choice.ok()?;
+    versions.retain(|l| choice.selected().any(|name| name == l.template));
     let thresholds = rollout::HaltThresholds {
-        failed_pods: versions.iter().map(|v| v.2.failed_pods).min()?,
-        restarts: versions.iter().map(|v| v.2.restarts).min()?,
-        unready_seconds: versions.iter().map(|v| v.2.unready_seconds).min()?,
+        failed_pods: versions.iter().map(|v| v.halt.failed_pods).min()?,
+        restarts: versions.iter().map(|v| v.halt.restarts).min()?,
+        unready_seconds: versions.iter().map(|v| v.halt.unready_seconds).min()?,
     };
-    let containers: Vec<String> = status.containers.iter().chain(&status.init_containers).cloned().collect();
+    let injected = CONTAINER_LISTS.iter().flat_map(|list| (list.claimed)(&status));
+    let theirs = |name: &&String| {
+        versions.iter().any(|v| v.containers.as_ref().is_none_or(|names| names.iter().any(|n| n == *name)))
+    };
+    let containers: Vec<String> = injected.filter(theirs).cloned().collect();
     let pod_status = serde_json::to_value(pod.status.as_ref()?).ok()?;
     let ours = |field: &str| -> Value {
         let list = pod_status.get(field).and_then(Value::as_array).into_iter().flatten();
@@ -169,12 +231,19 @@ fn tracked(pod: &Pod, live: &[(String, String, rollout::HaltThresholds)]) -> Opt
     });
     let owner_json = serde_json::json!({"metadata": {"ownerReferences": pod.metadata.owner_references}});
     Some(Tracked {
-        versions: versions.into_iter().map(|(n, h, _)| (n.clone(), h.clone())).collect(),
+        versions: versions.into_iter().map(|l| (l.template.clone(), l.version.clone())).collect(),
         thresholds,
         containers,
         statuses,
         owner: crate::admission::events::owner_of(&owner_json, &pod.namespace().unwrap_or_default()),
     })
+}
+
+/// The facts of a namespace as the namespace cache has them now (`None`: not there, or no cache).
+fn cached_namespace(state: &AppState, name: &str) -> Option<NamespaceFacts> {
+    let Namespaces::Cache { store, .. } = &state.namespaces else { return None };
+    let namespace = store.get(&ObjectRef::new(name))?;
+    Some(NamespaceFacts::known(name, namespace.labels().clone(), namespace.annotations().clone()))
 }
 
 /// Starts the halt watch (see the module's doc). Without the pod watch (`cluster.watch_pods:
@@ -186,7 +255,7 @@ pub fn watch_rollouts(client: Client, namespace: String, state: Arc<AppState>, w
         loop {
             let live = live_rollouts(&state.engine.load().templates);
             if live.is_empty() || !watch_pods {
-                for (name, version, _) in live {
+                for Live { template: name, version, .. } in live {
                     if told.contains(&(name.clone(), version.clone())) {
                         continue;
                     }
@@ -222,7 +291,8 @@ async fn watch_while_live(client: &Client, namespace: &str, state: &Arc<AppState
                     Some(Ok(watcher::Event::Init)) => watched.clear(),
                     Some(Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod))) => {
                         let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-                        match tracked(&pod, &live) {
+                        let namespace = cached_namespace(state, &key.0);
+                        match tracked(&pod, &live, &state.engine.load(), namespace.as_ref()) {
                             Some(pod) => drop(watched.insert(key, pod)),
                             None => drop(watched.remove(&key)),
                         }
@@ -239,7 +309,7 @@ async fn watch_while_live(client: &Client, namespace: &str, state: &Arc<AppState
                 if live.is_empty() {
                     return;
                 }
-                for (name, version, thresholds) in live {
+                for Live { template: name, version, halt: thresholds, .. } in live {
                     if halted_here.contains(&(name.clone(), version.clone())) {
                         continue;
                     }
@@ -304,4 +374,85 @@ async fn halt(
     let dropped = state.events.send(intents);
     state.metrics.event("dropped", dropped as u64);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::TemplateSource;
+    use crate::engine::templates::set::InProcess;
+
+    const AGENT_1: &str = "default: true\ninject:\n  sidecars:\n    - {name: agent, image: agent:1}\n";
+    const AGENT_2: &str =
+        "default: true\nrollout: {share: 100}\ninject:\n  sidecars:\n    - {name: agent, image: agent:2}\n";
+    const OTHER: &str = "default: true\ninject:\n  sidecars:\n    - {name: other, image: other:1}\n";
+
+    fn sources(agent: &str) -> Vec<TemplateSource> {
+        [("agent", agent), ("other", OTHER)]
+            .into_iter()
+            .map(|(name, text)| TemplateSource { name: name.into(), text: text.into() })
+            .collect()
+    }
+
+    fn namespace(opted_in: bool) -> NamespaceFacts {
+        let value = if opted_in { "enabled" } else { "disabled" };
+        NamespaceFacts::known("shop", [(names::INJECT_LABEL.to_owned(), value.to_owned())].into(), BTreeMap::new())
+    }
+
+    /// A pod whose status names `agent` at `version` and `other`, with both sidecars crash-looping
+    /// or only `failing`.
+    fn pod(version: &str, failing: &[&str]) -> Pod {
+        let status = format!(
+            r#"{{"templates":[{{"name":"agent","hash":"{version}"}},{{"name":"other","hash":"x"}}],"initContainers":["agent","other"]}}"#
+        );
+        let statuses: Vec<Value> = ["agent", "other"]
+            .iter()
+            .map(|name| match failing.contains(name) {
+                true => {
+                    serde_json::json!({"name": name, "ready": false, "restartCount": 9, "image": "i", "imageID": "",
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}}})
+                }
+                false => {
+                    serde_json::json!({"name": name, "ready": true, "restartCount": 0, "image": "i", "imageID": "",
+                    "state": {"running": {}}})
+                }
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "shop",
+                "labels": {names::INJECTED_LABEL: "true"},
+                "annotations": {names::STATUS_ANNOTATION: status}},
+            "spec": {"containers": [{"name": "app", "image": "app:1"}]},
+            "status": {"initContainerStatuses": statuses}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_pods_the_injector_serves_and_only_the_new_versions_containers_can_halt_a_rollout() {
+        let (first, _) = TemplateSet::default().update_with_kept(sources(AGENT_1), &Kept::default(), &InProcess);
+        let (rolling, errors) = first.update_with_kept(sources(AGENT_2), &Kept::default(), &InProcess);
+        assert!(errors.is_empty(), "{errors:?}");
+        let version = rolling.get("agent").unwrap().hash.clone();
+        let engine = Engine::new(rolling, Vec::new());
+        let live = live_rollouts(&engine.templates);
+        assert_eq!(live[0].containers.as_deref(), Some(&["agent".to_owned()][..]));
+        let now = jiff::Timestamp::now();
+        let failure = |pod: &Pod, namespace: Option<&NamespaceFacts>| {
+            tracked(pod, &live, &engine, namespace).and_then(|t| t.failure(now))
+        };
+        let opted_in = namespace(true);
+        assert!(failure(&pod(&version, &["agent"]), Some(&opted_in)).is_some_and(|f| f.contains("CrashLoopBackOff")));
+        // Another template's failing sidecar is not the rollout's failure.
+        assert_eq!(failure(&pod(&version, &["other"]), Some(&opted_in)), None);
+        // The label and status are claims: where the injector does not serve the template (a
+        // namespace not opted in, one the cache does not know, a pod opted out), nothing counts.
+        assert!(tracked(&pod(&version, &["agent"]), &live, &engine, Some(&namespace(false))).is_none());
+        assert!(tracked(&pod(&version, &["agent"]), &live, &engine, None).is_none());
+        let mut opted_out = pod(&version, &["agent"]);
+        opted_out.metadata.labels.get_or_insert_default().insert(names::INJECT_LABEL.into(), "disabled".into());
+        assert!(tracked(&opted_out, &live, &engine, Some(&opted_in)).is_none());
+        // A pod of another version is not watched.
+        assert!(tracked(&pod("0123456789abcdef", &["agent"]), &live, &engine, Some(&opted_in)).is_none());
+    }
 }

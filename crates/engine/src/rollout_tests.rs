@@ -276,6 +276,21 @@ fn a_halt_serves_the_earlier_version_until_the_next_edit() {
     assert_eq!(image, "agent:1");
     assert!(why.unwrap().contains("rollout halted"));
     assert!(!halted.serves("agent", &bad, &Pins::default()), "pods of the halted version are drifted");
+    // `drift --in-place` takes a pod of the halted version back to the version before: its image
+    // and its status, together.
+    let (rolling, _) = rolled("rollout: {share: 100}\n");
+    let pod = deployment_pod("web", json!({}));
+    let Outcome::Inject(injection) =
+        Engine::new(rolling, Vec::new()).evaluate(&request(pod.clone(), opted_in("shop", &[]))).outcome
+    else {
+        panic!("not injected")
+    };
+    let injected = apply(&pod, &injection.patch);
+    let update =
+        drift::in_place::in_place_update(&engine, &request(injected, opted_in("shop", &[]))).expect("an update");
+    assert_eq!(update.images.iter().map(|c| c.to.as_str()).collect::<Vec<_>>(), vec!["agent:1"]);
+    let old = test_support::template("agent", &version("agent:1", "")).hash;
+    assert!(update.status.contains(&old) && !update.status.contains(&bad), "{}", update.status);
     // A fixed version (another edit) rolls out again from the same version.
     let (fixed, _) =
         halted.update_with_kept(sources(&version("agent:3", "rollout: {share: 100}\n")), &kept, &InProcess);
@@ -351,6 +366,24 @@ fn pins_hold_a_kept_version_and_a_pin_to_anything_else_is_refused() {
         let Outcome::Denied(Denial::Pin(message)) = pinned(Some(pin), None).outcome else { panic!("{pin}: admitted") };
         assert!(message.contains(expected), "{pin}: {message}");
     }
+    // A replica that has not read the kept versions yet does not refuse at /validate the pod
+    // another one injected with a pinned version: a race between replicas, said in a warning.
+    let mut pod = deployment_pod("web", json!({}));
+    pod["metadata"]["annotations"] = json!({ names::PINS_ANNOTATION: format!("agent={old}") });
+    let Outcome::Inject(injection) = engine.evaluate(&request(pod.clone(), opted_in("shop", &[]))).outcome else {
+        panic!("the pinned pod is injected")
+    };
+    let (unaware, _) = TemplateSet::default().update_with_kept(
+        sources(&version("agent:2", "rollout: {share: 100}\n")),
+        &Kept::default(),
+        &InProcess,
+    );
+    let verdict = validate::validate_pod(
+        &Engine::new(unaware, Vec::new()),
+        &request(apply(&pod, &injection.patch), opted_in("shop", &[])),
+    );
+    let Verdict::Allowed(warnings) = verdict else { panic!("refused: {verdict:?}") };
+    assert!(warnings[0].contains("which is not kept"), "{warnings:?}");
     // A pod that gets no template is not refused for a malformed pin of its namespace.
     let mut none = deployment_pod("web", json!({}));
     none["metadata"]["annotations"] = json!({ names::TEMPLATES_ANNOTATION: "" });

@@ -159,11 +159,16 @@ pub fn in_place_update(engine: &Engine, request: &PodRequest) -> Result<InPlaceU
         if !first {
             return Err(format!("its status annotation names template {} more than once", reference.name));
         }
-        if !stale.iter().any(|s| s.name == reference.name) {
+        let Some(target) = stale.iter().find(|s| s.name == reference.name).and_then(|s| s.current.as_deref()) else {
             claimed.push(engine.templates.version(&reference.name, &reference.hash).and_then(|t| render(t).ok()));
             continue;
-        }
-        let current = engine.templates.get(&reference.name).expect("classify names templates in service");
+        };
+        // The version `classify` names, which is not always the one in service: while a rollout
+        // is halted (or at share 0) pods go back to the version it rolls from.
+        let current = engine
+            .templates
+            .version(&reference.name, target)
+            .ok_or_else(|| format!("template {} version {target} is not known here", reference.name))?;
         let rendered_now = render(current)?;
         let version = versions::claimed_version(&engine.templates, reference, pod, &claim, |_| Some(&rendered_now))
             .ok_or_else(|| {

@@ -72,7 +72,11 @@ pub fn validate_pod(engine: &Engine, request: &PodRequest) -> Verdict {
     let mut choice = choice;
     let selected = match engine.versions_for(request, &annotations, &mut choice) {
         Ok(selected) => selected,
-        Err(denial) => return Verdict::Denied(denial.to_string()),
+        // The mutating webhook refuses such a pod; this replica not knowing a version another
+        // one knew (it has not read the kept ConfigMap yet) is a race, not a reason to refuse.
+        Err(denial) => {
+            return Verdict::Allowed(vec![format!("{denial}; its sidecars were not compared with the templates")]);
+        }
     };
     let current: Vec<TemplateRef> =
         selected.iter().map(|t| TemplateRef { name: t.name.to_string(), hash: t.hash.clone() }).collect();

@@ -23,10 +23,10 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::names;
-use crate::templates::template::Template;
 pub use crate::templates::template::{
     DEFAULT_FAILED_PODS, DEFAULT_RESTARTS, DEFAULT_UNREADY_SECONDS, HaltThresholds, Rollout,
 };
+use crate::templates::template::{Piece, Template};
 use crate::workload::Workload;
 
 /// Versions kept per template (the oldest beyond this are forgotten, pins to them refused).
@@ -343,6 +343,27 @@ pub fn bucket(template: &str, namespace: &str, workload: &Workload) -> u32 {
     (head % u64::from(BUCKETS)) as u32
 }
 
+/// The names of the containers `template` injects (init containers, sidecars, image volumes'
+/// fallback init containers), where every one is written literally; `None` where a name is
+/// computed (the halt watch then judges every injected container of the pod).
+pub fn container_names(template: &Template) -> Option<Vec<String>> {
+    fn literal_name(piece: &Piece) -> Option<String> {
+        let name = match piece {
+            Piece::Literal(container) => container.get("name"),
+            Piece::Map(entries) => match entries.iter().find(|(key, _)| key == "name").map(|(_, name)| name) {
+                Some(Piece::Literal(name)) => Some(name),
+                _ => None,
+            },
+            _ => None,
+        };
+        name.and_then(Value::as_str).map(str::to_owned)
+    }
+    let inject = &template.inject;
+    let containers = inject.init_containers.iter().chain(&inject.sidecars).map(|item| &item.piece);
+    let fallbacks = inject.lists().flatten().filter_map(|item| item.fallback.as_ref()).map(|f| &f.init_container);
+    containers.chain(fallbacks).map(literal_name).collect()
+}
+
 /// The version of a template a pod gets: `current` (the version in service) unless a rollout
 /// under way (`active`) or a pin decides otherwise. A pin names `current`, the version rolled
 /// from, or a `kept` one; any other pin is an error that names what is kept.
@@ -358,6 +379,8 @@ pub fn choose<'t>(
         let kept: &[Arc<Template>] = if current.enforced { &[] } else { kept };
         let known = std::iter::once(current).chain(active.map(|a| &a.from)).chain(kept);
         let mut matching: Vec<&Arc<Template>> = known.filter(|t| t.hash.starts_with(pin)).collect();
+        // One version may be in several places (in service and kept, after a revert).
+        matching.sort_by(|a, b| a.hash.cmp(&b.hash));
         matching.dedup_by(|a, b| a.hash == b.hash);
         return match matching.as_slice() {
             [version] => Ok((version, Why::Pinned(source))),

@@ -270,6 +270,14 @@ impl TemplateSet {
                 rollout::KEPT_BYTES / 1024
             ));
         }
+        if wanted.weight() > rollout::KEPT_BYTES {
+            self.rollout_notices.push(format!(
+                "the versions rollouts roll from weigh {} KiB, more than {} can hold ({} KiB): the API server refuses the write, and a replica started later does not know them (roll out fewer large templates at once)",
+                wanted.weight() / 1024,
+                crate::names::KEPT_CONFIGMAP,
+                rollout::KEPT_BYTES / 1024
+            ));
+        }
         self.kept.retain(|t| wanted.texts.contains_key(&(t.name.to_string(), t.hash.clone())));
         self.kept_wanted = wanted;
     }
