@@ -89,7 +89,7 @@ pub fn parse(text: &str) -> Option<i128> {
         "Pi" => (1 << 50, 0),
         "Ei" => (1 << 60, 0),
         exponent if exponent.starts_with(['e', 'E']) => {
-            (1, exponent[1..].parse::<i32>().ok().filter(|e| e.abs() <= 30)?)
+            (1, exponent[1..].parse::<i32>().ok().filter(|e| (-30..=30).contains(e))?)
         }
         _ => return None,
     };
@@ -100,7 +100,8 @@ pub fn parse(text: &str) -> Option<i128> {
         scaled.checked_mul(10i128.checked_pow(u32::try_from(exponent).ok()?)?)?
     } else {
         let divisor = 10i128.checked_pow(u32::try_from(-exponent).ok()?)?;
-        (scaled + divisor - 1) / divisor
+        // Rounded up (`scaled` is not negative), without overflowing near the top of the range.
+        scaled / divisor + i128::from(scaled % divisor != 0)
     };
     Some(if negative { -nanos } else { nanos })
 }
@@ -113,19 +114,23 @@ pub fn parse(text: &str) -> Option<i128> {
 /// what this writes is what the API server stores.
 pub fn format(nanos: i128, like: &str) -> String {
     let sign = if nanos < 0 { "-" } else { "" };
-    let nanos = nanos.abs();
+    // `i128::MIN` has no `abs`; its magnitude fits the unsigned type.
+    let nanos = nanos.unsigned_abs();
     let like = like.trim_end();
     // `1e3` is the exponent format; `1E` is exa, a decimal suffix.
     let suffix = like.trim_start_matches(['+', '-']).trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
     let exponent = suffix.len() > 1 && suffix.starts_with(['e', 'E']);
-    let binary = like.ends_with('i') && nanos % NANO == 0 && nanos / NANO >= 1024;
-    if nanos % NANO != 0 {
-        let units: [(i128, &str, &str); 3] = [(1_000_000, "m", "e-3"), (1_000, "u", "e-6"), (1, "n", "e-9")];
+    // Binary only where a binary suffix is exact: a bare number is read back as decimal (and
+    // stored as `100M`, not `100000000`).
+    let nano = NANO.unsigned_abs();
+    let binary = like.ends_with('i') && nanos % nano == 0 && nanos / nano >= 1024 && (nanos / nano) % 1024 == 0;
+    if nanos % nano != 0 {
+        let units: [(u128, &str, &str); 3] = [(1_000_000, "m", "e-3"), (1_000, "u", "e-6"), (1, "n", "e-9")];
         let (divisor, decimal, power) = units.into_iter().find(|(d, _, _)| nanos % d == 0).unwrap_or((1, "n", "e-9"));
         return format!("{sign}{}{}", nanos / divisor, if exponent { power } else { decimal });
     }
-    let units = nanos / NANO;
-    let families: &[(i128, &str)] = match (binary, exponent) {
+    let units = nanos / nano;
+    let families: &[(u128, &str)] = match (binary, exponent) {
         (true, _) => {
             &[(1 << 60, "Ei"), (1 << 50, "Pi"), (1 << 40, "Ti"), (1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki")]
         }
@@ -194,6 +199,9 @@ mod tests {
             (512 * NANO, "1Ki", "512"),
             (NANO / 2, "1Mi", "500m"),
             (1_024 * NANO, "1Ki", "1Ki"),
+            // A bare number is read back as decimal: one a binary suffix does not fit goes decimal.
+            (100_000_000 * NANO, "16Mi", "100M"),
+            (1_000_000_000 * NANO, "1Mi", "1G"),
             (2 * 1_000_000_000_000_000_000 * NANO, "1E", "2E"),
         ];
         for (nanos, like, stored) in cases {
@@ -221,9 +229,13 @@ mod tests {
         for (text, nanos) in cases {
             assert_eq!(parse(text), Some(nanos), "{text}");
         }
-        for bad in ["", "m", "1.2.3", "1Xi", "1e99", "abc", "1 Mi", "1ki"] {
+        for bad in ["", "m", "1.2.3", "1Xi", "1e99", "abc", "1 Mi", "1ki", "1e-2147483648"] {
             assert_eq!(parse(bad), None, "{bad}");
         }
+        // Rounded up to a nano-unit near the top of the range, without overflowing.
+        let near_the_top = parse(".0000000147573952589676412927Ei").unwrap();
+        assert!(near_the_top > 17_014_118_346_046_923_172, "{near_the_top}");
+        assert!(format(i128::MIN, "1").starts_with("-170141183460469231731"));
         // (nano-units, written like, text)
         let written = [
             (160 * (1 << 20) * NANO, "128Mi", "160Mi"),

@@ -156,8 +156,12 @@ impl Sizing {
                     }
                 }
                 Field::Limits => {
-                    let request_sized =
-                        self.rules.iter().any(|r| r.field == Field::Requests && r.resource == rule.resource);
+                    // A request rule that falls back to the template's value leaves that value.
+                    let request_sized = self.rules.iter().any(|r| {
+                        r.field == Field::Requests
+                            && r.resource == rule.resource
+                            && r.app_value(app).and_then(|v| r.size(v)).is_ok_and(|sized| sized.is_ok())
+                    });
                     if !request_sized
                         && let Some(request) =
                             resource_of(container, Field::Requests, &rule.resource).and_then(quantity::of)
@@ -257,6 +261,13 @@ impl Rule {
                     self.resource
                 )
             })?;
+            if nanos < 0 {
+                return Err(format!(
+                    "app container {name} has {}.{} {value}, which is negative",
+                    self.field.name(),
+                    self.resource
+                ));
+            }
             total = Some(match (total, self.from) {
                 (None, _) => nanos,
                 (Some(sum), From::Sum) => sum.checked_add(nanos).ok_or("the app containers' sum overflows")?,
@@ -505,6 +516,29 @@ mod tests {
             let got = Sizing::parse(&sizing).unwrap_err();
             assert!(got.contains(error), "{sizing}: {got}");
         }
+    }
+
+    #[test]
+    fn a_negative_app_value_is_an_error() {
+        let sizing = json!({"requests": {"cpu": {"from": "sum", "fraction": 0.5}}});
+        let error = sized(sizing, json!({"name": "agent"}), &[json!({"requests": {"cpu": "-1"}})]).unwrap_err();
+        assert_eq!(
+            error,
+            "container agent: requests.cpu: app container app-0 has requests.cpu \"-1\", which is negative"
+        );
+    }
+
+    #[test]
+    fn a_sized_limit_is_raised_to_the_request_the_template_keeps() {
+        // The request rule has nothing to size from and keeps the template's 500m: the limit,
+        // lowered to its max, must not fall below it.
+        let sizing = json!({
+            "limits": {"cpu": {"from": "sum", "fraction": 1, "max": "200m"}},
+            "requests": {"cpu": {"from": "sum", "fraction": 0.5}},
+        });
+        let container = json!({"name": "agent", "resources": {"requests": {"cpu": "500m"}}});
+        let (resources, notes) = sized(sizing, container, &[json!({})]).unwrap();
+        assert_eq!(resources, json!({"requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}), "{notes:?}");
     }
 
     #[test]
