@@ -123,10 +123,14 @@ pub fn format(nanos: i128, like: &str) -> String {
     // Binary only where a binary suffix is exact: a bare number is read back as decimal (and
     // stored as `100M`, not `100000000`).
     let nano = NANO.unsigned_abs();
-    let binary = like.ends_with('i') && nanos % nano == 0 && nanos / nano >= 1024 && (nanos / nano) % 1024 == 0;
-    if nanos % nano != 0 {
+    let binary = like.ends_with('i')
+        && nanos.is_multiple_of(nano)
+        && nanos / nano >= 1024
+        && (nanos / nano).is_multiple_of(1024);
+    if !nanos.is_multiple_of(nano) {
         let units: [(u128, &str, &str); 3] = [(1_000_000, "m", "e-3"), (1_000, "u", "e-6"), (1, "n", "e-9")];
-        let (divisor, decimal, power) = units.into_iter().find(|(d, _, _)| nanos % d == 0).unwrap_or((1, "n", "e-9"));
+        let (divisor, decimal, power) =
+            units.into_iter().find(|(d, _, _)| nanos.is_multiple_of(*d)).unwrap_or((1, "n", "e-9"));
         return format!("{sign}{}{}", nanos / divisor, if exponent { power } else { decimal });
     }
     let units = nanos / nano;
@@ -151,7 +155,7 @@ pub fn format(nanos: i128, like: &str) -> String {
             (1_000, "k"),
         ],
     };
-    match families.iter().find(|(unit, _)| units != 0 && units % unit == 0) {
+    match families.iter().find(|(unit, _)| units != 0 && units.is_multiple_of(*unit)) {
         Some((unit, suffix)) => format!("{sign}{}{suffix}", units / unit),
         None => format!("{sign}{units}"),
     }
