@@ -80,6 +80,9 @@ pub struct RenderedTemplate {
     /// How each value `sizing:` computed was reached, by container: `container <name>:
     /// <field>.<resource> = <value> (...)` (for `explain`).
     pub sized: Vec<(String, String)>,
+    /// `(container, field, resource)` of every value a `sizing:` rule decides for the pod (sized,
+    /// or left the template's where there was nothing to size from).
+    pub sized_fields: Vec<(String, &'static str, String)>,
     /// The form each image volume was given (`image_volumes`).
     pub volume_forms: Vec<ImageVolumeChoice>,
     /// The image volumes with a declared fallback that stay image volumes (what the status
@@ -275,7 +278,7 @@ fn render_items(
             _ => renderer.items(items).map_err(err)?,
         };
     }
-    let (mut positions, mut sized) = (BTreeMap::new(), Vec::new());
+    let (mut positions, mut sized) = (BTreeMap::new(), Sized::default());
     let app = app_containers(&subject.pod);
     let mut init_containers =
         renderer.containers(&spec.init_containers, &mut positions, app, &mut sized).map_err(err)?;
@@ -316,7 +319,8 @@ fn render_items(
         sidecar_mode,
         warnings,
         value_sources,
-        sized,
+        sized: sized.notes,
+        sized_fields: sized.fields,
         volume_forms,
         image_volumes,
     })
@@ -334,6 +338,13 @@ fn share_the_pods_budget<'c>(containers: impl Iterator<Item = &'c mut Value>) {
             }
         }
     }
+}
+
+/// What `sizing:` did to a template's containers (`RenderedTemplate::sized`, `sized_fields`).
+#[derive(Default)]
+struct Sized {
+    notes: Vec<(String, String)>,
+    fields: Vec<(String, &'static str, String)>,
 }
 
 /// The pod's app containers (`spec.containers`) as JSON: what `sizing:` reads.
@@ -650,7 +661,7 @@ impl Renderer<'_> {
         items: &[SeqItem],
         positions: &mut BTreeMap<String, ContainerPosition>,
         app: &[Value],
-        sized: &mut Vec<(String, String)>,
+        sized: &mut Sized,
     ) -> Result<Vec<Value>, TemplateError> {
         let mut out = Vec::with_capacity(items.len());
         for item in items {
@@ -661,7 +672,9 @@ impl Renderer<'_> {
             if let Some((line, sizing)) = item.sizing.as_deref() {
                 let notes = sizing.apply(&mut rendered, app).map_err(|why| self.err(*line, format!("sizing {why}")))?;
                 let name = rendered.get("name").and_then(Value::as_str).unwrap_or_default();
-                sized.extend(notes.into_iter().map(|note| (name.to_owned(), note)));
+                sized.notes.extend(notes.into_iter().map(|note| (name.to_owned(), note)));
+                let fields = sizing.fields().map(|(field, resource)| (name.to_owned(), field, resource.to_owned()));
+                sized.fields.extend(fields);
             }
             if let (Some(position), Some(name)) = (item.position, rendered.get("name").and_then(Value::as_str)) {
                 positions.insert(name.to_owned(), position);

@@ -121,6 +121,11 @@ impl Sizing {
         Ok(Sizing { rules })
     }
 
+    /// The values its rules decide, as `(field, resource)` (`("requests", "cpu")`).
+    pub fn fields(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        self.rules.iter().map(|rule| (rule.field.name(), rule.resource.as_str()))
+    }
+
     /// Sizes `container` (a rendered container) from `app` (the pod's `spec.containers`): sets
     /// each sized value in its `resources`, and returns one note per value saying how it was
     /// computed.

@@ -75,7 +75,13 @@ pub fn shortfalls(engine: &Engine, request: &PodRequest, old: &Value, status: &I
                 let (Some(floor_nanos), now_nanos) = (quantity::parse(&floor), now.and_then(quantity::of)) else {
                     continue;
                 };
-                if now_nanos.is_none_or(|n| n < floor_nanos) {
+                // A value sized from the app moves with it: an app resized up in place since the
+                // injection raises the size for the pod now, and a resize that does not lower
+                // the agent's value is no shortfall (the floor holds only against lowering it).
+                let sized = rendered.sized_fields.iter().any(|(c, f, r)| c == name && *f == field && *r == resource);
+                let was = resources(old, name).and_then(|r| r.get(field)).and_then(|m| m.get(&resource));
+                let raised = now_nanos.zip(was.and_then(quantity::of)).is_some_and(|(now, was)| now >= was);
+                if now_nanos.is_none_or(|n| n < floor_nanos) && !(sized && raised) {
                     found.push(shortfall(format!(
                         "container {name:?}'s resources.{field}.{resource} is {} after the resize, below the {floor} template {} sets",
                         now_text.unwrap_or_else(|| "unset".to_owned()),
@@ -369,6 +375,14 @@ inject:
                 (Verdict::Allowed(_), false) => {}
                 (verdict, _) => panic!("{cpu}: {verdict:?}"),
             }
+        }
+        // The app resized up in place (the size for the pod now is 1 CPU): the agent may still
+        // be resized up below that, not down.
+        let grown = resize(&stored, "web", &["requests", "cpu"], json!("2"));
+        for (cpu, refused) in [("150m", false), ("50m", true)] {
+            let new = resize(&grown, "agent", &["requests", "cpu"], json!(cpu));
+            let checked = validate_pod_update(&engine, &grown, &request(new, opted_in("shop", &[])));
+            assert_eq!(matches!(checked.verdict, Verdict::Denied(_)), refused, "{cpu}: {:?}", checked.verdict);
         }
         // The enforcement policy compares no floor for it (it is not the same for every pod).
         let template = crate::templates::template::Template::load("enforced", &sized).unwrap();
