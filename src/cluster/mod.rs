@@ -188,28 +188,62 @@ pub fn watch_templates(client: Client, namespace: &str, state: Arc<AppState>) {
         watcher(api.clone(), config).backoff(backoff()).modify(|cm| cm.managed_fields_mut().clear()).reflect(writer);
     tokio::spawn(async move {
         futures::pin_mut!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                // Loading templates runs the sandbox and waits for it: not on an async worker.
-                Ok(event) => {
-                    let (on_state, on_reader) = (state.clone(), reader.clone());
-                    let loaded = tokio::task::spawn_blocking(move || on_template_event(&on_state, &on_reader, &event));
-                    match loaded.await {
-                        Err(error) => tracing::error!(%error, "loading templates failed"),
-                        Ok(Some(write)) => {
-                            if let Err(error) = rollouts::write_kept(&api, &write).await {
-                                tracing::warn!(%error, "writing {} failed; retrying", names::KEPT_CONFIGMAP);
-                                rollouts::retry_kept_write(api.clone(), state.clone(), reader.clone());
-                            }
-                        }
-                        Ok(None) => {}
-                    }
+        // A failed write of the kept ConfigMap is retried here, between events, so that what the
+        // watch read (the store) and the templates built from it (the engine) are read together:
+        // a retry never undoes a write that came back through the watch (another replica's halt).
+        let mut retry: Option<Duration> = None;
+        loop {
+            let wait = async {
+                match retry {
+                    Some(delay) => tokio::time::sleep(delay).await,
+                    None => std::future::pending().await,
                 }
-                Err(error) => tracing::warn!(%error, "template ConfigMap watch failed; retrying with backoff"),
+            };
+            let write = tokio::select! {
+                event = stream.next() => match event {
+                    None => break,
+                    // Loading templates runs the sandbox and waits for it: not on an async worker.
+                    Some(Ok(event)) => {
+                        let (on_state, on_reader) = (state.clone(), reader.clone());
+                        let loaded = tokio::task::spawn_blocking(move || on_template_event(&on_state, &on_reader, &event));
+                        match loaded.await {
+                            Err(error) => {
+                                tracing::error!(%error, "loading templates failed");
+                                None
+                            }
+                            Ok(write) => write,
+                        }
+                    }
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "template ConfigMap watch failed; retrying with backoff");
+                        None
+                    }
+                },
+                () = wait => {
+                    let (kept, exists) = rollouts::kept_of(&reader.state());
+                    let write = rollouts::kept_write(&state.engine.load().templates, &kept, exists);
+                    if write.is_none() {
+                        retry = None;
+                    }
+                    write
+                }
+            };
+            let Some(write) = write else { continue };
+            match rollouts::write_kept(&api, &write).await {
+                Ok(()) => retry = None,
+                Err(error) => {
+                    let delay = retry.map_or(KEPT_RETRY_FIRST, |d| (d * 2).min(KEPT_RETRY_LONGEST));
+                    tracing::warn!(%error, "writing {} failed; retrying in {delay:?}", names::KEPT_CONFIGMAP);
+                    retry = Some(delay);
+                }
             }
         }
     });
 }
+
+/// The first wait before a failed write of the kept ConfigMap is tried again, and the longest.
+const KEPT_RETRY_FIRST: Duration = Duration::from_secs(2);
+const KEPT_RETRY_LONGEST: Duration = Duration::from_secs(60);
 
 /// Reacts to one template ConfigMap watch event (already applied to `store`): once the initial
 /// list is complete, and on every change after it, the templates in service are rebuilt from the

@@ -12,13 +12,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
@@ -109,34 +109,6 @@ pub async fn write_kept(api: &Api<ConfigMap>, write: &KeptWrite) -> kube::Result
     api.patch(names::KEPT_CONFIGMAP, &PatchParams::default(), &Patch::Merge(&write.patch)).await.map(drop)
 }
 
-/// Retries a failed write of the kept ConfigMap until it holds what the templates in service
-/// want (recomputed at each try from what the watch last read, so a later event's write is never
-/// undone by an older one): the version a rollout rolls from must outlive this replica. One
-/// retrying task per replica; a template event's own write goes on meanwhile.
-pub fn retry_kept_write(api: Api<ConfigMap>, state: Arc<AppState>, store: Store<ConfigMap>) {
-    static RETRYING: AtomicBool = AtomicBool::new(false);
-    if RETRYING.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    tokio::spawn(async move {
-        let mut delay = Duration::from_secs(2);
-        loop {
-            tokio::time::sleep(delay).await;
-            let (kept, exists) = kept_of(&store.state());
-            let Some(write) = kept_write(&state.engine.load().templates, &kept, exists) else { break };
-            match write_kept(&api, &write).await {
-                Ok(()) => {
-                    tracing::info!("{} written", names::KEPT_CONFIGMAP);
-                    break;
-                }
-                Err(error) => tracing::warn!(%error, "writing {} failed; retrying in {delay:?}", names::KEPT_CONFIGMAP),
-            }
-            delay = (delay * 2).min(Duration::from_secs(60));
-        }
-        RETRYING.store(false, Ordering::Release);
-    });
-}
-
 /// A pod of a live rollout's new version, as the halt watch keeps it: what it needs to judge the
 /// pod's injected containers at every check (readiness fails by lasting, without a new event).
 #[derive(Debug, Clone)]
@@ -195,15 +167,21 @@ fn live_rollouts(templates: &TemplateSet) -> Vec<Live> {
 /// (a namespace not opted in, a pod opted out) cannot halt its rollout. Of the pod's injected
 /// containers, only those the new versions inject are judged (another template's failing sidecar
 /// halts nothing).
-fn tracked(pod: &Pod, live: &[Live], engine: &Engine, namespace: Option<&NamespaceFacts>) -> Option<Tracked> {
+fn tracked(
+    pod: &Pod,
+    live: &[Live],
+    engine: &Engine,
+    namespace: impl FnOnce(&str) -> Option<NamespaceFacts>,
+) -> Option<Tracked> {
     let status = InjectionStatus::parse(pod.annotations().get(names::STATUS_ANNOTATION)?).ok()?;
     let claimed = |l: &&Live| status.templates.iter().any(|t| t.name == l.template && t.hash == l.version);
     let mut versions: Vec<&Live> = live.iter().filter(claimed).collect();
     if versions.is_empty() {
         return None;
     }
+    let namespace = namespace(pod.metadata.namespace.as_deref().unwrap_or_default())?;
     let choice =
-        select::select(&engine.templates, pod.labels(), pod.annotations(), namespace?, &engine.excluded_namespaces);
+        select::select(&engine.templates, pod.labels(), pod.annotations(), &namespace, &engine.excluded_namespaces);
     let choice = choice.ok()?;
     versions.retain(|l| choice.selected().any(|name| name == l.template));
     let thresholds = rollout::HaltThresholds {
@@ -254,6 +232,12 @@ pub fn watch_rollouts(client: Client, namespace: String, state: Arc<AppState>, w
         let mut told: BTreeSet<(String, String)> = BTreeSet::new();
         loop {
             let live = live_rollouts(&state.engine.load().templates);
+            // A pod counts only where its namespace is known (`tracked`): not before the
+            // namespace cache has its first list.
+            if !state.readiness.namespaces_synced.load(Ordering::Relaxed) {
+                tokio::time::sleep(IDLE_INTERVAL).await;
+                continue;
+            }
             if live.is_empty() || !watch_pods {
                 for Live { template: name, version, .. } in live {
                     if told.contains(&(name.clone(), version.clone())) {
@@ -283,16 +267,23 @@ async fn watch_while_live(client: &Client, namespace: &str, state: &Arc<AppState
     let mut watched: BTreeMap<(String, String), Tracked> = BTreeMap::new();
     let mut halted_here: BTreeSet<(String, String)> = BTreeSet::new();
     let mut tick = tokio::time::interval(HALT_CHECK_INTERVAL);
+    // The live rollouts of the engine in service, computed again only when it changes (not at
+    // every pod event).
+    let mut engine = state.engine.load_full();
+    let mut live = live_rollouts(&engine.templates);
     loop {
         tokio::select! {
             event = stream.next() => {
-                let live = live_rollouts(&state.engine.load().templates);
+                let now = state.engine.load_full();
+                if !Arc::ptr_eq(&now, &engine) {
+                    engine = now;
+                    live = live_rollouts(&engine.templates);
+                }
                 match event {
                     Some(Ok(watcher::Event::Init)) => watched.clear(),
                     Some(Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod))) => {
                         let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-                        let namespace = cached_namespace(state, &key.0);
-                        match tracked(&pod, &live, &state.engine.load(), namespace.as_ref()) {
+                        match tracked(&pod, &live, &engine, |name| cached_namespace(state, name)) {
                             Some(pod) => drop(watched.insert(key, pod)),
                             None => drop(watched.remove(&key)),
                         }
@@ -439,7 +430,7 @@ mod tests {
         assert_eq!(live[0].containers.as_deref(), Some(&["agent".to_owned()][..]));
         let now = jiff::Timestamp::now();
         let failure = |pod: &Pod, namespace: Option<&NamespaceFacts>| {
-            tracked(pod, &live, &engine, namespace).and_then(|t| t.failure(now))
+            tracked(pod, &live, &engine, |_| namespace.cloned()).and_then(|t| t.failure(now))
         };
         let opted_in = namespace(true);
         assert!(failure(&pod(&version, &["agent"]), Some(&opted_in)).is_some_and(|f| f.contains("CrashLoopBackOff")));
@@ -447,12 +438,12 @@ mod tests {
         assert_eq!(failure(&pod(&version, &["other"]), Some(&opted_in)), None);
         // The label and status are claims: where the injector does not serve the template (a
         // namespace not opted in, one the cache does not know, a pod opted out), nothing counts.
-        assert!(tracked(&pod(&version, &["agent"]), &live, &engine, Some(&namespace(false))).is_none());
-        assert!(tracked(&pod(&version, &["agent"]), &live, &engine, None).is_none());
+        assert!(tracked(&pod(&version, &["agent"]), &live, &engine, |_| Some(namespace(false))).is_none());
+        assert!(tracked(&pod(&version, &["agent"]), &live, &engine, |_| None).is_none());
         let mut opted_out = pod(&version, &["agent"]);
         opted_out.metadata.labels.get_or_insert_default().insert(names::INJECT_LABEL.into(), "disabled".into());
-        assert!(tracked(&opted_out, &live, &engine, Some(&opted_in)).is_none());
+        assert!(tracked(&opted_out, &live, &engine, |_| Some(opted_in.clone())).is_none());
         // A pod of another version is not watched.
-        assert!(tracked(&pod("0123456789abcdef", &["agent"]), &live, &engine, Some(&opted_in)).is_none());
+        assert!(tracked(&pod("0123456789abcdef", &["agent"]), &live, &engine, |_| Some(opted_in.clone())).is_none());
     }
 }
