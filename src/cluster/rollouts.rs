@@ -268,53 +268,58 @@ async fn watch_while_live(client: &Client, namespace: &str, state: &Arc<AppState
     let mut halted_here: BTreeSet<(String, String)> = BTreeSet::new();
     let mut tick = tokio::time::interval(HALT_CHECK_INTERVAL);
     // The live rollouts of the engine in service, computed again only when it changes (not at
-    // every pod event).
+    // every pod event or check).
     let mut engine = state.engine.load_full();
     let mut live = live_rollouts(&engine.templates);
     loop {
-        tokio::select! {
-            event = stream.next() => {
-                let now = state.engine.load_full();
-                if !Arc::ptr_eq(&now, &engine) {
-                    engine = now;
-                    live = live_rollouts(&engine.templates);
-                }
-                match event {
-                    Some(Ok(watcher::Event::Init)) => watched.clear(),
-                    Some(Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod))) => {
-                        let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-                        match tracked(&pod, &live, &engine, |name| cached_namespace(state, name)) {
-                            Some(pod) => drop(watched.insert(key, pod)),
-                            None => drop(watched.remove(&key)),
-                        }
-                    }
-                    Some(Ok(watcher::Event::Delete(pod))) => drop(watched.remove(&(pod.namespace().unwrap_or_default(), pod.name_any()))),
-                    Some(Ok(watcher::Event::InitDone)) => {}
-                    Some(Err(error)) => tracing::warn!(%error, "rollout pod watch failed; retrying with backoff"),
-                    None => return,
+        let event = tokio::select! {
+            event = stream.next() => Some(event),
+            _ = tick.tick() => None,
+        };
+        let now = state.engine.load_full();
+        if !Arc::ptr_eq(&now, &engine) {
+            engine = now;
+            live = live_rollouts(&engine.templates);
+        }
+        match event {
+            Some(Some(Ok(watcher::Event::Init))) => watched.clear(),
+            Some(Some(Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)))) => {
+                let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+                match tracked(&pod, &live, &engine, |name| cached_namespace(state, name)) {
+                    Some(pod) => drop(watched.insert(key, pod)),
+                    None => drop(watched.remove(&key)),
                 }
             }
-            _ = tick.tick() => {
-                let templates = state.engine.load().templates.clone();
-                let live = live_rollouts(&templates);
-                if live.is_empty() {
-                    return;
-                }
-                for Live { template: name, version, halt: thresholds, .. } in live {
+            Some(Some(Ok(watcher::Event::Delete(pod)))) => {
+                drop(watched.remove(&(pod.namespace().unwrap_or_default(), pod.name_any())))
+            }
+            Some(Some(Ok(watcher::Event::InitDone))) => {}
+            Some(Some(Err(error))) => tracing::warn!(%error, "rollout pod watch failed; retrying with backoff"),
+            Some(None) => return,
+            // The check: every live rollout's pods weighed against its threshold.
+            None if live.is_empty() => return,
+            None => {
+                for Live { template: name, version, halt: thresholds, .. } in &live {
                     if halted_here.contains(&(name.clone(), version.clone())) {
                         continue;
                     }
                     let now = jiff::Timestamp::now();
-                    let of_version = watched.iter().filter(|(_, t)| t.versions.iter().any(|v| v.0 == name && v.1 == version));
+                    let of_version =
+                        watched.iter().filter(|(_, t)| t.versions.iter().any(|v| v.0 == *name && v.1 == *version));
                     let failed: Vec<(String, String, Option<ObjectReference>)> = of_version
-                        .filter_map(|((ns, pod), t)| t.failure(now).map(|what| (format!("{ns}/{pod}"), what, t.owner.clone())))
+                        .filter_map(|((ns, pod), t)| {
+                            t.failure(now).map(|what| (format!("{ns}/{pod}"), what, t.owner.clone()))
+                        })
                         .collect();
-                    let failures: Vec<(String, String)> = failed.iter().map(|(pod, what, _)| (pod.clone(), what.clone())).collect();
-                    let Some(reason) = rollout::halt_reason(&version, &failures, thresholds) else { continue };
+                    let failures: Vec<(String, String)> =
+                        failed.iter().map(|(pod, what, _)| (pod.clone(), what.clone())).collect();
+                    let Some(reason) = rollout::halt_reason(version, &failures, *thresholds) else { continue };
                     let owners: Vec<ObjectReference> = failed.into_iter().filter_map(|(_, _, owner)| owner).collect();
-                    match halt(client, namespace, state, &templates, &name, &version, &reason, owners).await {
-                        Ok(()) => drop(halted_here.insert((name, version))),
-                        Err(error) => tracing::error!(template = name, %error, "halting the rollout failed; trying again"),
+                    match halt(client, namespace, state, &engine.templates, name, version, &reason, owners).await {
+                        Ok(()) => drop(halted_here.insert((name.clone(), version.clone()))),
+                        Err(error) => {
+                            tracing::error!(template = name, %error, "halting the rollout failed; trying again")
+                        }
                     }
                 }
             }
