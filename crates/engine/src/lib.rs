@@ -322,50 +322,65 @@ impl<'r> Renderings<'r> {
     }
 }
 
-/// What a pod's status annotation settles.
-enum ClaimCheck {
-    /// The final outcome: refused (items changed since a current injection), up to date, or only
-    /// the missing items added.
-    Decided(Outcome),
-    /// A fresh injection, which may remove only `owned` (the provably injected items), rendered
-    /// for `base` (the pod without them); the containers named in `carried` keep the pod's
-    /// `resources` (resized in place since their injection; `None`: it has none).
-    Replace { owned: InjectionStatus, base: Arc<Value>, carried: BTreeMap<String, Option<Value>> },
+/// What a pod's status annotation proves, read before anything is planned (`Engine::check_claim`):
+/// the data the decision's one planning step (`Engine::plan_decision`) chooses its alternative from.
+struct Claimed {
+    /// The status annotation as the pod has it.
+    claim: InjectionStatus,
+    /// The pod without the claimed items, which the claimed versions are rendered for, and its
+    /// annotations.
+    base: Arc<Value>,
+    base_annotations: BTreeMap<String, String>,
+    /// Which claimed items are present, provably the injector's, doubted or resized.
+    assessed: claims::ownership::Ownership,
+    /// The first alternative, where the claim names the versions in service and each rendered for
+    /// `base`: those renderings (one per selected template, in order), planned with the present
+    /// items kept where they are.
+    keep: Option<Vec<Rc<RenderedTemplate>>>,
+}
+
+/// The other alternative: a fresh injection, which may remove only `owned` (the provably injected
+/// items), rendered for `base` (the pod without them, whose annotations are `base_annotations`);
+/// the containers named in `carried` keep the pod's `resources` (resized in place since their
+/// injection; `None`: it has none). Without a claim, it removes nothing from the pod as submitted.
+struct Replacement {
+    owned: InjectionStatus,
+    base: Arc<Value>,
+    base_annotations: BTreeMap<String, String>,
+    carried: BTreeMap<String, Option<Value>>,
 }
 
 impl Engine {
-    /// Checks a pod's status annotation against what the claimed template versions render for the
-    /// pod without the claimed items.
-    #[allow(clippy::too_many_arguments)]
+    /// Reads a pod's status annotation against what the claimed template versions render for the
+    /// pod without the claimed items. Nothing is planned here: the claim is refused where its
+    /// items changed since a current injection (or an enforced template's are not exactly its
+    /// own), else what it proves is returned for the planning step.
     fn check_claim(
         &self,
         pod: &Value,
-        claim: &InjectionStatus,
+        claim: InjectionStatus,
         selected: &[&Arc<Template>],
-        choice: &Choice,
         store: &mut Renderings<'_>,
-        to_plan: &dyn Fn(&Template, RenderedTemplate) -> PlannedTemplate,
-        warnings: &mut Vec<Warning>,
-    ) -> ClaimCheck {
-        let base = Arc::new(claims::strip::strip_injection(pod, claim));
+    ) -> Result<Claimed, Denial> {
+        let base = Arc::new(claims::strip::strip_injection(pod, &claim));
         let base_annotations = pod::string_map(&base, "annotations").unwrap_or_default();
         // What was injected is re-rendered in the forms it was given, whatever the nodes say now.
         let as_claimed = VolumeForms::Recorded(&claim.image_volumes);
         let mut render = |template: &Template| store.get(template, &base, &base_annotations, as_claimed).ok();
         let mut renderings: Vec<Option<Rc<RenderedTemplate>>> = Vec::with_capacity(claim.templates.len());
-        for (claimed, first) in claim.templates.iter().zip(claims::versions::first_of_each_name(claim)) {
+        for (claimed, first) in claim.templates.iter().zip(claims::versions::first_of_each_name(&claim)) {
             let version =
-                first.then(|| claims::versions::claimed_version(&self.templates, claimed, pod, claim, &mut render));
+                first.then(|| claims::versions::claimed_version(&self.templates, claimed, pod, &claim, &mut render));
             renderings.push(version.flatten().and_then(|template| render(&template)));
         }
-        let stood_in = stand_in_for_gone_versions(pod, claim, selected, &mut renderings, &mut render);
+        let stood_in = stand_in_for_gone_versions(pod, &claim, selected, &mut renderings, &mut render);
         let assessed = stood_in.unwrap_or_else(|| {
             let renderings: Vec<Option<&RenderedTemplate>> = renderings.iter().map(Option::as_deref).collect();
-            claims::ownership::assess(pod, claim, &renderings, claims::ownership::Moment::Admission)
+            claims::ownership::assess(pod, &claim, &renderings, claims::ownership::Moment::Admission)
         });
         let current = assessed.present.is_current(selected.iter().map(|t| (&*t.name, t.hash.as_str())));
         if current && !assessed.altered.is_empty() {
-            return ClaimCheck::Decided(Outcome::Denied(Denial::Altered(assessed.altered)));
+            return Err(Denial::Altered(assessed.altered));
         }
         if current {
             // An enforced template's items count as injected only when exactly the template's.
@@ -379,51 +394,78 @@ impl Engine {
                 (!conflicts.is_empty()).then(|| Denial::Enforced { template: template.name.to_string(), conflicts })
             });
             if let Some(denial) = enforced {
-                return ClaimCheck::Decided(Outcome::Denied(denial));
+                return Err(denial);
             }
         }
-        if current {
-            // Same versions: the items that hold stay where they are, anything missing is added.
-            // Up to date when that adds nothing.
-            let planned: Vec<PlannedTemplate> = renderings
-                .into_iter()
-                .zip(selected)
-                .filter_map(|(r, t)| r.map(|rendered| to_plan(t, store.own(rendered))))
-                .collect();
-            if planned.len() == selected.len() {
-                let reason = planned.is_empty().then(|| choice.summary_of_none());
-                // Where the pod with the claimed items fails the namespace's Pod Security level
-                // and the pod without them passes, the injection is decided afresh (which leaves
-                // out the templates that break it).
-                let guard = PodSecurityGuard::of(store.request, &base);
-                let breaks = |injection: &Injection| guard.as_ref().is_some_and(|g| g.refusal(injection).is_some());
-                match injection::plan::plan(pod, injection::plan::Earlier::Keep(&assessed.present), planned, reason) {
-                    Ok(fresh) if !fresh.invalid.is_empty() => {
-                        return ClaimCheck::Decided(refuse_or_admit(pod, None, fresh, selected, warnings));
-                    }
-                    Ok(fresh) if breaks(&fresh) => {}
-                    Ok(fresh) if fresh.status == *claim && assessed.all_present => {
-                        return ClaimCheck::Decided(Outcome::UpToDate(claim.clone()));
-                    }
-                    Ok(fresh) if claims::ownership::includes_items_of(&fresh.status, &assessed.present) => {
-                        warnings.extend(doubted(assessed.doubts));
-                        warnings.extend(fresh.warnings.iter().cloned());
-                        return ClaimCheck::Decided(Outcome::Inject(fresh));
-                    }
-                    // The claim puts items where the templates do not: prove and replace.
-                    _ => {}
-                }
-            }
-        }
-        warnings.extend(doubted(assessed.doubts.iter().cloned()));
-        let (owned, carried) = self.carry_resized(assessed, claim, selected, &base, &base_annotations, store, warnings);
-        let base = match claims::ownership::owns_all(&owned, claim) {
-            true => base,
-            false => Arc::new(claims::strip::strip_injection(pod, &owned)),
+        // Same versions, each rendered: the items that hold may stay where they are.
+        let keep = match current {
+            true => renderings.into_iter().zip(selected).map(|(rendered, _)| rendered).collect::<Option<Vec<_>>>(),
+            false => None,
         };
-        ClaimCheck::Replace { owned, base, carried }
+        let keep = keep.filter(|kept| kept.len() == selected.len());
+        Ok(Claimed { claim, base, base_annotations, assessed, keep })
     }
 
+    /// The first alternative of a claim of the versions in service: the present items stay where
+    /// they are and anything missing is added (up to date when that adds nothing). `None` where
+    /// the plan says otherwise: the claim puts items where the templates do not, or keeping them
+    /// breaks the namespace's Pod Security level where the pod without them passes (the
+    /// injection is then decided afresh, which leaves out the templates that break it).
+    fn keep_in_place(
+        &self,
+        claimed: &Claimed,
+        kept: Vec<Rc<RenderedTemplate>>,
+        selected: &[&Arc<Template>],
+        choice: &Choice,
+        store: &mut Renderings<'_>,
+        warnings: &mut Vec<Warning>,
+    ) -> Option<Outcome> {
+        let Claimed { claim, base, assessed, .. } = claimed;
+        let cluster = store.request.cluster;
+        let planned: Vec<PlannedTemplate> = kept
+            .into_iter()
+            .zip(selected)
+            .map(|(rendered, t)| planned_template(t, store.own(rendered), cluster))
+            .collect();
+        let reason = planned.is_empty().then(|| choice.summary_of_none());
+        let guard = PodSecurityGuard::of(store.request, base);
+        let breaks = |injection: &Injection| guard.as_ref().is_some_and(|g| g.refusal(injection).is_some());
+        let pod = &*store.request.pod;
+        match injection::plan::plan(pod, injection::plan::Earlier::Keep(&assessed.present), planned, reason) {
+            Ok(fresh) if !fresh.invalid.is_empty() => Some(refuse_or_admit(pod, None, fresh, selected, warnings)),
+            Ok(fresh) if breaks(&fresh) => None,
+            Ok(fresh) if fresh.status == *claim && assessed.all_present => Some(Outcome::UpToDate(fresh.status)),
+            Ok(fresh) if claims::ownership::includes_items_of(&fresh.status, &assessed.present) => {
+                warnings.extend(doubted(assessed.doubts.iter().cloned()));
+                warnings.extend(fresh.warnings.iter().cloned());
+                Some(Outcome::Inject(fresh))
+            }
+            _ => None,
+        }
+    }
+
+    /// The other alternative for a claimed pod: what the replacement may remove (the items the
+    /// claim proves, with the resized containers it can carry over) and the pod it renders for.
+    fn replacement(
+        &self,
+        claimed: Claimed,
+        selected: &[&Arc<Template>],
+        store: &mut Renderings<'_>,
+        warnings: &mut Vec<Warning>,
+    ) -> Replacement {
+        let Claimed { claim, base, base_annotations, assessed, .. } = claimed;
+        warnings.extend(doubted(assessed.doubts.iter().cloned()));
+        let (owned, carried) =
+            self.carry_resized(assessed, &claim, selected, &base, &base_annotations, store, warnings);
+        match claims::ownership::owns_all(&owned, &claim) {
+            true => Replacement { owned, base, base_annotations, carried },
+            false => {
+                let base = Arc::new(claims::strip::strip_injection(&store.request.pod, &owned));
+                let base_annotations = pod::string_map(&base, "annotations").unwrap_or_default();
+                Replacement { owned, base, base_annotations, carried }
+            }
+        }
+    }
     /// Which containers resized in place since their injection (`Ownership::resized`) are
     /// replaced by their templates' current versions with the pod's `resources` carried over:
     /// those a current version still renders, when that makes every claimed item the injector's
@@ -973,39 +1015,78 @@ impl Engine {
         Ok(selected)
     }
 
+    /// A decision in one pass down: the templates chosen and their versions, the pod's claim read
+    /// (no planning), then one planning step (`plan_decision`).
     fn decide(&self, request: &PodRequest, renderings: &mut Renderings<'_>) -> Decision {
         let mut warnings = Vec::new();
         let decision = |choice, outcome, warnings| Decision { choice, outcome, warnings, audited: Vec::new() };
-        let pod = &*request.pod;
-        let (annotations, choice) = match self.choose(request) {
+        let (annotations, mut choice) = match self.choose(request) {
             Ok(chosen) => chosen,
             Err(decided) => return *decided,
         };
-        let mut choice = choice;
         let selected = match self.versions_for(request, &annotations, &mut choice) {
             Ok(selected) => selected,
             Err(denial) => return decision(Some(choice), Outcome::Denied(denial), warnings),
         };
-        let claim = read_claim(&annotations, &mut warnings);
-        let to_plan =
-            |template: &Template, rendered: RenderedTemplate| planned_template(template, rendered, request.cluster);
-
         // The status annotation is a claim (see `ownership`): what it proves decides what may go.
-        let (owned, base, carried) = match &claim {
-            None => (InjectionStatus::default(), request.pod.clone(), BTreeMap::new()),
-            Some(claim) => {
-                match self.check_claim(pod, claim, &selected, &choice, renderings, &to_plan, &mut warnings) {
-                    ClaimCheck::Replace { owned, base, carried } => (owned, base, carried),
-                    ClaimCheck::Decided(outcome) => return decision(Some(choice), outcome, warnings),
+        let claimed = match read_claim(&annotations, &mut warnings) {
+            None => None,
+            Some(claim) => match self.check_claim(&request.pod, claim, &selected, renderings) {
+                Ok(claimed) => Some(claimed),
+                Err(denial) => return decision(Some(choice), Outcome::Denied(denial), warnings),
+            },
+        };
+        let outcome = self.plan_decision(annotations, claimed, &selected, &choice, renderings, &mut warnings);
+        decision(Some(choice), outcome, warnings)
+    }
+
+    /// A decision's one planning step, its alternatives in order: a claim of the versions in
+    /// service keeps its items where they are (`keep_in_place`), where the plan allows it; else a
+    /// fresh injection replaces what the claim proves (without a claim, into the pod as
+    /// submitted, whose `annotations` are at hand).
+    fn plan_decision(
+        &self,
+        annotations: BTreeMap<String, String>,
+        claimed: Option<Claimed>,
+        selected: &[&Arc<Template>],
+        choice: &Choice,
+        renderings: &mut Renderings<'_>,
+        warnings: &mut Vec<Warning>,
+    ) -> Outcome {
+        let replacement = match claimed {
+            None => Replacement {
+                owned: InjectionStatus::default(),
+                base: renderings.request.pod.clone(),
+                base_annotations: annotations,
+                carried: BTreeMap::new(),
+            },
+            Some(mut claimed) => {
+                let kept = claimed.keep.take();
+                let in_place =
+                    kept.and_then(|kept| self.keep_in_place(&claimed, kept, selected, choice, renderings, warnings));
+                if let Some(outcome) = in_place {
+                    return outcome;
                 }
+                self.replacement(claimed, selected, renderings, warnings)
             }
         };
-        // Without a claim (every first admission) the pod renders as submitted: its annotations
-        // are already at hand.
-        let base_annotations = match Arc::ptr_eq(&base, &request.pod) {
-            true => annotations,
-            false => pod::string_map(&base, "annotations").unwrap_or_default(),
-        };
+        self.plan_replacement(replacement, selected, choice, renderings, warnings)
+    }
+
+    /// The fresh injection of `selected` over what `replacement` may remove: refused or admitted
+    /// without the templates where the API server would refuse the result, and judged by the
+    /// namespace's Pod Security levels.
+    fn plan_replacement(
+        &self,
+        replacement: Replacement,
+        selected: &[&Arc<Template>],
+        choice: &Choice,
+        renderings: &mut Renderings<'_>,
+        warnings: &mut Vec<Warning>,
+    ) -> Outcome {
+        let request = renderings.request;
+        let pod = &*request.pod;
+        let Replacement { owned, base, base_annotations, carried } = replacement;
         let container_names: Vec<&str> = pod
             .get("spec")
             .and_then(|s| s.get("containers"))
@@ -1014,23 +1095,23 @@ impl Engine {
             .flatten()
             .filter_map(|c| c.get("name").and_then(Value::as_str))
             .collect();
-        for template in &selected {
+        for template in selected {
             if let Err(e) = injection::render::check_chosen_containers(template, &base_annotations, &container_names) {
-                return decision(Some(choice), Outcome::Denied(Denial::Render(RenderError::Override(e))), warnings);
+                return Outcome::Denied(Denial::Render(RenderError::Override(e)));
             }
         }
         let renderings_of = |templates: &[&Arc<Template>], renderings: &mut Renderings<'_>, warnings: &mut _| {
             self.planned_templates(templates, (&base, &base_annotations), &carried, renderings, warnings)
         };
-        let planned = match renderings_of(&selected, renderings, &mut warnings) {
+        let planned = match renderings_of(selected, renderings, warnings) {
             Ok(planned) => planned,
-            Err(e) => return decision(Some(choice), Outcome::Denied(Denial::Render(e)), warnings),
+            Err(e) => return Outcome::Denied(Denial::Render(e)),
         };
         let reason = planned.is_empty().then(|| choice.summary_of_none());
         let earlier = injection::plan::Earlier::Replace(&owned);
-        let outcome = match injection::plan::plan(pod, earlier, planned, reason) {
+        match injection::plan::plan(pod, earlier, planned, reason) {
             Ok(injection) if !injection.invalid.is_empty() => {
-                refuse_or_admit(pod, Some(earlier), injection, &selected, &mut warnings)
+                refuse_or_admit(pod, Some(earlier), injection, selected, warnings)
             }
             Ok(injection) => {
                 // Planned again for fewer templates where Pod Security leaves some out: their
@@ -1040,9 +1121,8 @@ impl Engine {
                     let planned = injection::plan::plan(pod, earlier, planned, reason).ok()?;
                     planned.invalid.is_empty().then_some(planned)
                 };
-                let guard = PodSecurityGuard::of(request, &base);
-                let outcome = match guard {
-                    Some(guard) => guard.judge(injection, &selected, replan, &mut warnings),
+                let outcome = match PodSecurityGuard::of(request, &base) {
+                    Some(guard) => guard.judge(injection, selected, replan, warnings),
                     None => Outcome::Inject(injection),
                 };
                 if let Outcome::Inject(injection) = &outcome {
@@ -1051,10 +1131,8 @@ impl Engine {
                 outcome
             }
             Err(e) => Outcome::Denied(Denial::Shape(e)),
-        };
-        decision(Some(choice), outcome, warnings)
+        }
     }
-
     /// `templates` rendered for `base` (the pod without the items the plan may remove, and its
     /// annotations) as they are planned: each template's image volumes in the form all of them
     /// agree on, the containers resized in place since their injection given their resources

@@ -2111,6 +2111,52 @@ fn a_decision_renders_each_template_version_once_for_each_pod_it_reads() {
     assert_eq!(renders, 4, "two claimed versions, one current version of the agent, the enforced one for the pod");
 }
 
+#[test]
+fn a_current_claim_the_plan_disproves_is_replaced_rendering_each_version_at_most_twice() {
+    // A forged copy: the agent claimed as injected by the version in service, exactly as it
+    // renders, but the volume it mounts is the pod's own, which displaces it.
+    let template = "default: true\ninject:\n  volumes: [{name: shared, emptyDir: {}}]\n  sidecars:\n    - name: agent\n      image: agent:1\n      volumeMounts: [{name: shared, mountPath: /shared}]\n";
+    let engine = engine(&[("agent", template)]);
+    let pod = app_pod();
+    let Outcome::Inject(injection) = engine.evaluate(&request(pod.clone(), opted_in("shop", &[]))).outcome else {
+        panic!("not injected")
+    };
+    let mut forged = apply(&pod, &injection.patch);
+    forged["spec"]["volumes"] = json!([{"name": "shared", "configMap": {"name": "the-authors"}}]);
+    let mut claim = injection.status.clone();
+    claim.volumes.clear();
+    forged["metadata"]["annotations"][names::STATUS_ANNOTATION] = json!(claim.to_annotation());
+
+    let (outcome, renders) = counted_renders(&engine, &forged);
+    let Outcome::Inject(replaced) = outcome else { panic!("{outcome:?}") };
+    // Kept in place, the agent would be displaced by the pod's volume while the claim says it was
+    // injected: the claim is not kept, and the replacement is what a fresh injection of the pod
+    // without the agent makes.
+    let skipped: Vec<(&str, &str)> =
+        replaced.status.skipped.iter().map(|s| (s.name.as_str(), s.owner.as_str())).collect();
+    assert!(skipped.contains(&("agent", "volume:shared")), "{skipped:?}");
+    let after = apply(&forged, &replaced.patch);
+    assert_eq!(after["spec"]["volumes"], forged["spec"]["volumes"], "the pod's own volume stays");
+    let mut without_agent = forged.clone();
+    without_agent["metadata"]["annotations"].as_object_mut().unwrap().remove(names::STATUS_ANNOTATION);
+    for list in ["containers", "initContainers"] {
+        if let Some(containers) = without_agent["spec"][list].as_array_mut() {
+            containers.retain(|c| c["name"] != "agent");
+        }
+    }
+    // A list that held only injected items goes whole, as if never added.
+    without_agent["spec"].as_object_mut().unwrap().remove("initContainers");
+    let Outcome::Inject(fresh) = engine.evaluate(&request(without_agent.clone(), opted_in("shop", &[]))).outcome else {
+        panic!("not injected")
+    };
+    assert_eq!(
+        (after["spec"].clone(), replaced.status),
+        (apply(&without_agent, &fresh.patch)["spec"].clone(), fresh.status)
+    );
+    // The kept plan takes the rendering it was given; the replacement renders the version again.
+    assert_eq!(renders, 2);
+}
+
 /// A sidecar every Pod Security level admits.
 const HARDENED: &str = r#"
 default: true

@@ -50,7 +50,7 @@ pub struct Ownership {
     pub doubts: Vec<String>,
     /// Claimed containers that are exactly their template's but for their `resources` (resized in
     /// place since): present, not owned. The engine replaces one only with its resources carried
-    /// over (`Engine::check_claim`).
+    /// over (`Engine::carry_resized`).
     pub resized: Vec<ResizedContainer>,
 }
 
