@@ -327,9 +327,9 @@ impl<'r> Renderings<'r> {
 struct Claimed {
     /// The status annotation as the pod has it.
     claim: InjectionStatus,
-    /// The pod without the claimed items, which the claimed versions are rendered for, and its
-    /// annotations.
+    /// The pod without the claimed items, which the claimed versions are rendered for.
     base: Arc<Value>,
+    /// `base`'s annotations, read once.
     base_annotations: BTreeMap<String, String>,
     /// Which claimed items are present, provably the injector's, doubted or resized.
     assessed: claims::ownership::Ownership,
@@ -398,17 +398,15 @@ impl Engine {
             }
         }
         // Same versions, each rendered: the items that hold may stay where they are.
-        let keep = match current {
-            true => renderings.into_iter().zip(selected).map(|(rendered, _)| rendered).collect::<Option<Vec<_>>>(),
-            false => None,
-        };
-        let keep = keep.filter(|kept| kept.len() == selected.len());
+        let keep = current.then(|| renderings.into_iter().take(selected.len()).collect::<Option<Vec<_>>>());
+        let keep = keep.flatten().filter(|kept| kept.len() == selected.len());
         Ok(Claimed { claim, base, base_annotations, assessed, keep })
     }
 
     /// The first alternative of a claim of the versions in service: the present items stay where
-    /// they are and anything missing is added (up to date when that adds nothing). `None` where
-    /// the plan says otherwise: the claim puts items where the templates do not, or keeping them
+    /// they are and anything missing is added (up to date when that adds nothing; refused, or
+    /// admitted as written, where the API server would refuse the result). `None` where the plan
+    /// fails or says otherwise: the claim puts items where the templates do not, or keeping them
     /// breaks the namespace's Pod Security level where the pod without them passes (the
     /// injection is then decided afresh, which leaves out the templates that break it).
     fn keep_in_place(
@@ -466,6 +464,7 @@ impl Engine {
             }
         }
     }
+
     /// Which containers resized in place since their injection (`Ownership::resized`) are
     /// replaced by their templates' current versions with the pod's `resources` carried over:
     /// those a current version still renders, when that makes every claimed item the injector's
@@ -1133,6 +1132,7 @@ impl Engine {
             Err(e) => Outcome::Denied(Denial::Shape(e)),
         }
     }
+
     /// `templates` rendered for `base` (the pod without the items the plan may remove, and its
     /// annotations) as they are planned: each template's image volumes in the form all of them
     /// agree on, the containers resized in place since their injection given their resources
