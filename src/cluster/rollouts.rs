@@ -259,6 +259,12 @@ pub fn watch_rollouts(client: Client, namespace: String, state: Arc<AppState>, w
     });
 }
 
+/// What woke the halt watch: a pod event (`None`: the watch ended) or the periodic check.
+enum Wake<E> {
+    Pod(Option<E>),
+    Check,
+}
+
 /// Watches injected pods and halts rollouts whose new version fails, until no rollout reaches pods.
 async fn watch_while_live(client: &Client, namespace: &str, state: &Arc<AppState>) {
     let config = watcher::Config::default().labels(names::INJECTED_LABEL);
@@ -272,33 +278,33 @@ async fn watch_while_live(client: &Client, namespace: &str, state: &Arc<AppState
     let mut engine = state.engine.load_full();
     let mut live = live_rollouts(&engine.templates);
     loop {
-        let event = tokio::select! {
-            event = stream.next() => Some(event),
-            _ = tick.tick() => None,
+        let wake = tokio::select! {
+            event = stream.next() => Wake::Pod(event),
+            _ = tick.tick() => Wake::Check,
         };
         let now = state.engine.load_full();
         if !Arc::ptr_eq(&now, &engine) {
             engine = now;
             live = live_rollouts(&engine.templates);
         }
-        match event {
-            Some(Some(Ok(watcher::Event::Init))) => watched.clear(),
-            Some(Some(Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)))) => {
+        match wake {
+            Wake::Pod(Some(Ok(watcher::Event::Init))) => watched.clear(),
+            Wake::Pod(Some(Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)))) => {
                 let key = (pod.namespace().unwrap_or_default(), pod.name_any());
                 match tracked(&pod, &live, &engine, |name| cached_namespace(state, name)) {
                     Some(pod) => drop(watched.insert(key, pod)),
                     None => drop(watched.remove(&key)),
                 }
             }
-            Some(Some(Ok(watcher::Event::Delete(pod)))) => {
+            Wake::Pod(Some(Ok(watcher::Event::Delete(pod)))) => {
                 drop(watched.remove(&(pod.namespace().unwrap_or_default(), pod.name_any())))
             }
-            Some(Some(Ok(watcher::Event::InitDone))) => {}
-            Some(Some(Err(error))) => tracing::warn!(%error, "rollout pod watch failed; retrying with backoff"),
-            Some(None) => return,
+            Wake::Pod(Some(Ok(watcher::Event::InitDone))) => {}
+            Wake::Pod(Some(Err(error))) => tracing::warn!(%error, "rollout pod watch failed; retrying with backoff"),
+            Wake::Pod(None) => return,
             // The check: every live rollout's pods weighed against its threshold.
-            None if live.is_empty() => return,
-            None => {
+            Wake::Check if live.is_empty() => return,
+            Wake::Check => {
                 for Live { template: name, version, halt: thresholds, .. } in &live {
                     if halted_here.contains(&(name.clone(), version.clone())) {
                         continue;
